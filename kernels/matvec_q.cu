@@ -1,0 +1,388 @@
+// Workbench: quantized matrix-vector products for decode (y[t, r] = dot(W row r, x row t), 1..16
+// activation rows) and the prefill GEMM path, checked against the CPU reference and timed against the
+// measured device limits (streaming-read bandwidth over 4 GiB, cuBLAS BF16 8192^3 peak).
+// Build (after the CMake build in build-gpu, for the CPU reference in libdeltaserve_lib):
+//   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
+//     kernels/matvec_q.cu build-gpu/libdeltaserve_lib.a -lcublas -o build-gpu/matvec_q
+// Run: build-gpu/matvec_q [out.tsv]
+// Versions:
+//   v1 generic: one warp per (row, token), byte loads, decode1 per element (the fallback path).
+//   v2 staged:  CTA of 128 threads owns 4 rows, 16-byte loads of ~1-2 KB row chunks into shared memory,
+//               next chunk prefetched into registers, activations loaded once per 4 rows; n_tokens
+//               bucketed to 1/2/4/8/16; quant codes converted with I2F. Replaced by v3; its numbers are
+//               in docs/perf-gpu.md (quant types 25-64% of read bandwidth at one token: I2F-bound).
+//   v3 staged:  production kernel (ops/cuda/matvec_kernels.cuh): v2 with codes turned into floats by
+//               PRMT + FADD (2^23 trick) instead of I2F, which runs at a quarter of the FMA rate.
+//   v3r1/v3r2/v3r8: v3 with 1, 2 or 8 rows per CTA (activation reuse vs. CTA count).
+//   gemm:       dequantize to BF16 tiles + cublasGemmEx (BF16 in, F32 accumulate), for prefill.
+// Non-obvious choice: timed runs rotate over enough copies of the weights to exceed 4x the L2 size, so
+// small matrices are timed from device memory, not from the 50 MB L2.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "ops/cuda/matvec_kernels.cuh"
+#include "quant/quant.h"
+
+using namespace ds;
+using ds::cuda::kern::MatvecArgs;
+
+#define CK(call)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+#define CB(call)                                                                         \
+  do {                                                                                   \
+    cublasStatus_t s_ = (call);                                                          \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %d\n", __FILE__, __LINE__, #call, static_cast<int>(s_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace {
+
+const DType kTypes[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0,
+                        DType::Q4_0, DType::Q5_0, DType::BF16, DType::F16, DType::F32};
+FILE* g_tsv = nullptr;
+
+// ---- device limits ----
+__global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345679u) atomicAdd(sink, 1ull);  // keeps the loads alive
+}
+
+template <typename F>
+float median_ms(F&& launch, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) launch(i);
+  CK(cudaGetLastError());
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    launch(i);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double measure_read_gbs() {
+  const int64_t bytes = int64_t{4} << 30;
+  uint4* p;
+  unsigned long long* sink;
+  CK(cudaMalloc(&p, bytes));
+  CK(cudaMalloc(&sink, 8));
+  CK(cudaMemset(p, 0x5A, bytes));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const float ms = median_ms([&](int) { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); }, 10);
+  CK(cudaFree(p));
+  CK(cudaFree(sink));
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
+double measure_bf16_tflops(cublasHandle_t h) {
+  const int n = 8192;
+  __nv_bfloat16 *a, *b;
+  float* c;
+  CK(cudaMalloc(&a, 2LL * n * n));
+  CK(cudaMalloc(&b, 2LL * n * n));
+  CK(cudaMalloc(&c, 4LL * n * n));
+  std::vector<uint16_t> host(static_cast<size_t>(n) * n);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  for (auto& v : host) v = f32_to_bf16(nd(rng));  // random data: zeros run faster
+  CK(cudaMemcpy(a, host.data(), 2LL * n * n, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(b, host.data(), 2LL * n * n, cudaMemcpyHostToDevice));
+  const float alpha = 1, beta = 0;
+  const float ms = median_ms([&](int) {
+    CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta, c,
+                    CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }, 10);
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  CK(cudaFree(c));
+  return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+}
+
+// ---- data ----
+std::vector<uint8_t> random_weights(DType t, int64_t n_rows, int64_t k, uint32_t seed) {
+  const int64_t rb = dtype_row_bytes(t, k);
+  std::vector<uint8_t> w(static_cast<size_t>(rb * n_rows));
+  ThreadPool::global().parallel_for(n_rows, [&](int64_t r0, int64_t r1, int) {
+    std::mt19937 rng(seed + static_cast<uint32_t>(r0) * 7919u);
+    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> sc(0.002f, 0.02f);
+    for (int64_t r = r0; r < r1; ++r) {
+      uint8_t* row = w.data() + r * rb;
+      auto put16 = [&](int64_t o, uint16_t v) { std::memcpy(row + o, &v, 2); };
+      if (t == DType::F32) {
+        for (int64_t i = 0; i < k; ++i) { float f = nd(rng); std::memcpy(row + 4 * i, &f, 4); }
+      } else if (t == DType::F16 || t == DType::BF16) {
+        for (int64_t i = 0; i < k; ++i) put16(2 * i, t == DType::F16 ? f32_to_fp16(nd(rng)) : f32_to_bf16(nd(rng)));
+      } else {
+        for (int64_t i = 0; i < rb; ++i) row[i] = static_cast<uint8_t>(rng());
+        const int64_t bb = dtype_block_bytes(t);
+        for (int64_t b = 0; b < k / dtype_block_size(t); ++b) {
+          if (t == DType::Q6_K) {
+            put16(b * bb + 208, f32_to_fp16(sc(rng)));
+          } else {
+            put16(b * bb, f32_to_fp16(sc(rng)));  // d of Q4_0/Q5_0/Q8_0/Q4_K/Q5_K
+            if (t == DType::Q4_K || t == DType::Q5_K) put16(b * bb + 2, f32_to_fp16(sc(rng)));
+          }
+        }
+      }
+    }
+  });
+  return w;
+}
+
+// ---- versions ----
+enum class Version { kV1, kV2, kV2R1, kV2R2, kV2R8 };
+const char* version_name(Version v) {
+  switch (v) {
+    case Version::kV1: return "v1";
+    case Version::kV2: return "v3";
+    case Version::kV2R1: return "v3r1";
+    case Version::kV2R2: return "v3r2";
+    default: return "v3r8";
+  }
+}
+
+template <DType T, int kRows>
+void launch_staged(const MatvecArgs& a, cudaStream_t s) {
+  using namespace ds::cuda::kern;
+  const unsigned grid = static_cast<unsigned>((a.n_rows + kRows - 1) / kRows);
+  if (a.n_tokens <= 1) matvec_staged<T, 1, kRows><<<grid, kStagedThreads, 0, s>>>(a);
+  else if (a.n_tokens <= 2) matvec_staged<T, 2, kRows><<<grid, kStagedThreads, 0, s>>>(a);
+  else if (a.n_tokens <= 4) matvec_staged<T, 4, kRows><<<grid, kStagedThreads, 0, s>>>(a);
+  else if (a.n_tokens <= 8) matvec_staged<T, 8, kRows><<<grid, kStagedThreads, 0, s>>>(a);
+  else matvec_staged<T, 16, kRows><<<grid, kStagedThreads, 0, s>>>(a);
+}
+
+template <DType T>
+void launch_version(Version v, const MatvecArgs& a, cudaStream_t s) {
+  switch (v) {
+    case Version::kV1: {
+      const dim3 grid(static_cast<unsigned>((a.n_rows + 3) / 4), static_cast<unsigned>(a.n_tokens));
+      ds::cuda::kern::matvec_generic<T><<<grid, 128, 0, s>>>(a);
+      break;
+    }
+    case Version::kV2: launch_staged<T, 4>(a, s); break;
+    case Version::kV2R1: launch_staged<T, 1>(a, s); break;
+    case Version::kV2R2: launch_staged<T, 2>(a, s); break;
+    case Version::kV2R8: launch_staged<T, 8>(a, s); break;
+  }
+}
+
+void launch(DType t, Version v, const MatvecArgs& a, cudaStream_t s) {
+  switch (t) {
+#define X(name) case DType::name: launch_version<DType::name>(v, a, s); break;
+    X(F32) X(F16) X(BF16) X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
+#undef X
+    default: std::abort();
+  }
+}
+
+void dequant(DType t, const uint8_t* w, int64_t stride, int64_t rows, int64_t k, __nv_bfloat16* out, cudaStream_t s) {
+  const int64_t n = rows * (k / 8);
+  const unsigned grid = static_cast<unsigned>((n + 255) / 256);
+  switch (t) {
+#define X(name) case DType::name: ds::cuda::kern::dequant_bf16<DType::name, true><<<grid, 256, 0, s>>>(w, stride, rows, k, out); break;
+    X(F32) X(F16) X(BF16) X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
+#undef X
+    default: std::abort();
+  }
+}
+
+struct Problem {
+  DType t;
+  int64_t k, n_rows;
+  std::vector<uint8_t> w;
+  std::vector<float> ref_w;  // dequantized on the CPU
+  int copies = 1;
+  uint8_t* dw = nullptr;     // copies * bytes
+  int64_t bytes = 0;
+};
+
+void setup(Problem& p, int64_t l2_bytes) {
+  p.w = random_weights(p.t, p.n_rows, p.k, static_cast<uint32_t>(p.k + p.n_rows));
+  p.bytes = static_cast<int64_t>(p.w.size());
+  p.copies = static_cast<int>(std::min<int64_t>(64, std::max<int64_t>(1, (4 * l2_bytes + p.bytes - 1) / p.bytes)));
+  const int64_t stride = (p.bytes + 255) / 256 * 256;
+  CK(cudaMalloc(&p.dw, stride * p.copies));
+  for (int c = 0; c < p.copies; ++c) CK(cudaMemcpy(p.dw + c * stride, p.w.data(), p.bytes, cudaMemcpyHostToDevice));
+  p.ref_w.resize(static_cast<size_t>(p.k * p.n_rows));
+  quant::dequantize_rows(p.t, p.w.data(), p.ref_w.data(), p.n_rows, p.k, ThreadPool::global().n_threads());
+}
+int64_t copy_stride(const Problem& p) { return (p.bytes + 255) / 256 * 256; }
+
+// Worst |y - ref| / sum|w x| over all outputs; NaN (unwritten) counts as failure (returns inf).
+double check(const Problem& p, const std::vector<float>& x, const std::vector<float>& y, int nt) {
+  std::vector<double> worst(static_cast<size_t>(ThreadPool::global().n_threads()), 0.0);
+  ThreadPool::global().parallel_for(p.n_rows * nt, [&](int64_t i0, int64_t i1, int th) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / p.n_rows, r = i % p.n_rows;
+      double ref = 0, mag = 0;
+      for (int64_t j = 0; j < p.k; ++j) {
+        const double m = static_cast<double>(p.ref_w[r * p.k + j]) * x[t * p.k + j];
+        ref += m;
+        mag += std::fabs(m);
+      }
+      const double e = std::fabs(y[t * p.n_rows + r] - ref) / (mag + 1e-30);
+      worst[th] = std::max(worst[th], std::isnan(e) ? INFINITY : e);
+    }
+  }, 64);
+  return *std::max_element(worst.begin(), worst.end());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_tsv = std::fopen(argc > 1 ? argv[1] : "matvec_q.tsv", "w");
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int driver = 0;
+  CK(cudaDriverGetVersion(&driver));
+  std::printf("device %s, %d SMs, L2 %d MB, driver API %d\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, driver);
+  cublasHandle_t blas;
+  CB(cublasCreate(&blas));
+  const double read_gbs = measure_read_gbs();
+  const double peak_tf = measure_bf16_tflops(blas);
+  std::printf("measured: streaming read %.0f GB/s (4 GiB), cuBLAS BF16 8192^3 %.0f TFLOP/s\n", read_gbs, peak_tf);
+  std::fprintf(g_tsv, "limit\tread_GBs\t%.1f\nlimit\tbf16_TFLOPs\t%.1f\n", read_gbs, peak_tf);
+  cudaStream_t s = nullptr;
+
+  struct Shape { int64_t k, n_rows; };
+  const Shape shapes[] = {{5120, 17408}, {17408, 5120}, {2048, 512}, {1280, 33}};
+  const int token_counts[] = {1, 2, 4, 8, 16};
+  const Version versions[] = {Version::kV1, Version::kV2, Version::kV2R1, Version::kV2R2, Version::kV2R8};
+  int failures = 0;
+  std::vector<std::string> summary;
+
+  for (DType t : kTypes) {
+    for (const Shape& sh : shapes) {
+      Problem p{t, sh.k, sh.n_rows};
+      setup(p, prop.l2CacheSize);
+      const int64_t cs = copy_stride(p);
+      float *dx, *dy;
+      CK(cudaMalloc(&dx, 4 * 16 * p.k));
+      CK(cudaMalloc(&dy, 4 * 16 * p.n_rows));
+      std::vector<float> x(static_cast<size_t>(16 * p.k));
+      std::mt19937 rng(7);
+      std::normal_distribution<float> nd;
+      for (auto& v : x) v = nd(rng);
+      CK(cudaMemcpy(dx, x.data(), 4 * x.size(), cudaMemcpyHostToDevice));
+      double t1_v2_gbs = 0;
+      for (int nt : token_counts) {
+        for (Version v : versions) {
+          if (v == Version::kV1 && nt > 1) continue;  // v1 is the fallback; timed at one token only
+          MatvecArgs a{p.dw, dtype_row_bytes(t, p.k), dx, p.k, dy, p.n_rows, p.n_rows, p.k, nt};
+          CK(cudaMemset(dy, 0xFF, 4 * 16 * p.n_rows));
+          launch(t, v, a, s);
+          CK(cudaGetLastError());
+          CK(cudaDeviceSynchronize());
+          std::vector<float> y(static_cast<size_t>(nt * p.n_rows));
+          CK(cudaMemcpy(y.data(), dy, 4 * y.size(), cudaMemcpyDeviceToHost));
+          const bool check_it = nt == 1 || nt == 16 || p.k * p.n_rows <= 2048 * 512;
+          const double err = check_it ? check(p, x, y, nt) : 0.0;
+          const bool ok = err <= 2e-5;
+          if (!ok) failures++;
+          const float ms = median_ms([&](int i) {
+            MatvecArgs b = a;
+            b.w = p.dw + (i % p.copies) * cs;
+            launch(t, v, b, s);
+          }, 20);
+          const double bytes = p.bytes + 4.0 * nt * (p.k + p.n_rows);
+          const double gbs = bytes / (ms * 1e-3) / 1e9;
+          if (v == Version::kV2 && nt == 1) t1_v2_gbs = gbs;
+          std::printf("%-5s k=%-6lld rows=%-6lld t=%-2d %-5s %8.2f us %7.0f GB/s %5.1f%% of read  err %.1e %s\n",
+                      dtype_name(t), (long long)p.k, (long long)p.n_rows, nt, version_name(v), ms * 1e3, gbs,
+                      100 * gbs / read_gbs, err, ok ? (check_it ? "ok" : "-") : "FAIL");
+          std::fprintf(g_tsv, "matvec\t%s\t%lld\t%lld\t%d\t%s\t%.3f\t%.1f\t%.4f\t%.2e\n", dtype_name(t),
+                       (long long)p.k, (long long)p.n_rows, nt, version_name(v), ms * 1e3, gbs, gbs / read_gbs, err);
+        }
+      }
+      // Prefill path: dequantize tiles + cuBLAS, on the big up-projection shape only.
+      if (sh.k == 5120 && sh.n_rows == 17408) {
+        for (int nt : {1, 5, 16, 64, 512, 2048}) {
+          __nv_bfloat16 *wb, *xb;
+          float* yb;
+          CK(cudaMalloc(&wb, 2 * p.k * p.n_rows));
+          CK(cudaMalloc(&xb, 2 * p.k * nt));
+          CK(cudaMalloc(&yb, 4 * p.n_rows * nt));
+          std::vector<uint16_t> xh(static_cast<size_t>(p.k * nt));
+          for (size_t i = 0; i < xh.size(); ++i) xh[i] = f32_to_bf16(x[i % x.size()]);
+          CK(cudaMemcpy(xb, xh.data(), 2 * xh.size(), cudaMemcpyHostToDevice));
+          const float alpha = 1, beta = 0;
+          auto gemm = [&]() {
+            CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.n_rows, nt, (int)p.k, &alpha, wb, CUDA_R_16BF,
+                            (int)p.k, xb, CUDA_R_16BF, (int)p.k, &beta, yb, CUDA_R_32F, (int)p.n_rows,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          };
+          const float ms_dq = median_ms([&](int i) { dequant(t, p.dw + (i % p.copies) * cs, dtype_row_bytes(t, p.k), p.n_rows, p.k, wb, s); }, 10);
+          const float ms_mm = median_ms([&](int) { gemm(); }, 10);
+          const double flops = 2.0 * p.k * p.n_rows * nt;
+          const double tf_all = flops / ((ms_dq + ms_mm) * 1e-3) / 1e12;
+          const double dq_gbs = (p.bytes + 2.0 * p.k * p.n_rows) / (ms_dq * 1e-3) / 1e9;
+          std::printf("%-5s gemm k=%lld rows=%lld t=%-4d dequant %7.1f us (%4.0f GB/s) + cublas %8.1f us = %6.1f TFLOP/s (%4.1f%% of bf16 peak; cublas alone %.1f%%)\n",
+                      dtype_name(t), (long long)p.k, (long long)p.n_rows, nt, ms_dq * 1e3, dq_gbs, ms_mm * 1e3, tf_all,
+                      100 * tf_all / peak_tf, 100 * flops / (ms_mm * 1e-3) / 1e12 / peak_tf);
+          std::fprintf(g_tsv, "gemm\t%s\t%lld\t%lld\t%d\t%.3f\t%.3f\t%.2f\t%.4f\n", dtype_name(t), (long long)p.k,
+                       (long long)p.n_rows, nt, ms_dq * 1e3, ms_mm * 1e3, tf_all, tf_all / peak_tf);
+          if (nt == 2048) {
+            summary.push_back(std::string(dtype_name(t)) + "\t" + std::to_string(t1_v2_gbs) + "\t" + std::to_string(tf_all));
+          }
+          CK(cudaFree(wb));
+          CK(cudaFree(xb));
+          CK(cudaFree(yb));
+        }
+      }
+      CK(cudaFree(dx));
+      CK(cudaFree(dy));
+      CK(cudaFree(p.dw));
+    }
+  }
+  std::printf("\n== summary (k=5120 rows=17408): v3 decode GB/s at 1 token, prefill TFLOP/s at 2048 tokens ==\n");
+  std::printf("read %.0f GB/s, bf16 peak %.0f TFLOP/s\n", read_gbs, peak_tf);
+  for (auto& line : summary) {
+    char name[16];
+    double gbs, tf;
+    std::sscanf(line.c_str(), "%15s %lf %lf", name, &gbs, &tf);
+    std::printf("%-5s %6.0f GB/s (%4.1f%% of read)   %6.1f TFLOP/s (%4.1f%% of bf16 peak)\n", name, gbs,
+                100 * gbs / read_gbs, tf, 100 * tf / peak_tf);
+  }
+  std::printf("check failures: %d\n", failures);
+  std::fclose(g_tsv);
+  CB(cublasDestroy(blas));
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,96 @@
+// Engine: what the HTTP layer talks to. A request is prompt token ids + sampling parameters; the
+// engine prefills (reusing cached prefix state when it can), decodes, and streams token ids back.
+// Text (tokenizing, templates, stop strings, tool-call parsing) is the server's business.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace ds {
+
+struct SamplingParams {
+  float temperature = 0.0f;      // 0 = greedy
+  int32_t top_k = 0;             // 0 = off
+  float top_p = 1.0f;            // 1 = off
+  float min_p = 0.0f;            // 0 = off
+  float repetition_penalty = 1.0f;  // 1 = off; applied to tokens of prompt + generation
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint64_t seed = 0;             // same seed + same request = same output
+};
+
+enum class FinishReason { kStop, kLength, kCancelled };
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;        // token ids, already templated
+  SamplingParams sampling;
+  int32_t max_tokens = 256;           // generated tokens at most
+  std::vector<int32_t> stop_tokens;   // end generation on any of these (in addition to EOS)
+  bool ignore_eos = false;
+  // Called for each generated token, in order. Return false to stop generation (stop string found,
+  // client gone); the engine then finishes with kStop (or kCancelled if cancelled() is true).
+  std::function<bool(int32_t token)> on_token;
+  // Polled between steps and during long prefills.
+  std::function<bool()> cancelled;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;     // generated ids (including a final stop token, if any)
+  FinishReason finish = FinishReason::kStop;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;       // prompt tokens restored from a snapshot instead of prefilled
+  double prefill_ms = 0;            // includes restore_ms
+  double decode_ms = 0;
+  double restore_ms = 0;            // finding, loading and restoring the snapshot
+  uint64_t restored_bytes = 0;      // size of the restored snapshot
+};
+
+struct EngineInfo {
+  std::string model_name;          // general.name or the file stem
+  std::string architecture;        // qwen35 / qwen35moe
+  int64_t n_ctx = 0;               // maximum prompt + generation tokens per request
+  int64_t n_vocab = 0;
+  std::vector<int32_t> eos_tokens; // generation ends on these
+};
+
+// Counters for /metrics (monotonic since start, except the *_bytes gauges).
+struct EngineStats {
+  uint64_t requests = 0;
+  uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  uint64_t cache_ram_hits = 0, cache_disk_hits = 0, cache_misses = 0, snapshots_saved = 0;
+  uint64_t cache_ram_bytes = 0, cache_disk_bytes = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const EngineInfo& info() const = 0;
+  // Runs one request to completion (one at a time; the server queues). Errors: prompt longer than
+  // the context (kInvalidArgument), cancelled (kCancelled is reported as finish, not an error).
+  virtual Result<GenerateResult> generate(const GenerateRequest& request) = 0;
+  virtual EngineStats stats() const { return {}; }
+};
+
+struct EngineOptions {
+  int32_t n_threads = 0;            // CPU threads; 0 = all cores
+  int64_t n_ctx = 0;                // context per sequence; 0 = the model's training context, capped at 32768
+  std::string device = "cpu";       // "cpu" or "cuda:N"
+  int64_t prefill_chunk = 256;      // tokens per prefill chunk (chunks are aligned to absolute positions)
+  // Prefix snapshots (see engine/local_engine.h).
+  int64_t cache_ram_bytes = -1;     // in-memory snapshot budget; -1 = 25% of available RAM, 0 = off
+  std::string kv_cache_dir;         // disk tier directory (--kv-cache-dir); empty = off
+  uint64_t kv_cache_disk_budget = 0;  // bytes; 0 = unlimited
+  int64_t checkpoint_every = 4096;  // snapshot interval inside long prompts, tokens; 0 = off
+};
+
+
+// Loads a GGUF model and returns the local engine for it. Errors name the file and the problem.
+Result<std::unique_ptr<Engine>> engine_open(const std::string& model_path, const EngineOptions& options);
+
+}  // namespace ds

@@ -1,0 +1,277 @@
+// LocalEngine implementation: restore -> segmented prefill with snapshot saves -> decode loop.
+#include "engine/local_engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <set>
+
+#include "core/log.h"
+#include "engine/sampler.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+
+namespace ds {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+int32_t find_vocab_token(const GgufFile* gguf, std::string_view text) {
+  if (!gguf) return -1;
+  auto tokens = gguf->get_string_array("tokenizer.ggml.tokens");
+  if (!tokens.is_ok()) return -1;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    if ((*tokens)[i] == text) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
+uint64_t default_ram_budget() {
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 1ull << 30;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4;
+}
+
+}  // namespace
+
+struct LocalEngine::Restored {
+  std::unique_ptr<SequenceState> state;
+  int64_t n_tokens = 0;     // prompt tokens covered by the restored state
+  double prefill_ms = 0;    // cost of computing that prefix from scratch
+  bool from_disk = false;
+  uint64_t bytes = 0;       // serialized size of the restored snapshot
+};
+
+LocalEngine::~LocalEngine() = default;
+
+Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_path, const EngineOptions& options) {
+  std::unique_ptr<LocalEngine> e(new LocalEngine());
+  e->options_ = options;
+  ModelOptions mo;
+  mo.n_threads = options.n_threads;
+  mo.n_ctx = options.n_ctx;
+  mo.prefill_chunk = options.prefill_chunk;
+  if (options.device != "cpu") {
+    return unsupported("device '{}': this build runs models on the CPU only (--device cpu)", options.device);
+  }
+  DS_ASSIGN_OR_RETURN(e->model_, Model::load(model_path, mo));
+  const Model& m = *e->model_;
+  const GgufFile* gguf = m.gguf();
+
+  EngineInfo& info = e->info_;
+  info.model_name = m.config().name.empty() ? std::filesystem::path(model_path).stem().string() : m.config().name;
+  info.architecture = model_arch_name(m.config().arch);
+  info.n_ctx = m.n_ctx();
+  info.n_vocab = m.n_vocab();
+  std::set<int32_t> eos;
+  if (gguf) {
+    auto id = gguf->get_int("tokenizer.ggml.eos_token_id");
+    if (id.is_ok() && *id >= 0 && *id < info.n_vocab) eos.insert(static_cast<int32_t>(*id));
+  }
+  for (const char* t : {"<|im_end|>", "<|endoftext|>"}) {
+    const int32_t id = find_vocab_token(gguf, t);
+    if (id >= 0) eos.insert(id);
+  }
+  info.eos_tokens.assign(eos.begin(), eos.end());
+  e->boundary_token_ = find_vocab_token(gguf, "<|im_start|>");
+
+  e->fingerprint_ = fmt::format("deltaserve-state-v1 arch={} model={:016x} n_vocab={} kv_chunk={} kv=f32",
+                                info.architecture, m.fingerprint(), info.n_vocab, m.options().kv_chunk_tokens);
+  const uint64_t ram = options.cache_ram_bytes < 0 ? default_ram_budget()
+                                                   : static_cast<uint64_t>(options.cache_ram_bytes);
+  if (ram > 0) e->ram_ = std::make_unique<PrefixCache>(ram);
+  if (!options.kv_cache_dir.empty()) {
+    auto disk = DiskSnapshotStore::open({options.kv_cache_dir, e->fingerprint_, options.kv_cache_disk_budget, 8});
+    if (disk.is_ok()) {
+      e->disk_ = std::move(disk).value();
+    } else {
+      DS_LOG_WARN("disk snapshot cache disabled: {}", disk.status().to_string());
+    }
+  }
+  DS_LOG_INFO("engine: {} ({}), n_ctx {}, vocab {}, snapshot RAM budget {} MiB, disk {}", info.model_name,
+              info.architecture, info.n_ctx, info.n_vocab, ram >> 20, e->disk_ ? e->disk_->dir() : "off");
+  return e;
+}
+
+std::vector<int64_t> LocalEngine::split_points(const std::vector<int32_t>& prompt, int64_t from) const {
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  std::set<int64_t> points;
+  if (boundary_token_ >= 0) {
+    for (int64_t p = from + 1; p < n; ++p) {
+      if (prompt[p] == boundary_token_) points.insert(p);
+    }
+  }
+  if (options_.checkpoint_every > 0) {
+    for (int64_t p = (from / options_.checkpoint_every + 1) * options_.checkpoint_every; p < n;
+         p += options_.checkpoint_every) {
+      points.insert(p);
+    }
+  }
+  if (n > from) points.insert(n);
+  return {points.begin(), points.end()};
+}
+
+Result<LocalEngine::Restored> LocalEngine::restore_longest(const std::vector<int32_t>& prompt) {
+  Restored r;
+  std::shared_ptr<const Snapshot> snap;
+  if (ram_) snap = ram_->find(prompt);
+  if (disk_) {
+    const size_t have = snap ? snap->tokens.size() : 0;
+    auto info = disk_->find(prompt);
+    if (info && info->tokens.size() > have) {
+      auto loaded = disk_->load(*info);  // verifies; a bad file is quarantined
+      if (loaded.is_ok()) {
+        snap = std::move(loaded).value();
+        r.from_disk = true;
+        if (ram_) ram_->put(snap);
+      }
+    }
+  }
+  if (snap) {
+    auto state = model_->load_state(snap->state);
+    if (state.is_ok() && (*state)->pos() == static_cast<int64_t>(snap->tokens.size()) && (*state)->logits_valid()) {
+      r.state = std::move(state).value();
+      r.n_tokens = static_cast<int64_t>(snap->tokens.size());
+      r.prefill_ms = snap->prefill_ms;
+      r.bytes = snap->bytes();
+      return r;
+    }
+    DS_LOG_WARN("snapshot of {} tokens could not be restored ({}); prefilling from scratch", snap->tokens.size(),
+                state.is_ok() ? "state incomplete" : state.status().to_string());
+    r.from_disk = false;
+  }
+  DS_ASSIGN_OR_RETURN(r.state, model_->new_state());
+  return r;
+}
+
+void LocalEngine::save_snapshot(const SequenceState& state, const std::vector<int32_t>& prompt, int64_t b,
+                                double prefill_ms) {
+  if (!ram_ && !disk_) return;
+  auto bytes = model_->save_state(state, b);
+  if (!bytes.is_ok()) {
+    DS_LOG_WARN("snapshot at {} not saved: {}", b, bytes.status().to_string());
+    return;
+  }
+  auto snap = std::make_shared<Snapshot>();
+  snap->tokens.assign(prompt.begin(), prompt.begin() + b);
+  snap->state = std::move(bytes).value();
+  snap->prefill_ms = prefill_ms;
+  if (ram_) ram_->put(snap);
+  if (disk_) disk_->put_async(snap);
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  stats_.snapshots_saved++;
+}
+
+Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
+  const auto t_start = Clock::now();
+  const std::vector<int32_t>& prompt = req.prompt;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n == 0) return invalid_argument("empty prompt");
+  if (n >= info_.n_ctx) {
+    return invalid_argument("prompt of {} tokens does not fit the context of {} tokens", n, info_.n_ctx);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (prompt[i] < 0 || prompt[i] >= info_.n_vocab) {
+      return invalid_argument("prompt token {} at position {} is outside the vocabulary of {}", prompt[i], i, info_.n_vocab);
+    }
+  }
+  const int64_t max_tokens = std::min<int64_t>(std::max<int32_t>(req.max_tokens, 0), info_.n_ctx - n);
+  auto cancelled = [&] { return req.cancelled && req.cancelled(); };
+
+  GenerateResult result;
+  result.prompt_tokens = n;
+  const auto t_restore = Clock::now();
+  DS_ASSIGN_OR_RETURN(Restored restored, restore_longest(prompt));
+  result.restore_ms = ms_since(t_restore);
+  result.restored_bytes = restored.bytes;
+  SequenceState& state = *restored.state;
+  result.cached_tokens = restored.n_tokens;
+
+  // Snapshots are saved at the last turn boundary of the prompt (the prefix the next request of a
+  // conversation shares), at checkpoint multiples, and at the end of the prompt.
+  const std::vector<int64_t> splits = split_points(prompt, restored.n_tokens);
+  std::set<int64_t> save_at = {n};
+  for (int64_t p : splits) {
+    if (options_.checkpoint_every > 0 && p % options_.checkpoint_every == 0) save_at.insert(p);
+  }
+  for (int64_t p = n - 1; p > restored.n_tokens; --p) {
+    if (prompt[p] == boundary_token_) {
+      save_at.insert(p);
+      break;
+    }
+  }
+
+  const auto t_prefill = t_restore;
+  int64_t pos = restored.n_tokens;
+  for (int64_t s : splits) {
+    if (cancelled()) {
+      result.finish = FinishReason::kCancelled;
+      result.prefill_ms = ms_since(t_prefill);
+      return result;
+    }
+    DS_TRY(model_->prefill(state, std::span<const int32_t>(prompt).subspan(pos, s - pos)));
+    pos = s;
+    if (save_at.count(s)) save_snapshot(state, prompt, s, restored.prefill_ms + ms_since(t_prefill));
+  }
+  result.prefill_ms = ms_since(t_prefill);
+
+  const auto t_decode = Clock::now();
+  Sampler sampler(req.sampling);
+  std::vector<int32_t>& out = result.tokens;
+  result.finish = FinishReason::kLength;
+  while (static_cast<int64_t>(out.size()) < max_tokens) {
+    const int32_t tok = sampler.sample(model_->logits(state), prompt, out);
+    out.push_back(tok);
+    const bool is_stop = (!req.ignore_eos && std::find(info_.eos_tokens.begin(), info_.eos_tokens.end(), tok) != info_.eos_tokens.end()) ||
+                         std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end();
+    const bool keep = req.on_token ? req.on_token(tok) : true;
+    if (is_stop) {
+      result.finish = FinishReason::kStop;
+      break;
+    }
+    if (!keep || cancelled()) {
+      result.finish = cancelled() ? FinishReason::kCancelled : FinishReason::kStop;
+      break;
+    }
+    if (static_cast<int64_t>(out.size()) >= max_tokens) break;
+    DS_TRY(model_->decode(state, tok));
+  }
+  result.decode_ms = ms_since(t_decode);
+
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.requests++;
+    stats_.prompt_tokens += n;
+    stats_.cached_tokens += restored.n_tokens;
+    stats_.generated_tokens += out.size();
+    stats_.prefill_seconds += result.prefill_ms / 1000;
+    stats_.decode_seconds += result.decode_ms / 1000;
+    if (restored.n_tokens > 0) (restored.from_disk ? stats_.cache_disk_hits : stats_.cache_ram_hits)++;
+    else stats_.cache_misses++;
+  }
+  DS_LOG_INFO("request: prompt {} tokens ({} cached{}), generated {}, prefill {:.1f} ms, decode {:.1f} ms, total {:.1f} ms",
+              n, restored.n_tokens, restored.from_disk ? " from disk" : "", out.size(), result.prefill_ms,
+              result.decode_ms, ms_since(t_start));
+  return result;
+}
+
+EngineStats LocalEngine::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  EngineStats s = stats_;
+  if (ram_) s.cache_ram_bytes = ram_->stats().bytes_used;
+  if (disk_) s.cache_disk_bytes = disk_->stats().bytes;
+  return s;
+}
+
+Result<std::unique_ptr<Engine>> engine_open(const std::string& model_path, const EngineOptions& options) {
+  DS_ASSIGN_OR_RETURN(auto engine, LocalEngine::open(model_path, options));
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace ds

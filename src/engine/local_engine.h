@@ -1,0 +1,63 @@
+// LocalEngine: runs requests on an in-process Model, one at a time, and never prefills the same
+// prefix twice. For each prompt it restores the longest cached snapshot (RAM, then disk) whose tokens
+// are a prefix of the prompt, prefills only the rest, and saves new snapshots at boundaries.
+//
+// Non-obvious choice: prefill is split at *every* boundary candidate of the prompt (each
+// <|im_start|> position and each multiple of the checkpoint interval), whether or not a snapshot is
+// saved or restored there. Split points are then a function of the token prefix alone, so
+// "restore at b + prefill the tail" runs exactly the same chunks as an uncached run, and greedy output
+// after a hit is identical to the uncached output.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "state/prefix_cache.h"
+#include "store/disk_store.h"
+
+namespace ds {
+
+class Model;
+class SequenceState;
+
+class LocalEngine : public Engine {
+ public:
+  static Result<std::unique_ptr<LocalEngine>> open(const std::string& model_path,
+                                                   const EngineOptions& options);
+  ~LocalEngine() override;
+
+  const EngineInfo& info() const override { return info_; }
+  Result<GenerateResult> generate(const GenerateRequest& request) override;
+
+  EngineStats stats() const override;
+  Model& model() { return *model_; }
+  PrefixCache* ram_cache() { return ram_.get(); }
+  DiskSnapshotStore* disk_store() { return disk_.get(); }
+  // Identity written into disk snapshots: model fingerprint, sizes and state layout.
+  const std::string& fingerprint_text() const { return fingerprint_; }
+
+ private:
+  LocalEngine() = default;
+  // Split points of a prompt in (from, n]: every boundary token position, checkpoint multiple, and n.
+  std::vector<int64_t> split_points(const std::vector<int32_t>& prompt, int64_t from) const;
+  struct Restored;
+  Result<Restored> restore_longest(const std::vector<int32_t>& prompt);
+  void save_snapshot(const SequenceState& state, const std::vector<int32_t>& prompt, int64_t b,
+                     double prefill_ms);
+
+  std::unique_ptr<Model> model_;
+  EngineOptions options_;
+  EngineInfo info_;
+  int32_t boundary_token_ = -1;  // <|im_start|>: a turn starts here
+  std::unique_ptr<PrefixCache> ram_;
+  std::unique_ptr<DiskSnapshotStore> disk_;
+  std::string fingerprint_;
+  mutable std::mutex stats_mutex_;  // guards stats_ (generate runs on one thread, metrics on others)
+  EngineStats stats_;
+};
+
+}  // namespace ds

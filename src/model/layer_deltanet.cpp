@@ -1,0 +1,67 @@
+// Gated DeltaNet layer forward (model spec section 4): projections, gates, causal conv with carried
+// state, SiLU, q/k L2 norm, the delta rule on the SSM state, gated RMSNorm, output projection.
+#include "model/model_internal.h"
+#include "ops/conv1d.h"
+#include "ops/delta_net.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/rms_norm.h"
+
+namespace ds {
+
+Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const TensorView& x_norm,
+                        const TensorView& out) {
+  const ModelConfig& c = call.config;
+  const OpContext& ctx = call.ctx;
+  const int64_t n = call.n_tokens, dk = c.ssm_d_state, dv = c.ssm_d_state;
+  const int64_t nk = c.ssm_n_group, nv = c.ssm_n_v_head, conv_dim = c.conv_dim(), key_dim = c.key_dim();
+  ModelScratch& S = call.scratch;
+
+  // mixed = attn_qkv x [n, conv_dim];  z = attn_gate x [n, value_dim]
+  DS_ASSIGN_OR_RETURN(TensorView mixed, S.f32({conv_dim, n}));
+  DS_ASSIGN_OR_RETURN(TensorView z, S.f32({c.value_dim(), n}));
+  DS_TRY(matmul(ctx, w.wqkv, x_norm, mixed));
+  DS_TRY(matmul(ctx, w.wgate, x_norm, z));
+
+  // beta = sigmoid(ssm_beta x);  g = ssm_a * softplus(ssm_alpha x + dt_bias)   [n, nv]
+  DS_ASSIGN_OR_RETURN(TensorView b, S.f32({nv, n}));
+  DS_ASSIGN_OR_RETURN(TensorView a, S.f32({nv, n}));
+  DS_ASSIGN_OR_RETURN(TensorView beta, S.f32({nv, n}));
+  DS_ASSIGN_OR_RETURN(TensorView g, S.f32({nv, n}));
+  DS_TRY(matmul(ctx, w.wbeta, x_norm, b));
+  DS_TRY(matmul(ctx, w.walpha, x_norm, a));
+  DS_TRY(delta_net_gates(ctx, a, b, w.dt_bias, w.ssm_a, g, beta));
+  call.dump("deltanet.beta", beta);
+  call.dump("deltanet.g", g);
+
+  // c = silu(causal_conv(mixed)) with the layer's conv state
+  DS_ASSIGN_OR_RETURN(TensorView conv, S.f32({conv_dim, n}));
+  DS_TRY(conv1d_causal(ctx, mixed, w.conv1d, call.state.conv_state(call.il), conv));
+  DS_TRY(silu(ctx, conv, conv));
+  call.dump("deltanet.conv", conv);
+
+  // Split [q (nk*dk) ; k (nk*dk) ; v (nv*dv)] and L2-normalize q, k per head.
+  DS_ASSIGN_OR_RETURN(TensorView q, S.f32({dk, nk, n}));
+  DS_ASSIGN_OR_RETURN(TensorView k, S.f32({dk, nk, n}));
+  DS_ASSIGN_OR_RETURN(TensorView v, S.f32({dv, nv, n}));
+  DS_TRY(copy(ctx, columns(conv, 0, key_dim), reshape(q, {key_dim, n})));
+  DS_TRY(copy(ctx, columns(conv, key_dim, key_dim), reshape(k, {key_dim, n})));
+  DS_TRY(copy(ctx, columns(conv, 2 * key_dim, c.value_dim()), reshape(v, {c.value_dim(), n})));
+  DS_TRY(l2_norm(ctx, q, c.rms_eps, q));
+  DS_TRY(l2_norm(ctx, k, c.rms_eps, k));
+
+  // Delta rule on the SSM state; o [n, nv, dv].
+  DS_ASSIGN_OR_RETURN(TensorView o, S.f32({dv, nv, n}));
+  DS_TRY(delta_net(ctx, q, k, v, g, beta, call.state.ssm_state(call.il), o));
+  call.dump("deltanet.o", o);
+
+  // y = RMSNorm(o; ssm_norm) * silu(z), per v-head over dv; then ssm_out.
+  DS_TRY(rms_norm(ctx, o, w.norm, c.rms_eps, o));
+  TensorView z_heads = reshape(z, {dv, nv, n});
+  DS_TRY(swiglu(ctx, z_heads, o, o));
+  call.dump("deltanet.y", o);
+  DS_TRY(matmul(ctx, w.wout, reshape(o, {c.value_dim(), n}), out));
+  return Status::ok();
+}
+
+}  // namespace ds

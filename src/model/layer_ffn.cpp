@@ -1,0 +1,58 @@
+// FFN forwards: dense SwiGLU (qwen35) and the MoE block with its sigmoid-gated shared expert
+// (qwen35moe). Dense and MoE models differ only here.
+#include "model/model_internal.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/moe.h"
+
+namespace ds {
+
+Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const TensorView& x_norm,
+                         const TensorView& out) {
+  const int64_t n = call.n_tokens, n_ff = call.config.n_ff;
+  DS_ASSIGN_OR_RETURN(TensorView g, call.scratch.f32({n_ff, n}));
+  DS_ASSIGN_OR_RETURN(TensorView u, call.scratch.f32({n_ff, n}));
+  DS_TRY(matmul(call.ctx, w.gate, x_norm, g));
+  DS_TRY(matmul(call.ctx, w.up, x_norm, u));
+  DS_TRY(swiglu(call.ctx, g, u, g));  // silu(gate x) * (up x)
+  DS_TRY(matmul(call.ctx, w.down, g, out));
+  return Status::ok();
+}
+
+Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x_norm,
+                       const TensorView& out) {
+  const ModelConfig& c = call.config;
+  const OpContext& ctx = call.ctx;
+  const int64_t n = call.n_tokens, k = c.n_expert_used;
+  ModelScratch& S = call.scratch;
+
+  // Routing: p = softmax(router x); top-k; w = p[sel] / max(sum p[sel], 6.1e-5).
+  DS_ASSIGN_OR_RETURN(TensorView logits, S.f32({c.n_expert, n}));
+  DS_ASSIGN_OR_RETURN(TensorView ids, S.i32({k, n}));
+  DS_ASSIGN_OR_RETURN(TensorView weights, S.f32({k, n}));
+  DS_TRY(matmul(ctx, w.router, x_norm, logits));
+  DS_TRY(moe_route(ctx, logits, k, ids, weights));
+  call.dump("moe.weights", weights);
+
+  // moe = sum_j w_j down_j(silu(gate_j x) * up_j x)
+  MoeExperts experts{w.gate_exps, w.up_exps, w.gate_up_exps, w.down_exps};
+  DS_TRY(moe_ffn(ctx, x_norm, experts, ids, weights, out));
+
+  // Shared expert, scaled by sigmoid(shexp_gate . x) per token.
+  const int64_t S_ff = c.n_ff_shexp;
+  DS_ASSIGN_OR_RETURN(TensorView g, S.f32({S_ff, n}));
+  DS_ASSIGN_OR_RETURN(TensorView u, S.f32({S_ff, n}));
+  DS_ASSIGN_OR_RETURN(TensorView sh, S.f32({c.n_embd, n}));
+  DS_ASSIGN_OR_RETURN(TensorView sg, S.f32({1, n}));
+  DS_TRY(matmul(ctx, w.gate_shexp, x_norm, g));
+  DS_TRY(matmul(ctx, w.up_shexp, x_norm, u));
+  DS_TRY(swiglu(ctx, g, u, g));
+  DS_TRY(matmul(ctx, w.down_shexp, g, sh));
+  TensorView gate_w = reshape(w.shexp_gate, {c.n_embd, 1});
+  DS_TRY(matmul(ctx, gate_w, x_norm, sg));
+  DS_TRY(mul_sigmoid(ctx, sh, sg, sh));
+  DS_TRY(add(ctx, out, sh, out));
+  return Status::ok();
+}
+
+}  // namespace ds

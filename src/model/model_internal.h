@@ -1,0 +1,67 @@
+// Internal to the model module: the activation scratch arena, view helpers and the per-layer-type
+// forwards (layer_attention.cpp, layer_deltanet.cpp, layer_ffn.cpp).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace ds {
+
+// Bump allocator for one segment's activations. Non-obvious choice: it grows by adding blocks and,
+// at the next reset, merges them into one block of the high-water size, so steady state is a single
+// allocation reused by every segment.
+struct ModelScratch {
+  explicit ModelScratch(Device d) : device(d) {}
+  Result<TensorView> f32(std::initializer_list<int64_t> ne);
+  Result<TensorView> i32(std::initializer_list<int64_t> ne);
+  void reset();
+  // Everything handed out after a mark is released by rollback (per-layer intermediates).
+  struct Mark {
+    size_t n_blocks;
+    int64_t offset, used_total;
+  };
+  Mark mark() const;
+  void rollback(const Mark& m);
+
+  Device device;
+  std::vector<DeviceBuffer> blocks;
+  int64_t offset = 0;      // bytes used in blocks.back()
+  int64_t used_total = 0;  // bytes live since reset
+  int64_t peak = 0;        // most bytes live at once: the size of the merged block
+};
+
+// Everything a layer forward needs besides its weights.
+struct LayerCall {
+  const OpContext& ctx;
+  const ModelConfig& config;
+  ModelScratch& scratch;
+  SequenceState& state;
+  const DebugHook& hook;
+  int64_t il;        // layer index
+  int64_t pos0;      // absolute position of the first token
+  int64_t n_tokens;
+
+  // Reports a named intermediate ("blk.<il>.<what>") to the debug hook, if one is set.
+  void dump(const char* what, const TensorView& t) const;
+};
+
+// Same data, new contiguous shape (element counts must match).
+TensorView reshape(const TensorView& t, std::initializer_list<int64_t> ne);
+// Columns [c0, c0 + n) of every row of a contiguous 2-D F32 tensor: a strided view.
+TensorView columns(const TensorView& t, int64_t c0, int64_t n);
+
+// x_norm, out: [n_tokens, n_embd]. out is overwritten with the mixer / FFN output (before residual).
+Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64_t attn_index,
+                         const TensorView& x_norm, const TensorView& out);
+Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const TensorView& x_norm,
+                        const TensorView& out);
+Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const TensorView& x_norm,
+                         const TensorView& out);
+Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x_norm,
+                       const TensorView& out);
+
+}  // namespace ds

@@ -1,0 +1,154 @@
+// Host entry of the CUDA matrix product (cuda_matmul.h): shape and device checks, path choice, and the
+// prefill path (BF16 weight tiles + cuBLAS). Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// Non-obvious choice: cuBLAS sees the row-major product as column-major Y^T = W^T X^T, i.e.
+// op(A) = transpose of the [k, rows] BF16 tile (lda = k), B = activations (ldb = k), C = y (ldc = y's
+// row stride): no transposes are materialized, and a tile writes a column block of y in place.
+#if DS_HAVE_CUDA
+
+#include "ops/cuda/cuda_matmul.h"
+
+#include <array>
+#include <mutex>
+
+#include "core/check.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/matvec_launch.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int64_t kTileBytes = int64_t{64} << 20;  // BF16 weight tile budget per GEMM call
+
+struct BlasHandle {
+  // Guards the handle's stream binding during a call. The handle's internal workspace is shared, so
+  // GEMMs on two streams of one device that overlap on the GPU would need a workspace per stream
+  // (cublasSetWorkspace); the model runs one stream per device.
+  std::mutex mutex;
+  cublasHandle_t handle = nullptr;
+};
+
+Result<BlasHandle*> blas_for_device(int device) {
+  static std::mutex m;
+  static std::array<BlasHandle*, 64> handles{};
+  DS_CHECK(device >= 0 && device < 64, "device {}", device);
+  std::lock_guard<std::mutex> lock(m);
+  if (!handles[device]) {
+    DeviceGuard guard(device);
+    cublasHandle_t h = nullptr;
+    DS_CUBLAS_TRY(cublasCreate(&h), "cublasCreate cuda:{}", device);
+    auto* bh = new BlasHandle;  // lives for the process, like the allocator
+    bh->handle = h;
+    handles[device] = bh;
+  }
+  return handles[device];
+}
+
+std::string shapes(const TensorView& w, const TensorView& x, const TensorView& y) {
+  return fmt::format("matmul w {} x {} y {}", w.shape_string(), x.shape_string(), y.shape_string());
+}
+
+Status check_args(const TensorView& w, const TensorView& x, const TensorView& y, int device) {
+  const auto on_device = [&](const TensorView& t) {
+    return t.device.kind == DeviceKind::kCuda && t.device.index == device;
+  };
+  if (!on_device(w) || !on_device(x) || !on_device(y)) {
+    return invalid_argument("{}: tensors on {}, {}, {}; stream on cuda:{}", shapes(w, x, y),
+                            w.device.to_string(), x.device.to_string(), y.device.to_string(), device);
+  }
+  if (!matmul_supported(w.dtype)) return unsupported("{}: weight type {}", shapes(w, x, y), dtype_name(w.dtype));
+  if (x.dtype != DType::F32 || y.dtype != DType::F32) {
+    return unsupported("{}: activations and outputs must be f32", shapes(w, x, y));
+  }
+  if (w.ne[2] * w.ne[3] != 1 || x.ne[2] * x.ne[3] != 1 || y.ne[2] * y.ne[3] != 1) {
+    return invalid_argument("{}: 2-D tensors expected", shapes(w, x, y));
+  }
+  if (x.ne[0] != w.ne[0] || y.ne[0] != w.ne[1] || y.ne[1] != x.ne[1]) {
+    return invalid_argument("{}: expected x [{}, n], y [{}, n]", shapes(w, x, y), w.ne[0], w.ne[1]);
+  }
+  if (w.ne[0] % dtype_block_size(w.dtype) != 0) {
+    return invalid_argument("{}: k {} is not a multiple of the {} block size {}", shapes(w, x, y), w.ne[0],
+                            dtype_name(w.dtype), dtype_block_size(w.dtype));
+  }
+  if (w.nb[0] != dtype_block_bytes(w.dtype) || x.nb[0] != 4 || y.nb[0] != 4 || x.nb[1] % 4 != 0 ||
+      y.nb[1] % 4 != 0 || w.nb[1] < w.row_bytes() || x.nb[1] < 4 * x.ne[0] || y.nb[1] < 4 * y.ne[0]) {
+    return invalid_argument("{}: rows must be contiguous (strides w {} x {} y {})", shapes(w, x, y), w.nb[1],
+                            x.nb[1], y.nb[1]);
+  }
+  return device_status(device);
+}
+
+Status matmul_gemm(const TensorView& w, const TensorView& x, const TensorView& y, int device, cudaStream_t cs) {
+  const int64_t k = w.ne[0], n_rows = w.ne[1], n_tokens = x.ne[1];
+  const int64_t ldy = y.nb[1] / 4;
+  DS_ASSIGN_OR_RETURN(BlasHandle * blas, blas_for_device(device));
+  const float alpha = 1.0f, beta = 0.0f;
+  std::lock_guard<std::mutex> lock(blas->mutex);
+  DS_CUBLAS_TRY(cublasSetStream(blas->handle, cs), "{}", shapes(w, x, y));
+  if (w.dtype == DType::F32) {  // full F32 product: F32 weights are small and precision-sensitive
+    DS_CUBLAS_TRY(cublasGemmEx(blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_rows),
+                               static_cast<int>(n_tokens), static_cast<int>(k), &alpha, w.data, CUDA_R_32F,
+                               static_cast<int>(w.nb[1] / 4), x.data, CUDA_R_32F, static_cast<int>(x.nb[1] / 4),
+                               &beta, y.data, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT),
+                  "{}", shapes(w, x, y));
+    return Status::ok();
+  }
+  DS_ASSIGN_OR_RETURN(CudaBuffer xb, CudaBuffer::allocate(device, 2 * k * n_tokens));
+  DS_CUDA_TRY(f32_to_bf16_launch(x.as<float>(), x.nb[1] / 4, n_tokens, k, xb.data(), cs), "{}: to bf16",
+              shapes(w, x, y));
+  if (w.dtype == DType::BF16 && w.nb[1] % 2 == 0) {  // BF16 weights go to cuBLAS as they are
+    DS_CUBLAS_TRY(cublasGemmEx(blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_rows),
+                               static_cast<int>(n_tokens), static_cast<int>(k), &alpha, w.data, CUDA_R_16BF,
+                               static_cast<int>(w.nb[1] / 2), xb.data(), CUDA_R_16BF, static_cast<int>(k), &beta,
+                               y.data, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  "{}", shapes(w, x, y));
+    return Status::ok();
+  }
+  const int64_t tile_rows = std::max<int64_t>(1, std::min<int64_t>(n_rows, kTileBytes / (2 * k)));
+  DS_ASSIGN_OR_RETURN(CudaBuffer wb, CudaBuffer::allocate(device, 2 * k * tile_rows));
+  for (int64_t r0 = 0; r0 < n_rows; r0 += tile_rows) {
+    const int64_t rows = std::min(tile_rows, n_rows - r0);
+    DS_CUDA_TRY(dequant_bf16_launch(w.dtype, w.row(r0), w.nb[1], rows, k, wb.data(), cs), "{}: dequantize rows {}",
+                shapes(w, x, y), r0);
+    DS_CUBLAS_TRY(cublasGemmEx(blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                               static_cast<int>(n_tokens), static_cast<int>(k), &alpha, wb.data(), CUDA_R_16BF,
+                               static_cast<int>(k), xb.data(), CUDA_R_16BF, static_cast<int>(k), &beta,
+                               y.as<float>() + r0, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT),
+                  "{}: rows {}", shapes(w, x, y), r0);
+  }
+  // The tiles go back to the cache now; later work on this stream is ordered after the GEMMs.
+  return Status::ok();
+}
+
+}  // namespace
+
+bool matmul_supported(DType t) { return matvec_supports(t); }
+
+Status matmul(const TensorView& w, const TensorView& x, const TensorView& y, const Stream& stream,
+              MatmulPath path) {
+  return matmul_on(w, x, y, stream.device(), stream.handle(), path);
+}
+
+Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, int device, void* stream,
+                 MatmulPath path) {
+  DS_TRY(check_args(w, x, y, device));
+  const int64_t n_tokens = x.ne[1];
+  if (n_tokens == 0 || w.ne[1] == 0) return Status::ok();
+  DeviceGuard guard(device);
+  auto cs = static_cast<cudaStream_t>(stream);
+  if (path == MatmulPath::kAuto) path = n_tokens < kMatmulGemmMinTokens ? MatmulPath::kMatvec : MatmulPath::kGemm;
+  if (path == MatmulPath::kGemm) return matmul_gemm(w, x, y, device, cs);
+  if (n_tokens > kMatmulMaxMatvecTokens) {
+    return invalid_argument("{}: matrix-vector path takes at most {} tokens", shapes(w, x, y),
+                            kMatmulMaxMatvecTokens);
+  }
+  const MatvecLaunch l{w.data, w.nb[1], x.as<float>(), x.nb[1] / 4, y.as<float>(), y.nb[1] / 4,
+                       w.ne[1], w.ne[0], static_cast<int>(n_tokens)};
+  DS_CUDA_TRY(matvec_launch(w.dtype, l, path == MatmulPath::kGeneric, cs), "{}", shapes(w, x, y));
+  return Status::ok();
+}
+
+}  // namespace ds::cuda
+
+#endif  // DS_HAVE_CUDA

@@ -1,0 +1,340 @@
+// Host entries of the CUDA backend for every op in ops/cuda/cuda_ops.h: the op dispatchers have checked
+// shapes, dtypes and devices; these check what only the CUDA path needs (ids in range, kernel limits),
+// launch on the context's stream and turn CUDA errors into a Status naming the op and shapes.
+// Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// Non-obvious choice: get_rows and moe_ffn copy their small index tensors to the host (a stream
+// synchronization): get_rows to report a bad id as a Status, moe_ffn to group tokens per expert so each
+// expert's weights are read once. Everything else is asynchronous.
+#if DS_HAVE_CUDA
+
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_registry.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <vector>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_matmul.h"
+#include "ops/cuda/ops_launch.h"
+#include "ops/op_registry.h"
+
+namespace ds::cuda {
+namespace {
+
+cudaStream_t stream_of(const OpContext& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
+float* f32(const TensorView& t) { return t.as<float>(); }
+
+// Debug builds: every operand must be device (or managed) memory. Host memory labelled as a CUDA
+// tensor would otherwise fault inside a kernel and leave the context unusable. Release builds skip
+// the check (one driver call per operand per op).
+Status check_device_memory(const char* op, std::initializer_list<const TensorView*> ts) {
+#ifndef NDEBUG
+  for (const TensorView* t : ts) {
+    if (t->data == nullptr || t->n_elements() == 0) continue;
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, t->data);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (e != cudaSuccess || (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)) {
+      return invalid_argument("{}: operand {} on {} is not device memory", op, t->shape_string(),
+                              t->device.to_string());
+    }
+  }
+#else
+  (void)op;
+  (void)ts;
+#endif
+  return Status::ok();
+}
+
+// Copies n int32 from device memory to the host (synchronizes the stream).
+Status ids_to_host(const OpContext& ctx, const TensorView& ids, int64_t n, std::vector<int32_t>* out,
+                   const char* op) {
+  out->resize(static_cast<size_t>(n));
+  DS_CUDA_TRY(cudaMemcpyAsync(out->data(), ids.data, static_cast<size_t>(4 * n), cudaMemcpyDeviceToHost,
+                              stream_of(ctx)),
+              "{}: ids {}", op, ids.shape_string());
+  DS_CUDA_TRY(cudaStreamSynchronize(stream_of(ctx)), "{}: ids {}", op, ids.shape_string());
+  return Status::ok();
+}
+
+Status elt(const OpContext& ctx, const char* op, EltKind kind, const TensorView& a, const TensorView* b,
+           const TensorView& y, bool b_per_row = false) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory(op, {&a, b ? b : &a, &y}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(eltwise_launch(kind, f32(a), b ? f32(*b) : nullptr, f32(y), y.n_elements(), y.ne[0], b_per_row,
+                             stream_of(ctx)),
+              "{} {}", op, y.shape_string());
+  return Status::ok();
+}
+
+}  // namespace
+
+Status matmul(const OpContext& ctx, const TensorView& w, const TensorView& x, const TensorView& y) {
+  DS_TRY(check_device_memory("matmul", {&w, &x, &y}));
+  return matmul_on(w, x, y, ctx.device.index, ctx.cuda_stream);
+}
+
+Status get_rows(const OpContext& ctx, const TensorView& table, const TensorView& ids, const TensorView& y) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("get_rows", {&table, &ids, &y}));
+  if (!matmul_supported(table.dtype)) {
+    return unsupported("get_rows: table {}: dtype {} is not supported on CUDA", table.shape_string(),
+                       dtype_name(table.dtype));
+  }
+  DeviceGuard guard(ctx.device.index);
+  const int64_t n_tokens = ids.n_elements();
+  std::vector<int32_t> host;
+  DS_TRY(ids_to_host(ctx, ids, n_tokens, &host, "get_rows"));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (host[t] < 0 || host[t] >= table.ne[1]) {
+      return invalid_argument("get_rows: ids[{}] = {} is outside the table {}", t, host[t], table.shape_string());
+    }
+  }
+  DS_CUDA_TRY(get_rows_launch(table.dtype, table.data, table.nb[1], table.ne[0], ids.as<int32_t>(), n_tokens, f32(y),
+                              stream_of(ctx)),
+              "get_rows table {} ids {}", table.shape_string(), ids.shape_string());
+  return Status::ok();
+}
+
+Status rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("rms_norm", {&x, &w, &y}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(norm_launch(f32(x), f32(w), f32(y), x.ne[0], x.n_rows(), eps, false, stream_of(ctx)), "rms_norm x {}",
+              x.shape_string());
+  return Status::ok();
+}
+
+Status l2_norm(const OpContext& ctx, const TensorView& x, float eps, const TensorView& y) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("l2_norm", {&x, &y}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(norm_launch(f32(x), nullptr, f32(y), x.ne[0], x.n_rows(), eps, true, stream_of(ctx)), "l2_norm x {}",
+              x.shape_string());
+  return Status::ok();
+}
+
+Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, int64_t pos0) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("rope_neox", {&x}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(rope_neox_launch(f32(x), x.ne[0], x.ne[1], x.ne[2], n_rot, base, pos0, stream_of(ctx)),
+              "rope_neox x {} n_rot {}", x.shape_string(), n_rot);
+  return Status::ok();
+}
+
+Status attention(const OpContext& ctx, const TensorView& q, std::span<const TensorView> k_chunks,
+                 std::span<const TensorView> v_chunks, int64_t n_kv, int64_t pos0, float scale,
+                 const TensorView& o) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("attention", {&q, &o}));
+  if (q.ne[0] > 512) return unsupported("attention: head_dim {} > 512 on CUDA (q {})", q.ne[0], q.shape_string());
+  DeviceGuard guard(ctx.device.index);
+  const int64_t n_chunks = static_cast<int64_t>(k_chunks.size());
+  std::vector<const float*> ptrs(static_cast<size_t>(2 * n_chunks));
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    ptrs[c] = k_chunks[c].as<float>();
+    ptrs[n_chunks + c] = v_chunks[c].as<float>();
+  }
+  DS_ASSIGN_OR_RETURN(CudaBuffer dptrs, CudaBuffer::allocate(ctx.device.index, 8 * 2 * n_chunks));
+  // From pageable memory: the call returns once the pointers are staged, so `ptrs` may go.
+  DS_CUDA_TRY(cudaMemcpyAsync(dptrs.data(), ptrs.data(), static_cast<size_t>(8 * 2 * n_chunks),
+                              cudaMemcpyHostToDevice, stream_of(ctx)),
+              "attention: {} chunk pointers", 2 * n_chunks);
+  const auto* kp = static_cast<const float* const*>(dptrs.data());
+  DS_CUDA_TRY(attention_launch(f32(q), kp, kp + n_chunks, k_chunks[0].ne[2], f32(o), q.ne[0], q.ne[1],
+                               k_chunks[0].ne[1], q.ne[2], pos0, scale, stream_of(ctx)),
+              "attention q {} chunks {} of {} n_kv {} pos0 {}", q.shape_string(), n_chunks,
+              k_chunks[0].shape_string(), n_kv, pos0);
+  return Status::ok();
+}
+
+Status delta_net_gates(const OpContext& ctx, const TensorView& alpha, const TensorView& b,
+                       const TensorView& dt_bias, const TensorView& ssm_a, const TensorView& g,
+                       const TensorView& beta) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("delta_net_gates", {&alpha, &b, &dt_bias, &ssm_a, &g, &beta}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(delta_net_gates_launch(f32(alpha), f32(b), f32(dt_bias), f32(ssm_a), f32(g), f32(beta), alpha.ne[0],
+                                     alpha.n_rows(), stream_of(ctx)),
+              "delta_net_gates alpha {}", alpha.shape_string());
+  return Status::ok();
+}
+
+// Both modes run the recurrence on CUDA (a chunked prefill kernel is not written yet); the outputs
+// match the chunked CPU form up to rounding, as the op contract allows.
+Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& g, const TensorView& beta, const TensorView& state,
+                 const TensorView& out, DeltaNetMode mode) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("delta_net", {&q, &k, &v, &g, &beta, &state, &out}));
+  if (q.ne[0] > 6144) return unsupported("delta_net: dk {} too large for the CUDA kernel", q.ne[0]);
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(delta_net_launch(f32(q), f32(k), f32(v), f32(g), f32(beta), f32(state), f32(out), q.ne[0], q.ne[1],
+                               v.ne[0], v.ne[1], q.ne[2], stream_of(ctx)),
+              "delta_net q {} v {} state {}", q.shape_string(), v.shape_string(), state.shape_string());
+  return Status::ok();
+}
+
+Status conv1d_causal(const OpContext& ctx, const TensorView& x, const TensorView& w,
+                     const TensorView& state, const TensorView& y) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("conv1d_causal", {&x, &w, &state, &y}));
+  if (w.ne[0] > kConvMaxKernel) {
+    return unsupported("conv1d_causal: kernel {} > {} on CUDA (w {})", w.ne[0], kConvMaxKernel, w.shape_string());
+  }
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(conv1d_launch(f32(x), f32(w), f32(state), f32(y), x.ne[0], x.ne[1], w.ne[0], stream_of(ctx)),
+              "conv1d_causal x {} w {}", x.shape_string(), w.shape_string());
+  return Status::ok();
+}
+
+Status add(const OpContext& ctx, const TensorView& a, const TensorView& b, const TensorView& y) {
+  return elt(ctx, "add", EltKind::kAdd, a, &b, y);
+}
+Status mul(const OpContext& ctx, const TensorView& a, const TensorView& b, const TensorView& y) {
+  return elt(ctx, "mul", EltKind::kMul, a, &b, y);
+}
+Status silu(const OpContext& ctx, const TensorView& x, const TensorView& y) {
+  return elt(ctx, "silu", EltKind::kSilu, x, nullptr, y);
+}
+Status sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& y) {
+  return elt(ctx, "sigmoid", EltKind::kSigmoid, x, nullptr, y);
+}
+Status swiglu(const OpContext& ctx, const TensorView& gate, const TensorView& up, const TensorView& y) {
+  return elt(ctx, "swiglu", EltKind::kSwiglu, gate, &up, y);
+}
+Status mul_sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& gate, const TensorView& y) {
+  const bool per_row = gate.ne[0] == 1 && x.ne[0] != 1;
+  return elt(ctx, "mul_sigmoid", EltKind::kMulSigmoid, x, &gate, y, per_row);
+}
+
+Status copy(const OpContext& ctx, const TensorView& src, const TensorView& dst) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("copy", {&src, &dst}));
+  DeviceGuard guard(ctx.device.index);
+  CopyShape sh{};
+  for (int d = 0; d < 4; ++d) {
+    sh.ne[d] = src.ne[d];
+    sh.src_nb[d] = src.nb[d];
+    sh.dst_nb[d] = dst.nb[d];
+  }
+  DS_CUDA_TRY(copy_launch(src.data, dst.data, sh, stream_of(ctx)), "copy {} -> {}", src.shape_string(),
+              dst.shape_string());
+  return Status::ok();
+}
+
+Status moe_route(const OpContext& ctx, const TensorView& logits, int64_t k, const TensorView& ids,
+                 const TensorView& weights) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("moe_route", {&logits, &ids, &weights}));
+  if (k > kRouteMaxK) return unsupported("moe_route: k {} > {} on CUDA", k, kRouteMaxK);
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(moe_route_launch(f32(logits), logits.ne[0], logits.ne[1], k, ids.as<int32_t>(), f32(weights),
+                               kMoeWeightSumFloor, stream_of(ctx)),
+              "moe_route logits {} k {}", logits.shape_string(), k);
+  return Status::ok();
+}
+
+Status moe_ffn(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
+               const TensorView& weights, const TensorView& y) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory("moe_ffn", {&x, &ids, &weights, &y}));
+  DeviceGuard guard(ctx.device.index);
+  const int dev = ctx.device.index;
+  const cudaStream_t s = stream_of(ctx);
+  const bool fused = experts.gate_up.data != nullptr;
+  const TensorView& stack = fused ? experts.gate_up : experts.gate;
+  const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
+  const int64_t n_ff = fused ? stack.ne[1] / 2 : stack.ne[1], n_expert = stack.ne[2];
+  std::vector<int32_t> host_ids;
+  DS_TRY(ids_to_host(ctx, ids, n_tokens * k, &host_ids, "moe_ffn"));
+  // Per expert: the tokens routed to it and the (token, slot) entries, in token order.
+  std::vector<std::vector<int32_t>> rows(static_cast<size_t>(n_expert)), slots(static_cast<size_t>(n_expert));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = host_ids[t * k + j];
+      if (e < 0) continue;  // an unused slot
+      if (e >= n_expert) return invalid_argument("moe_ffn: ids[{}, {}] = {} >= n_expert {}", t, j, e, n_expert);
+      rows[e].push_back(static_cast<int32_t>(t));
+      slots[e].push_back(static_cast<int32_t>(t * k + j));
+    }
+  }
+  // One upload: token rows then weight slots of every expert, back to back.
+  std::vector<int32_t> index;
+  std::vector<int64_t> first(static_cast<size_t>(n_expert));
+  int64_t max_n = 0;
+  for (int64_t e = 0; e < n_expert; ++e) {
+    first[e] = static_cast<int64_t>(index.size());
+    index.insert(index.end(), rows[e].begin(), rows[e].end());
+    index.insert(index.end(), slots[e].begin(), slots[e].end());
+    max_n = std::max<int64_t>(max_n, static_cast<int64_t>(rows[e].size()));
+  }
+  DS_CUDA_TRY(cudaMemsetAsync(y.data, 0, static_cast<size_t>(4 * n_embd * n_tokens), s), "moe_ffn y {}",
+              y.shape_string());
+  if (max_n == 0) return Status::ok();
+  DS_ASSIGN_OR_RETURN(CudaBuffer d_index, CudaBuffer::allocate(dev, 4 * static_cast<int64_t>(index.size())));
+  DS_CUDA_TRY(cudaMemcpyAsync(d_index.data(), index.data(), 4 * index.size(), cudaMemcpyHostToDevice, s),
+              "moe_ffn index");
+  DS_ASSIGN_OR_RETURN(CudaBuffer d_scale, CudaBuffer::allocate(dev, 4 * max_n));
+  DS_ASSIGN_OR_RETURN(CudaBuffer xe, CudaBuffer::allocate(dev, 4 * n_embd * max_n));
+  DS_ASSIGN_OR_RETURN(CudaBuffer ge, CudaBuffer::allocate(dev, 4 * n_ff * max_n));
+  DS_ASSIGN_OR_RETURN(CudaBuffer ue, CudaBuffer::allocate(dev, 4 * n_ff * max_n));
+  DS_ASSIGN_OR_RETURN(CudaBuffer de, CudaBuffer::allocate(dev, 4 * n_embd * max_n));
+  auto slice = [&](const TensorView& st, int64_t e, int64_t row0, int64_t n_rows) {
+    TensorView v = st;
+    v.data = static_cast<uint8_t*>(st.data) + e * st.nb[2] + row0 * st.nb[1];
+    v.n_dims = 2;
+    v.ne = {st.ne[0], n_rows, 1, 1};
+    v.nb[2] = v.nb[3] = v.nb[1] * n_rows;
+    return v;
+  };
+  for (int64_t e = 0; e < n_expert; ++e) {
+    const int64_t n = static_cast<int64_t>(rows[e].size());
+    if (n == 0) continue;
+    const int32_t* d_rows = static_cast<const int32_t*>(d_index.data()) + first[e];
+    const int32_t* d_slots = d_rows + n;
+    DS_CUDA_TRY(gather_rows_launch(f32(weights), d_slots, static_cast<float*>(d_scale.data()), n, 1, s),
+                "moe_ffn expert {} weights", e);
+    DS_CUDA_TRY(gather_rows_launch(f32(x), d_rows, static_cast<float*>(xe.data()), n, n_embd, s),
+                "moe_ffn expert {} gather", e);
+    const TensorView xv = xe.view(DType::F32, {n_embd, n});
+    const TensorView gv = ge.view(DType::F32, {n_ff, n}), uv = ue.view(DType::F32, {n_ff, n});
+    const TensorView wg = fused ? slice(stack, e, 0, n_ff) : slice(experts.gate, e, 0, n_ff);
+    const TensorView wu = fused ? slice(stack, e, n_ff, n_ff) : slice(experts.up, e, 0, n_ff);
+    DS_TRY(matmul_on(wg, xv, gv, dev, ctx.cuda_stream).with_context(fmt::format("moe_ffn expert {} gate", e)));
+    DS_TRY(matmul_on(wu, xv, uv, dev, ctx.cuda_stream).with_context(fmt::format("moe_ffn expert {} up", e)));
+    DS_CUDA_TRY(eltwise_launch(EltKind::kSwiglu, f32(gv), f32(uv), f32(gv), n_ff * n, n_ff, false, s),
+                "moe_ffn expert {} swiglu", e);
+    const TensorView dv = de.view(DType::F32, {n_embd, n});
+    DS_TRY(matmul_on(slice(experts.down, e, 0, n_embd), gv, dv, dev, ctx.cuda_stream)
+               .with_context(fmt::format("moe_ffn expert {} down", e)));
+    DS_CUDA_TRY(scatter_add_rows_launch(f32(dv), d_rows, static_cast<float*>(d_scale.data()), f32(y), n, n_embd, s),
+                "moe_ffn expert {} scatter", e);
+  }
+  // The per-expert scratch buffers return to the cache here; later work on this stream is ordered
+  // after the launches above, and the host index copy completed before the first launch.
+  return Status::ok();
+}
+
+void register_ops() {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K,
+                  DType::Q5_K, DType::Q6_K}) {
+    if (!matmul_supported(t)) continue;
+    op_register("matmul", DeviceKind::kCuda, t);
+    op_register("get_rows", DeviceKind::kCuda, t);
+    op_register("moe_ffn", DeviceKind::kCuda, t);
+  }
+  for (const char* op : {"rms_norm", "l2_norm", "rope_neox", "attention", "delta_net_gates", "delta_net",
+                         "conv1d_causal", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
+                         "moe_route"}) {
+    op_register(op, DeviceKind::kCuda, DType::F32);
+  }
+}
+
+}  // namespace ds::cuda
+
+#endif  // DS_HAVE_CUDA

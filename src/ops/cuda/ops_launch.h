@@ -1,0 +1,62 @@
+// Launchers of the CUDA kernels for the non-matrix ops (defined in ops/cuda/ops_kernels.cu and
+// ops/cuda/attention.cu), called by the host entries in ops/cuda/cuda_ops.cpp. Needs the CUDA runtime
+// headers: include only under DS_HAVE_CUDA. Arguments are validated by the op dispatchers and
+// cuda_ops.cpp before these run; launchers only return the launch error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ds::cuda {
+
+enum class EltKind : int { kAdd, kMul, kSilu, kSigmoid, kSwiglu, kMulSigmoid };
+
+// y[i] = f(a[i], b[i]) over n elements; kMulSigmoid with b_per_row: b[i / row].
+cudaError_t eltwise_launch(EltKind kind, const float* a, const float* b, float* y, int64_t n, int64_t row,
+                           bool b_per_row, cudaStream_t s);
+// Row-wise strided copy: rows of ne0 floats; row (i1, i2, i3) at byte offsets i1*nb1 + i2*nb2 + i3*nb3.
+struct CopyShape {
+  int64_t ne[4];
+  int64_t src_nb[4], dst_nb[4];
+};
+cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cudaStream_t s);
+// y = x / sqrt(mean(x^2) + eps) * w (w may be null), or l2: x / sqrt(sum(x^2) + eps); rows of n.
+cudaError_t norm_launch(const float* x, const float* w, float* y, int64_t n, int64_t rows, float eps, bool l2,
+                        cudaStream_t s);
+// In place NeoX rotary embedding on x [n_tokens, n_head, head_dim].
+cudaError_t rope_neox_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
+                             float base, int64_t pos0, cudaStream_t s);
+// y[t, :] = dequantized table row ids[t] (ids already validated), rows of n elements at row stride.
+cudaError_t get_rows_launch(DType t, const void* table, int64_t row_stride, int64_t n, const int32_t* ids,
+                            int64_t n_tokens, float* y, cudaStream_t s);
+// Causal depthwise conv with state (see ops/conv1d.h); kernel <= kConvMaxKernel.
+constexpr int kConvMaxKernel = 8;
+cudaError_t conv1d_launch(const float* x, const float* w, float* state, float* y, int64_t n_ch, int64_t n_tokens,
+                          int64_t kernel, cudaStream_t s);
+// g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(b); rows of nv.
+cudaError_t delta_net_gates_launch(const float* alpha, const float* b, const float* dt_bias, const float* ssm_a,
+                                   float* g, float* beta, int64_t nv, int64_t rows, cudaStream_t s);
+// Recurrent gated delta rule (see ops/delta_net.h), one CTA per v-head, one thread per dv column.
+cudaError_t delta_net_launch(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                             float* state, float* out, int64_t dk, int64_t nk, int64_t dv, int64_t nv,
+                             int64_t n_tokens, cudaStream_t s);
+// moe_route for n_tokens rows of n_expert logits; k <= kRouteMaxK.
+constexpr int kRouteMaxK = 32;
+cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,
+                             float* weights, float floor, cudaStream_t s);
+// y[dst_rows[i], :] += scale[i] * x[i, :] for i < n (rows of n_embd); rows are distinct per launch.
+cudaError_t scatter_add_rows_launch(const float* x, const int32_t* dst_rows, const float* scale, float* y,
+                                    int64_t n, int64_t n_embd, cudaStream_t s);
+// y[i, :] = x[src_rows[i], :].
+cudaError_t gather_rows_launch(const float* x, const int32_t* src_rows, float* y, int64_t n, int64_t n_embd,
+                               cudaStream_t s);
+
+// Attention over a chunked KV cache (ops/attention.h): k_ptrs / v_ptrs are device arrays of chunk bases.
+cudaError_t attention_launch(const float* q, const float* const* k_ptrs, const float* const* v_ptrs,
+                             int64_t chunk_tokens, float* o, int64_t head_dim, int64_t n_head, int64_t n_head_kv,
+                             int64_t n_tokens, int64_t pos0, float scale, cudaStream_t s);
+
+}  // namespace ds::cuda

@@ -1,0 +1,124 @@
+// DeviceBuffer and the CPU allocator: aligned allocation with live / peak byte counters.
+#include "ops/device_buffer.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/check.h"
+#ifdef DS_HAVE_CUDA
+#include "ops/cuda/cuda_device.h"
+#endif
+
+namespace ds {
+namespace {
+
+constexpr size_t kCpuAlign = 64;
+
+struct Counters {
+  std::atomic<int64_t> live{0}, peak{0}, n{0};
+};
+Counters& cpu_counters() {
+  static Counters c;
+  return c;
+}
+
+void count_alloc(Counters& c, int64_t bytes) {
+  const int64_t live = c.live.fetch_add(bytes) + bytes;
+  int64_t peak = c.peak.load();
+  while (live > peak && !c.peak.compare_exchange_weak(peak, live)) {
+  }
+  c.n.fetch_add(1);
+}
+
+}  // namespace
+
+AllocatorStats allocator_stats(Device device) {
+#ifdef DS_HAVE_CUDA
+  if (device.kind == DeviceKind::kCuda) {
+    const auto s = cuda::DeviceAllocator::for_device(device.index).stats();
+    return {s.in_use_bytes, s.peak_in_use_bytes, s.n_device_allocs};
+  }
+#endif
+  if (device.kind != DeviceKind::kCpu) return {};
+  Counters& c = cpu_counters();
+  return {c.live.load(), c.peak.load(), c.n.load()};
+}
+
+void allocator_reset_peak(Device device) {
+#ifdef DS_HAVE_CUDA
+  if (device.kind == DeviceKind::kCuda) {
+    cuda::DeviceAllocator::for_device(device.index).reset_peaks();
+    return;
+  }
+#endif
+  if (device.kind != DeviceKind::kCpu) return;
+  cpu_counters().peak.store(cpu_counters().live.load());
+}
+
+Result<DeviceBuffer> DeviceBuffer::alloc(Device device, int64_t bytes, bool zero) {
+  if (bytes < 0) return invalid_argument("alloc: negative size {}", bytes);
+#ifdef DS_HAVE_CUDA
+  if (device.kind == DeviceKind::kCuda) {
+    DeviceBuffer b;
+    b.device_ = device;
+    if (bytes == 0) return b;
+    DS_ASSIGN_OR_RETURN(b.data_, cuda::buffer_alloc(device.index, bytes, zero));
+    b.bytes_ = bytes;
+    return b;
+  }
+#endif
+  if (device.kind != DeviceKind::kCpu) return unsupported("alloc: no allocator for {} in this build", device.to_string());
+  DeviceBuffer b;
+  b.device_ = device;
+  if (bytes == 0) return b;
+  const size_t rounded = (static_cast<size_t>(bytes) + kCpuAlign - 1) / kCpuAlign * kCpuAlign;
+  void* p = std::aligned_alloc(kCpuAlign, rounded);
+  if (!p) return out_of_memory("alloc: {} bytes on {} failed", bytes, device.to_string());
+  if (zero) std::memset(p, 0, rounded);
+  b.data_ = p;
+  b.bytes_ = bytes;
+  count_alloc(cpu_counters(), bytes);
+  return b;
+}
+
+DeviceBuffer::~DeviceBuffer() { release(); }
+
+void DeviceBuffer::release() {
+  if (data_ && device_.kind == DeviceKind::kCuda) {
+#ifdef DS_HAVE_CUDA
+    cuda::buffer_free(device_.index, data_);
+#endif
+  } else if (data_) {
+    std::free(data_);
+    cpu_counters().live.fetch_sub(bytes_);
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), device_(o.device_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    device_ = o.device_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+TensorView DeviceBuffer::view(DType dtype, std::initializer_list<int64_t> ne) const {
+  TensorView t = TensorView::contiguous(data_, dtype, ne, device_);
+  DS_CHECK(t.n_bytes() <= bytes_, "view {} does not fit a buffer of {} bytes", t.shape_string(), bytes_);
+  return t;
+}
+
+}  // namespace ds

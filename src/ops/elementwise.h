@@ -1,0 +1,26 @@
+// Element-wise ops on contiguous F32 tensors of equal shape (in place allowed: y may be a or x).
+//   add:         y = a + b
+//   mul:         y = a * b
+//   silu:        y = x * sigmoid(x)
+//   sigmoid:     y = 1 / (1 + exp(-x))
+//   swiglu:      y = silu(gate) * up
+//   mul_sigmoid: y = x * sigmoid(gate); gate has x's shape, or ne {1, rows...} (one gate per row)
+// copy: dst = src for tensors of one shape; src F32, dst F32 or F16 (converted, round to nearest
+//   even). Both may be strided in dims 1..3 (ne[0] contiguous), e.g. a KV chunk row range.
+#pragma once
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/op_context.h"
+
+namespace ds {
+
+Status add(const OpContext& ctx, const TensorView& a, const TensorView& b, const TensorView& y);
+Status mul(const OpContext& ctx, const TensorView& a, const TensorView& b, const TensorView& y);
+Status silu(const OpContext& ctx, const TensorView& x, const TensorView& y);
+Status sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& y);
+Status swiglu(const OpContext& ctx, const TensorView& gate, const TensorView& up, const TensorView& y);
+Status mul_sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& gate, const TensorView& y);
+Status copy(const OpContext& ctx, const TensorView& src, const TensorView& dst);
+
+}  // namespace ds

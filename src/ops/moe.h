@@ -1,0 +1,34 @@
+// Mixture-of-experts routing and expert FFNs (model spec section 4, FFN).
+//
+// moe_route: per token, p = softmax(logits) over all experts; the k largest (ties: lower index
+//   first) are selected and their weights renormalized: w = p[sel] / max(sum p[sel], 6.1e-5).
+//   logits [n_tokens, n_expert] F32 -> ids [n_tokens, k] I32, weights [n_tokens, k] F32.
+//
+// moe_ffn: y_t = sum_j w_tj * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j].
+//   x [n_tokens, E] F32; y [n_tokens, E] F32 (overwritten, must not alias x)
+//   experts: gate/up {E, F, n_expert} and down {F, E, n_expert}; or gate_up {E, 2F, n_expert} (first F
+//   rows gate) with gate/up empty (null data). Tokens are gathered per expert so each expert's
+//   weights are read once per call, whatever the number of tokens routed to it.
+#pragma once
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/op_context.h"
+
+namespace ds {
+
+constexpr float kMoeWeightSumFloor = 6.1e-5f;
+
+struct MoeExperts {
+  TensorView gate;     // {E, F, n_expert}
+  TensorView up;       // {E, F, n_expert}
+  TensorView gate_up;  // {E, 2F, n_expert} (alternative to gate + up)
+  TensorView down;     // {F, E, n_expert}
+};
+
+Status moe_route(const OpContext& ctx, const TensorView& logits, int64_t k, const TensorView& ids,
+                 const TensorView& weights);
+Status moe_ffn(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
+               const TensorView& weights, const TensorView& y);
+
+}  // namespace ds

@@ -1,0 +1,105 @@
+// SequenceState: block table over the KV pool, one allocation for all recurrent state.
+#include "state/sequence_state.h"
+
+#include <cstring>
+
+#include "core/check.h"
+
+namespace ds {
+
+SequenceState::SequenceState(std::shared_ptr<KvPool> pool) : pool_(std::move(pool)) {}
+
+SequenceState::~SequenceState() {
+  for (int32_t s : block_table_) pool_->slot_free(s);
+}
+
+Result<std::unique_ptr<SequenceState>> SequenceState::create(std::shared_ptr<KvPool> pool) {
+  DS_CHECK(pool != nullptr, "SequenceState needs a pool");
+  std::unique_ptr<SequenceState> st(new SequenceState(std::move(pool)));
+  const StateLayout& l = st->layout();
+  int64_t n_attn = 0, n_rec = 0;
+  for (LayerStateKind k : l.kinds) st->layer_index_.push_back(k == LayerStateKind::kAttention ? n_attn++ : n_rec++);
+  const int64_t floats = n_rec * (l.conv_state_floats() + l.ssm_state_floats());
+  DS_ASSIGN_OR_RETURN(st->recurrent_, DeviceBuffer::alloc(st->pool_->device(), floats * 4, /*zero=*/true));
+  st->logits_.assign(static_cast<size_t>(l.n_vocab), 0.0f);
+  return st;
+}
+
+Status SequenceState::kv_reserve(int64_t n_tokens) {
+  const StateLayout& l = layout();
+  if (n_tokens > l.n_ctx) {
+    return invalid_argument("sequence of {} tokens exceeds the context of {} tokens", n_tokens, l.n_ctx);
+  }
+  if (l.n_attention_layers() == 0) return Status::ok();
+  const int64_t need = (n_tokens + l.kv_chunk_tokens - 1) / l.kv_chunk_tokens;
+  while (static_cast<int64_t>(block_table_.size()) < need) {
+    DS_ASSIGN_OR_RETURN(int32_t slot, pool_->slot_alloc());
+    block_table_.push_back(slot);
+  }
+  return Status::ok();
+}
+
+TensorView SequenceState::k_chunk(int64_t attn_index, int64_t chunk) const {
+  DS_CHECK(chunk >= 0 && chunk < n_kv_chunks(), "KV chunk {} of {}", chunk, n_kv_chunks());
+  return pool_->k_view(block_table_[static_cast<size_t>(chunk)], attn_index);
+}
+
+TensorView SequenceState::v_chunk(int64_t attn_index, int64_t chunk) const {
+  DS_CHECK(chunk >= 0 && chunk < n_kv_chunks(), "KV chunk {} of {}", chunk, n_kv_chunks());
+  return pool_->v_view(block_table_[static_cast<size_t>(chunk)], attn_index);
+}
+
+TensorView SequenceState::conv_state(int64_t layer) const {
+  const StateLayout& l = layout();
+  DS_CHECK(l.kinds[static_cast<size_t>(layer)] == LayerStateKind::kRecurrent, "layer {} is not recurrent", layer);
+  float* base = static_cast<float*>(recurrent_.data()) +
+                layer_index_[static_cast<size_t>(layer)] * (l.conv_state_floats() + l.ssm_state_floats());
+  return TensorView::contiguous(base, DType::F32, {l.conv_dim, l.conv_kernel - 1}, pool_->device());
+}
+
+TensorView SequenceState::ssm_state(int64_t layer) const {
+  const StateLayout& l = layout();
+  DS_CHECK(l.kinds[static_cast<size_t>(layer)] == LayerStateKind::kRecurrent, "layer {} is not recurrent", layer);
+  float* base = static_cast<float*>(recurrent_.data()) +
+                layer_index_[static_cast<size_t>(layer)] * (l.conv_state_floats() + l.ssm_state_floats()) +
+                l.conv_state_floats();
+  return TensorView::contiguous(base, DType::F32, {l.ssm_dv, l.ssm_dk, l.ssm_nv}, pool_->device());
+}
+
+void SequenceState::reset() {
+  kv_truncate(0);
+  if (!recurrent_.empty()) std::memset(recurrent_.data(), 0, static_cast<size_t>(recurrent_.bytes()));
+  has_recurrent_ = true;
+  logits_valid_ = false;
+}
+
+void SequenceState::kv_truncate(int64_t n_tokens) {
+  const int64_t keep = (n_tokens + layout().kv_chunk_tokens - 1) / layout().kv_chunk_tokens;
+  while (static_cast<int64_t>(block_table_.size()) > keep) {
+    pool_->slot_free(block_table_.back());
+    block_table_.pop_back();
+  }
+  pos_ = n_tokens;
+  logits_valid_ = false;
+}
+
+Result<std::unique_ptr<SequenceState>> SequenceState::fork() const {
+  DS_ASSIGN_OR_RETURN(auto copy, create(pool_));
+  DS_TRY(copy->kv_reserve(static_cast<int64_t>(block_table_.size()) * layout().kv_chunk_tokens > layout().n_ctx
+                              ? layout().n_ctx
+                              : static_cast<int64_t>(block_table_.size()) * layout().kv_chunk_tokens));
+  const size_t slot_bytes = static_cast<size_t>(layout().kv_slot_bytes());
+  for (size_t c = 0; c < block_table_.size(); ++c) {
+    std::memcpy(pool_->slot_data(copy->block_table_[c]), pool_->slot_data(block_table_[c]), slot_bytes);
+  }
+  if (!recurrent_.empty()) {
+    std::memcpy(copy->recurrent_.data(), recurrent_.data(), static_cast<size_t>(recurrent_.bytes()));
+  }
+  copy->pos_ = pos_;
+  copy->has_recurrent_ = has_recurrent_;
+  copy->logits_ = logits_;
+  copy->logits_valid_ = logits_valid_;
+  return copy;
+}
+
+}  // namespace ds

@@ -1,0 +1,77 @@
+// SequenceState: everything one sequence carries between forward passes. Attention KV lives in
+// fixed-size chunks behind a block table (logical chunk -> pool slot); each DeltaNet layer has its
+// conv state [(K-1), conv_dim] and SSM state [nv, dk, dv]; plus the position and the last logits.
+// Non-obvious choice: recurrent state exists only at the current position, so `pos` is both the
+// number of tokens in the KV and the point the recurrent state describes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/device_buffer.h"
+#include "state/kv_pool.h"
+#include "state/state_layout.h"
+
+namespace ds {
+
+class SequenceState {
+ public:
+  // A fresh state at position 0 (zero recurrent state, no KV chunks) using slots of `pool`.
+  static Result<std::unique_ptr<SequenceState>> create(std::shared_ptr<KvPool> pool);
+  ~SequenceState();
+  SequenceState(const SequenceState&) = delete;
+  SequenceState& operator=(const SequenceState&) = delete;
+
+  const StateLayout& layout() const { return pool_->layout(); }
+  const std::shared_ptr<KvPool>& pool() const { return pool_; }
+
+  int64_t pos() const { return pos_; }
+  void set_pos(int64_t pos) { pos_ = pos; }
+  // False after loading a KV-only stream: the model must refuse to continue from it.
+  bool has_recurrent() const { return has_recurrent_; }
+  void set_has_recurrent(bool v) { has_recurrent_ = v; }
+
+  // Makes sure KV chunks exist for tokens [0, n_tokens): kResourceExhausted if the pool is full,
+  // kInvalidArgument beyond n_ctx.
+  Status kv_reserve(int64_t n_tokens);
+  int64_t n_kv_chunks() const { return static_cast<int64_t>(block_table_.size()); }
+  const std::vector<int32_t>& block_table() const { return block_table_; }
+  // K / V of attention layer `attn_index` in logical chunk `chunk`: ne {head_dim, n_head_kv, chunk_tokens}.
+  TensorView k_chunk(int64_t attn_index, int64_t chunk) const;
+  TensorView v_chunk(int64_t attn_index, int64_t chunk) const;
+
+  // Recurrent state of layer `layer` (must be a recurrent layer).
+  TensorView conv_state(int64_t layer) const;  // ne {conv_dim, conv_kernel - 1}
+  TensorView ssm_state(int64_t layer) const;   // ne {dv, dk, nv}
+
+  // Last logits [n_vocab]; valid after a forward that ended at pos().
+  std::vector<float>& logits() { return logits_; }
+  const std::vector<float>& logits() const { return logits_; }
+  bool logits_valid() const { return logits_valid_; }
+  void set_logits_valid(bool v) { logits_valid_ = v; }
+
+  // Back to position 0: frees the KV chunks, zeroes recurrent state, drops logits.
+  void reset();
+  // Drops KV chunks past token `n_tokens` and sets pos (recurrent state is not rewound: callers
+  // restore it from a snapshot). Used by deserialization and rollback.
+  void kv_truncate(int64_t n_tokens);
+
+  // A deep copy with its own KV slots from the same pool.
+  Result<std::unique_ptr<SequenceState>> fork() const;
+
+ private:
+  explicit SequenceState(std::shared_ptr<KvPool> pool);
+  std::shared_ptr<KvPool> pool_;
+  std::vector<int32_t> block_table_;     // logical chunk -> pool slot
+  std::vector<int64_t> layer_index_;     // layer -> index among its kind (attention or recurrent)
+  DeviceBuffer recurrent_;               // all conv and SSM states, one allocation
+  int64_t pos_ = 0;
+  bool has_recurrent_ = true;
+  std::vector<float> logits_;
+  bool logits_valid_ = false;
+};
+
+}  // namespace ds

@@ -1,0 +1,84 @@
+// Disk tier of the prefix cache (--kv-cache-dir). Snapshots are written by a background thread (a
+// request never waits on disk), indexed at startup from file headers and token ids (payloads are not
+// read), looked up by longest token prefix, and verified when loaded. A corrupt, truncated, foreign or
+// unreadable file is moved into DIR/quarantine/ (or deleted if that fails) with one warning and is
+// never used. The directory is kept under a byte budget by deleting the least recently used files.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "core/status.h"
+#include "state/prefix_cache.h"
+#include "state/token_radix_tree.h"
+#include "store/snapshot_file.h"
+
+namespace ds {
+
+struct DiskStoreOptions {
+  std::string dir;
+  std::string fingerprint;        // model/layout identity; files with another one are foreign
+  uint64_t budget_bytes = 0;      // 0 = unlimited
+  size_t max_pending_writes = 8;  // beyond this, new writes are dropped (the request never waits)
+};
+
+struct DiskStoreStats {
+  uint64_t files = 0, bytes = 0;
+  uint64_t writes = 0, write_failures = 0, dropped_writes = 0;
+  uint64_t loads = 0, load_failures = 0, quarantined = 0, evictions = 0;
+};
+
+class DiskSnapshotStore {
+ public:
+  // Creates the directory if needed and indexes it. Fails only if the directory cannot be used.
+  static Result<std::unique_ptr<DiskSnapshotStore>> open(const DiskStoreOptions& options);
+  ~DiskSnapshotStore();  // finishes pending writes
+
+  // Queues a snapshot for writing (skipped if a file for the same tokens exists).
+  void put_async(std::shared_ptr<const Snapshot> snapshot);
+  // Longest indexed snapshot whose tokens are a prefix of `prompt`, at most max_length tokens.
+  std::optional<SnapshotFileInfo> find(std::span<const int32_t> prompt, size_t max_length = SIZE_MAX);
+  // Reads and verifies a snapshot; a bad file is quarantined and an error returned.
+  Result<std::shared_ptr<Snapshot>> load(const SnapshotFileInfo& info);
+  // Blocks until queued writes are done (tests, shutdown).
+  void flush();
+  DiskStoreStats stats() const;
+  const std::string& dir() const { return options_.dir; }
+
+ private:
+  explicit DiskSnapshotStore(DiskStoreOptions options);
+  void index_directory();
+  void writer_loop();
+  void add_locked(SnapshotFileInfo info);
+  void remove_locked(const std::string& name);
+  void quarantine(const std::string& path, const Status& why);
+  void evict_to_budget_locked();
+
+  DiskStoreOptions options_;
+  mutable std::mutex mutex_;  // guards the index, stats and queue
+  std::condition_variable cv_, cv_idle_;
+  TokenRadixTree index_;
+  int64_t next_id_ = 0;
+  struct Entry {
+    SnapshotFileInfo info;
+    uint64_t last_used = 0;
+  };
+  std::unordered_map<int64_t, Entry> entries_;
+  std::unordered_map<std::string, int64_t> by_name_;
+  uint64_t clock_ = 0;
+  std::deque<std::shared_ptr<const Snapshot>> queue_;
+  bool writing_ = false;
+  bool stop_ = false;
+  DiskStoreStats stats_;
+  std::thread writer_;
+};
+
+}  // namespace ds

@@ -1,0 +1,218 @@
+// Local engine with prefix snapshots: greedy output after a RAM hit, a disk hit, a restart and with
+// corrupted snapshot files must equal the uncached output, for dense and MoE models; an edited
+// earlier turn must fall back to the longest valid prefix.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/local_engine.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+
+namespace ds {
+namespace {
+namespace fs = std::filesystem;
+
+// Writes a tiny F32 test model once per architecture (through the CLI, as a user would).
+std::string tiny_model(const std::string& arch) {
+  static std::map<std::string, std::string> paths;
+  auto it = paths.find(arch);
+  if (it != paths.end()) return it->second;
+  const fs::path path = fs::temp_directory_path() / fmt::format("ds-engine-test-{}-{}.gguf", ::getpid(), arch);
+  const std::string cmd = fmt::format("{} make-test-model {} --preset tiny --arch {} --type f32 --seed 7 >/dev/null 2>&1",
+                                      DS_EXE, path.string(), arch);
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  paths[arch] = path.string();
+  return path.string();
+}
+
+int32_t vocab_id(const std::string& model, const char* text) {
+  auto f = GgufFile::open(model);
+  if (!f.is_ok()) return -1;
+  auto toks = (*f)->get_string_array("tokenizer.ggml.tokens");
+  for (size_t i = 0; i < toks->size(); ++i) {
+    if ((*toks)[i] == text) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
+class EngineSnapshotTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    model_ = tiny_model(GetParam());
+    im_start_ = vocab_id(model_, "<|im_start|>");
+    ASSERT_GE(im_start_, 0);
+    dir_ = fs::temp_directory_path() / fmt::format("ds-engine-cache-{}-{}-{}", ::getpid(), GetParam(),
+                                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<LocalEngine> open(int64_t ram_bytes, bool disk) {
+    EngineOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 1024;
+    o.prefill_chunk = 64;
+    o.checkpoint_every = 128;
+    o.cache_ram_bytes = ram_bytes;
+    if (disk) o.kv_cache_dir = dir_.string();
+    auto e = LocalEngine::open(model_, o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    return e.is_ok() ? std::move(e).value() : nullptr;
+  }
+  // A conversation-shaped prompt: random tokens with <|im_start|> at turn starts.
+  std::vector<int32_t> conversation(int turns, uint32_t seed, int turn_len = 45) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> p;
+    for (int t = 0; t < turns; ++t) {
+      p.push_back(im_start_);
+      for (int i = 0; i < turn_len; ++i) p.push_back(static_cast<int32_t>(rng() % 200 + 10));
+    }
+    p.push_back(im_start_);
+    p.push_back(11);
+    return p;
+  }
+  static GenerateResult gen(LocalEngine& e, const std::vector<int32_t>& prompt, int n = 12) {
+    GenerateRequest r;
+    r.prompt = prompt;
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    auto res = e.generate(r);
+    EXPECT_TRUE(res.is_ok()) << res.status().to_string();
+    return res.is_ok() ? std::move(res).value() : GenerateResult{};
+  }
+
+  std::string model_;
+  int32_t im_start_ = -1;
+  fs::path dir_;
+};
+
+TEST_P(EngineSnapshotTest, RamHitIsTokenIdenticalToUncached) {
+  auto plain = open(0, false);
+  const auto turn1 = conversation(2, 1);
+  auto turn2 = turn1;
+  turn2.pop_back();  // the next request re-sends turn 1 up to its last <|im_start|>, then more turns
+  const auto extra = conversation(2, 2);
+  turn2.insert(turn2.end(), extra.begin(), extra.end());
+  const auto ref1 = gen(*plain, turn1);
+  const auto ref2 = gen(*plain, turn2);
+  EXPECT_EQ(ref2.cached_tokens, 0);
+
+  auto cached = open(256 << 20, false);
+  const auto got1 = gen(*cached, turn1);
+  EXPECT_EQ(got1.tokens, ref1.tokens);
+  const auto got2 = gen(*cached, turn2);
+  EXPECT_EQ(got2.tokens, ref2.tokens);
+  // Turn 2 shares turn 1 up to (not including) turn 1's last <|im_start|>.
+  EXPECT_EQ(got2.cached_tokens, static_cast<int64_t>(turn1.size()) - 2);
+  EXPECT_EQ(cached->stats().cache_ram_hits, 1u);
+}
+
+TEST_P(EngineSnapshotTest, IdenticalPromptRestoresLogitsWithoutPrefill) {
+  auto e = open(256 << 20, false);
+  const auto p = conversation(3, 5);
+  const auto a = gen(*e, p);
+  const auto b = gen(*e, p);
+  EXPECT_EQ(b.cached_tokens, static_cast<int64_t>(p.size()));
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
+TEST_P(EngineSnapshotTest, DiskHitAfterRestartIsTokenIdentical) {
+  const auto p1 = conversation(3, 9);
+  auto p2 = p1;
+  p2.pop_back();
+  const auto more = conversation(1, 10);
+  p2.insert(p2.end(), more.begin(), more.end());
+  GenerateResult ref2;
+  {
+    auto plain = open(0, false);
+    ref2 = gen(*plain, p2);
+  }
+  {
+    auto e = open(0, true);
+    gen(*e, p1);
+    e->disk_store()->flush();
+    EXPECT_GT(e->disk_store()->stats().files, 0u);
+  }
+  auto restarted = open(0, true);  // no RAM tier: the hit must come from disk
+  const auto got = gen(*restarted, p2);
+  EXPECT_EQ(got.tokens, ref2.tokens);
+  EXPECT_EQ(got.cached_tokens, static_cast<int64_t>(p1.size()) - 2);
+  EXPECT_EQ(restarted->stats().cache_disk_hits, 1u);
+}
+
+TEST_P(EngineSnapshotTest, CorruptDiskSnapshotsNeverChangeTheAnswer) {
+  const auto p = conversation(3, 21);
+  GenerateResult ref;
+  {
+    auto plain = open(0, false);
+    ref = gen(*plain, p);
+  }
+  {
+    auto e = open(0, true);
+    gen(*e, p);
+    e->disk_store()->flush();
+  }
+  int corrupted = 0;
+  for (const auto& de : fs::directory_iterator(dir_)) {
+    if (de.path().extension() != ".dsnap") continue;
+    std::fstream f(de.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-64, std::ios::end);  // inside the serialized state
+    f.put('\x55');
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  auto e = open(0, true);
+  const auto got = gen(*e, p);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.cached_tokens, 0);
+  EXPECT_GE(e->disk_store()->stats().quarantined, 1u);
+}
+
+TEST_P(EngineSnapshotTest, EditedEarlierTurnFallsBackToLongestValidPrefix) {
+  auto e = open(256 << 20, false);
+  auto plain = open(0, false);
+  gen(*e, conversation(2, 33));       // saves a snapshot at its last turn start (position 92)
+  const auto p = conversation(4, 33);  // same first two turns, then two more
+  gen(*e, p);
+  auto edited = p;
+  const size_t edit_at = 2 * 46 + 10;  // inside turn 3
+  edited[edit_at] = edited[edit_at] == 12 ? 13 : 12;
+  const auto got = gen(*e, edited);
+  const auto ref = gen(*plain, edited);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.cached_tokens, 92);  // the snapshots at 128 and later cover the edit: not used
+}
+
+TEST_P(EngineSnapshotTest, RejectsBadPrompts) {
+  auto e = open(0, false);
+  GenerateRequest r;
+  EXPECT_EQ(e->generate(r).status().code(), StatusCode::kInvalidArgument);  // empty
+  r.prompt = {1, 2, static_cast<int32_t>(e->info().n_vocab)};
+  EXPECT_EQ(e->generate(r).status().code(), StatusCode::kInvalidArgument);  // out of vocabulary
+  r.prompt.assign(static_cast<size_t>(e->info().n_ctx), 5);
+  EXPECT_EQ(e->generate(r).status().code(), StatusCode::kInvalidArgument);  // too long
+}
+
+TEST_P(EngineSnapshotTest, CancelStopsGeneration) {
+  auto e = open(0, false);
+  GenerateRequest r;
+  r.prompt = conversation(1, 3);
+  r.max_tokens = 50;
+  r.ignore_eos = true;
+  int seen = 0;
+  r.on_token = [&](int32_t) { return ++seen < 3; };
+  r.cancelled = [&] { return seen >= 3; };
+  auto res = e->generate(r);
+  ASSERT_TRUE(res.is_ok());
+  EXPECT_EQ(res->finish, FinishReason::kCancelled);
+  EXPECT_EQ(res->tokens.size(), 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, EngineSnapshotTest, ::testing::Values("qwen35", "qwen35moe"));
+
+}  // namespace
+}  // namespace ds

@@ -1,0 +1,199 @@
+// Sequence state streams: serialize -> deserialize -> continue equals an uninterrupted run
+// (bit-exact at a prefill-chunk boundary), save -> load -> save is byte-identical, fork, KV-only
+// streams, and rejection of corrupted, truncated and foreign streams.
+#include <gtest/gtest.h>
+
+#include "model_test_util.h"
+#include "state/state_io.h"
+
+namespace ds {
+namespace {
+
+ModelOptions opts() {
+  ModelOptions o;
+  o.prefill_chunk = 16;
+  o.kv_chunk_tokens = 8;
+  return o;
+}
+
+std::vector<float> logits_of(const Model& m, const SequenceState& st) {
+  auto l = m.logits(st);
+  return {l.begin(), l.end()};
+}
+
+class StateIo : public ::testing::TestWithParam<bool> {};
+
+TEST_P(StateIo, RestoreThenContinueIsBitExact) {
+  auto m = test::load_tiny(GetParam(), opts());
+  const auto toks = test::tokens(45);
+  auto full = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*full, toks).is_ok());
+
+  auto part = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*part, std::span<const int32_t>(toks.data(), 32)).is_ok());
+  auto bytes = std::move(m->save_state(*part, 32)).value();
+  part.reset();
+  auto restored_r = m->load_state(bytes);
+  ASSERT_TRUE(restored_r.is_ok()) << restored_r.status().to_string();
+  auto restored = std::move(restored_r).value();
+  EXPECT_EQ(restored->pos(), 32);
+  ASSERT_TRUE(m->prefill(*restored, std::span<const int32_t>(toks.data() + 32, 13)).is_ok());
+  EXPECT_EQ(logits_of(*m, *restored), logits_of(*m, *full));
+  // Decoding on from both gives identical logits too.
+  ASSERT_TRUE(m->decode(*restored, 5).is_ok());
+  ASSERT_TRUE(m->decode(*full, 5).is_ok());
+  EXPECT_EQ(logits_of(*m, *restored), logits_of(*m, *full));
+}
+
+TEST_P(StateIo, SaveLoadSaveIsByteIdentical) {
+  auto m = test::load_tiny(GetParam(), opts());
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(21)).is_ok());
+  auto a = std::move(m->save_state(*st, 21)).value();
+  auto st2 = std::move(m->load_state(a)).value();
+  auto b = std::move(m->save_state(*st2, 21)).value();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(logits_of(*m, *st2), logits_of(*m, *st));
+}
+
+TEST_P(StateIo, ForkIsIndependent) {
+  auto m = test::load_tiny(GetParam(), opts());
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(19)).is_ok());
+  auto fork = std::move(st->fork()).value();
+  ASSERT_TRUE(m->decode(*st, 7).is_ok());
+  ASSERT_TRUE(m->decode(*fork, 7).is_ok());
+  EXPECT_EQ(logits_of(*m, *fork), logits_of(*m, *st));
+  ASSERT_TRUE(m->decode(*st, 8).is_ok());
+  ASSERT_TRUE(m->decode(*fork, 9).is_ok());
+  EXPECT_NE(logits_of(*m, *fork), logits_of(*m, *st));
+}
+
+TEST_P(StateIo, KvOnlyStreamCannotContinue) {
+  auto m = test::load_tiny(GetParam(), opts());
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(20)).is_ok());
+  auto bytes = std::move(m->save_state(*st, 12)).value();
+  auto kv = std::move(m->load_state(bytes)).value();
+  EXPECT_EQ(kv->pos(), 12);
+  EXPECT_FALSE(kv->has_recurrent());
+  EXPECT_EQ(m->decode(*kv, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->save_state(*st, 21).status().code(), StatusCode::kInvalidArgument);
+  // The KV prefix in the stream equals the live state's.
+  for (int64_t c = 0; c < 2; ++c) {
+    for (int64_t i = 0; i < 2; ++i) {  // two attention layers
+      const TensorView a = st->k_chunk(i, c), b = kv->k_chunk(i, c);
+      const int64_t n = (c == 0 ? 8 : 4) * a.ne[0] * a.ne[1];
+      EXPECT_EQ(0, std::memcmp(a.data, b.data, static_cast<size_t>(n) * 4));
+    }
+  }
+}
+
+TEST_P(StateIo, CorruptTruncatedAndForeignStreamsAreRejected) {
+  auto m = test::load_tiny(GetParam(), opts());
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(10)).is_ok());
+  const auto good = std::move(m->save_state(*st, 10)).value();
+  ASSERT_TRUE(m->load_state(good).is_ok());
+  // A flipped byte anywhere (header, section headers, payloads) is caught.
+  for (size_t off : {size_t{0}, size_t{9}, size_t{20}, size_t{60}, size_t{70}, good.size() / 2, good.size() - 1}) {
+    auto bad = good;
+    bad[off] ^= 0x10;
+    auto r = m->load_state(bad);
+    EXPECT_FALSE(r.is_ok()) << "flip at " << off;
+  }
+  for (size_t len : {size_t{0}, size_t{63}, size_t{100}, good.size() - 1}) {
+    auto r = m->load_state(std::span<const uint8_t>(good.data(), len));
+    EXPECT_EQ(r.status().code(), StatusCode::kCorrupt) << "truncated to " << len;
+  }
+  auto longer = good;
+  longer.push_back(0);
+  EXPECT_EQ(m->load_state(longer).status().code(), StatusCode::kCorrupt);
+  // Another model (different weights) refuses the stream, naming the fingerprint.
+  auto other = test::load_tiny(GetParam(), opts(), /*seed=*/8);
+  auto r = other->load_state(good);
+  EXPECT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("another model"), std::string::npos) << r.status().message();
+}
+
+TEST_P(StateIo, EveryFlippedByteIsRejected) {
+  // Each section header and payload is checksummed, so no single-byte change may load.
+  ModelOptions o = opts();
+  auto m = test::load_tiny(GetParam(), o);
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(3)).is_ok());
+  const auto good = std::move(m->save_state(*st, 3)).value();
+  size_t accepted = 0;
+  for (size_t off = 0; off < good.size(); off += 5) {
+    auto bad = good;
+    bad[off] ^= 0x01;
+    accepted += m->load_state(bad).is_ok() ? 1 : 0;
+  }
+  EXPECT_EQ(accepted, 0u);
+}
+
+TEST_P(StateIo, LayerRangeStreamsRecombine) {
+  // A split state exported per shard ([0, 3) and [3, 6)) and imported back equals the original.
+  auto m = test::load_tiny(GetParam(), opts());
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(20)).is_ok());
+  auto lo = std::move(m->save_state(*st, 20, LayerRange{0, 3})).value();
+  auto hi = std::move(m->save_state(*st, 20, LayerRange{3, 6})).value();
+  EXPECT_EQ(std::move(m->save_state(*st, 20, LayerRange{0, 6})).value(), std::move(m->save_state(*st, 20)).value());
+  auto joined = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->load_state_into(hi, *joined).is_ok());
+  ASSERT_TRUE(m->load_state_into(lo, *joined).is_ok());
+  EXPECT_EQ(std::move(m->save_state(*joined, 20)).value(), std::move(m->save_state(*st, 20)).value());
+  ASSERT_TRUE(m->decode(*joined, 4).is_ok());
+  ASSERT_TRUE(m->decode(*st, 4).is_ok());
+  EXPECT_EQ(logits_of(*m, *joined), logits_of(*m, *st));
+  // A stream at another position does not merge; bad ranges are refused.
+  auto other = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*other, test::tokens(5)).is_ok());
+  EXPECT_EQ(m->load_state_into(lo, *other).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->save_state(*st, 21, LayerRange{4, 2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->save_state(*st, 21, LayerRange{0, 7}).status().code(), StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, StateIo, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "qwen35moe" : "qwen35"; });
+
+TEST(StateIoF16, HalfKvCacheRestoresBitExactAndStaysCloseToF32) {
+  ModelOptions half = opts();
+  half.kv_dtype = DType::F16;
+  auto m = test::load_tiny(true, half);
+  auto m32 = test::load_tiny(true, opts());
+  const auto toks = test::tokens(40);
+  auto full = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*full, toks).is_ok());
+  auto part = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*part, std::span<const int32_t>(toks.data(), 16)).is_ok());
+  auto bytes = std::move(m->save_state(*part, 16)).value();
+  auto restored = std::move(m->load_state(bytes)).value();
+  ASSERT_TRUE(m->prefill(*restored, std::span<const int32_t>(toks.data() + 16, 24)).is_ok());
+  EXPECT_EQ(logits_of(*m, *restored), logits_of(*m, *full));
+  // Half the KV bytes of the F32 layout; a stream of one layout does not load into the other.
+  EXPECT_EQ(m->state_layout().kv_slot_bytes() * 2, m32->state_layout().kv_slot_bytes());
+  EXPECT_FALSE(m32->load_state(bytes).is_ok());
+  auto st32 = std::move(m32->new_state()).value();
+  ASSERT_TRUE(m32->prefill(*st32, toks).is_ok());
+  const auto a = logits_of(*m, *full), b = logits_of(*m32, *st32);
+  double err = 0;
+  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
+  EXPECT_LT(err, 1e-2);
+  EXPECT_GT(err, 0.0);  // the cache really is F16
+}
+
+TEST(KvPool, BoundedPoolReportsExhaustion) {
+  ModelOptions o = opts();
+  o.max_kv_slots = 2;
+  auto m = test::load_tiny(false, o);
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(16)).is_ok());
+  EXPECT_EQ(m->decode(*st, 1).code(), StatusCode::kResourceExhausted);
+  st.reset();  // frees its slots
+  EXPECT_EQ(m->kv_pool()->used_slots(), 0);
+}
+
+}  // namespace
+}  // namespace ds
