@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <fmt/format.h>
+#include <unistd.h>
 
 #include "gguf/gguf_writer.h"
 #include "model/weight_specs.h"
@@ -73,7 +75,9 @@ std::string write_tiny_gguf(const test::TinyModel& t, const std::string& file, c
       return Status::ok();
     });
   }
-  const std::string path = (std::filesystem::temp_directory_path() / file).string();
+  // The pid keeps parallel ctest processes (one per parameterized test) apart.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / fmt::format("{}-{}", ::getpid(), file)).string();
   Status s = w.write(path);
   EXPECT_TRUE(s.is_ok()) << s.to_string();
   return path;
@@ -168,7 +172,8 @@ TEST(ModelGgufErrors, MissingKeyIsNamed) {
   GgufWriter w;
   w.set_string("general.architecture", "qwen35");
   w.set_u32("qwen35.block_count", 6);
-  const std::string path = (std::filesystem::temp_directory_path() / "ds_tiny_nokey.gguf").string();
+  const std::string path = 
+      (std::filesystem::temp_directory_path() / fmt::format("{}-ds_tiny_nokey.gguf", ::getpid())).string();
   ASSERT_TRUE(w.write(path).is_ok());
   auto m = Model::load(path, {});
   ASSERT_FALSE(m.is_ok());
