@@ -42,4 +42,42 @@ Status moe_ffn(const OpContext& ctx, const TensorView& x, const MoeExperts& expe
 Status moe_route(const OpContext& ctx, const TensorView& logits, int64_t k, const TensorView& ids,
                  const TensorView& weights);
 
+// ---- The model's CUDA path: the position and the KV block table live on the device ----
+// These entries never synchronize with the host and never allocate device memory, so a decode step
+// made of them can be captured once as a CUDA graph and replayed: everything that changes from step to
+// step (token ids, position, block table entries) is read from device memory at run time.
+
+// One attention layer's view of a sequence's chunked KV: logical chunk c holds tokens
+// [c * chunk_tokens, (c + 1) * chunk_tokens); its K starts at slot_base[c] + k_offset and its V at
+// slot_base[c] + v_offset, each [chunk_tokens, n_head_kv, head_dim] of `dtype` (F32 or F16).
+struct KvTable {
+  const void* const* slot_base = nullptr;  // device array, one entry per allocated chunk
+  int64_t k_offset = 0;                    // bytes
+  int64_t v_offset = 0;                    // bytes
+  int64_t chunk_tokens = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::F16;
+};
+
+// Writes k and v [head_dim, n_head_kv, n] (F32, contiguous) at positions [*d_pos, *d_pos + n) of the
+// table, converted to its dtype. The chunks for those positions must exist.
+Status kv_append(const OpContext& ctx, const TensorView& k, const TensorView& v, const KvTable& kv,
+                 const int32_t* d_pos);
+// Causal GQA attention of q [head_dim, n_head, n] (F32) for positions [*d_pos, *d_pos + n) over the
+// first *d_pos + n tokens of the table: o = softmax(scale q k^T) v, o like q. `max_kv` is a host-side
+// upper bound of *d_pos + n that sizes the launch (a graph stays valid while the bound holds).
+Status attention_paged(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
+                       int64_t max_kv, float scale, const TensorView& o);
+// rope_neox with the first token's position read from device memory.
+Status rope_neox_at(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, const int32_t* d_pos);
+// get_rows whose ids the caller has already validated (no copy to the host).
+Status get_rows_trusted(const OpContext& ctx, const TensorView& table, const TensorView& ids, const TensorView& y);
+// moe_ffn for few tokens (n_tokens * k <= kMoeGatheredMaxSlots): every (token, slot) pair reads its
+// expert id from `ids` on the device and multiplies with that expert's rows (gathered matrix-vector
+// products), so the step needs no host round trip. Same contract as moe_ffn otherwise.
+constexpr int64_t kMoeGatheredMaxSlots = 64;
+Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
+                        const TensorView& weights, const TensorView& y);
+
 }  // namespace ds::cuda
