@@ -214,5 +214,28 @@ TEST_P(EngineSnapshotTest, CancelStopsGeneration) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, EngineSnapshotTest, ::testing::Values("qwen35", "qwen35moe"));
 
+TEST(EngineDevice, ParsesCpuAndCudaAndRejectsTheRest) {
+  auto cpu = engine_parse_device("cpu");
+  ASSERT_TRUE(cpu.is_ok());
+  EXPECT_EQ(*cpu, Device{});
+  for (const char* bad : {"gpu", "cuda:x", "cuda:", "cuda:-1", "cuda:0x", "CPU", "", "cuda:123456"}) {
+    EXPECT_EQ(engine_parse_device(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+#if DS_HAVE_CUDA
+  auto c1 = engine_parse_device("cuda:1");
+  ASSERT_TRUE(c1.is_ok());
+  EXPECT_EQ(*c1, (Device{DeviceKind::kCuda, 1}));
+  EXPECT_EQ(*engine_parse_device("cuda"), (Device{DeviceKind::kCuda, 0}));
+#else
+  EXPECT_EQ(engine_parse_device("cuda:0").status().code(), StatusCode::kUnsupported);
+#endif
+  // A bad device string fails before the model file is even opened.
+  EngineOptions o;
+  o.device = "gpu";
+  auto e = LocalEngine::open(tiny_model("qwen35"), o);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().to_string().find("cpu or cuda:N"), std::string::npos) << e.status().to_string();
+}
+
 }  // namespace
 }  // namespace ds

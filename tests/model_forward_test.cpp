@@ -140,6 +140,27 @@ TEST_P(ModelForward, DebugHookSeesNamedIntermediates) {
 INSTANTIATE_TEST_SUITE_P(Arch, ModelForward, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "qwen35moe" : "qwen35"; });
 
+TEST(ModelOptionsTest, PrefillChunkAutoAndExplicit) {
+  auto m = test::load_tiny(false, {});
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->options().prefill_chunk, kPrefillChunkCpu);  // 0 = auto
+  EXPECT_EQ(m->device(), Device{});
+  EXPECT_EQ(m->weight_device_bytes(), 0);  // CPU weights are used in place
+  EXPECT_EQ(m->cuda_graph_stats().captures, 0);
+  ModelOptions o;
+  o.prefill_chunk = 48;
+  EXPECT_EQ(test::load_tiny(false, o)->options().prefill_chunk, 48);
+  o.prefill_chunk = -1;
+  test::TinyModel t = test::tiny_model(false);
+  auto bad = Model::from_weights(t.config, t.weights, std::move(t.storage), o);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  // An auto chunk behaves exactly like the explicit CPU default.
+  ModelOptions explicit_256;
+  explicit_256.prefill_chunk = 256;
+  const auto toks = test::tokens(40);
+  EXPECT_EQ(run_prefill(*m, toks), run_prefill(*test::load_tiny(false, explicit_256), toks));
+}
+
 TEST(ModelConfig, ValidateNamesTheKey) {
   auto expect_key = [](ModelConfig c, const char* key) {
     Status s = c.validate();

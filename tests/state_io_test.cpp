@@ -3,6 +3,8 @@
 // streams, and rejection of corrupted, truncated and foreign streams.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "model_test_util.h"
 #include "state/state_io.h"
 
@@ -182,6 +184,55 @@ TEST(StateIoF16, HalfKvCacheRestoresBitExactAndStaysCloseToF32) {
   for (size_t i = 0; i < a.size(); ++i) err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
   EXPECT_LT(err, 1e-2);
   EXPECT_GT(err, 0.0);  // the cache really is F16
+}
+
+TEST(KvPool, SlotOffsetsMatchViews) {
+  auto m = test::load_tiny(false, opts());
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(10)).is_ok());
+  const KvPool& pool = *m->kv_pool();
+  const StateLayout& l = pool.layout();
+  ASSERT_EQ(l.n_attention_layers(), 2);
+  EXPECT_EQ(pool.kv_bytes_per_layer(), l.kv_chunk_tokens * l.n_head_kv * l.head_dim * 4);
+  for (int32_t slot : st->block_table()) {
+    for (int64_t ai = 0; ai < l.n_attention_layers(); ++ai) {
+      EXPECT_EQ(pool.k_view(slot, ai).data, pool.slot_data(slot) + pool.k_offset(ai));
+      EXPECT_EQ(pool.v_view(slot, ai).data, pool.slot_data(slot) + pool.v_offset(ai));
+      EXPECT_EQ(pool.v_offset(ai), pool.k_offset(ai) + pool.kv_bytes_per_layer());
+    }
+  }
+  EXPECT_EQ(pool.v_offset(l.n_attention_layers() - 1) + pool.kv_bytes_per_layer(), l.kv_slot_bytes());
+  EXPECT_EQ(st->device_slot_table(), nullptr);  // CPU states walk the host block table
+}
+
+TEST(SequenceStateReset, ZeroesRecurrentAndFreesKv) {
+  auto m = test::load_tiny(false, opts());
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(20)).is_ok());
+  ASSERT_TRUE(st->reset().is_ok());
+  EXPECT_EQ(st->pos(), 0);
+  EXPECT_EQ(st->n_kv_chunks(), 0);
+  EXPECT_FALSE(st->logits_valid());
+  EXPECT_EQ(m->kv_pool()->used_slots(), 0);
+  const auto* rec = static_cast<const uint8_t*>(st->recurrent_data());
+  EXPECT_TRUE(std::all_of(rec, rec + st->recurrent_bytes(), [](uint8_t b) { return b == 0; }));
+  // And it runs again like a fresh state.
+  auto fresh = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, test::tokens(9)).is_ok());
+  ASSERT_TRUE(m->prefill(*fresh, test::tokens(9)).is_ok());
+  EXPECT_EQ(logits_of(*m, *st), logits_of(*m, *fresh));
+}
+
+TEST(DeviceCopy, CpuCopyAndZero) {
+  std::vector<uint8_t> a(100), b(100, 7);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i);
+  ASSERT_TRUE(device_copy(b.data(), Device{}, a.data(), Device{}, 100).is_ok());
+  EXPECT_EQ(a, b);
+  ASSERT_TRUE(device_zero(b.data() + 10, Device{}, 20).is_ok());
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i], i >= 10 && i < 30 ? 0 : a[i]) << i;
+  EXPECT_TRUE(device_copy(b.data(), Device{}, a.data(), Device{}, 0).is_ok());
+  EXPECT_EQ(device_copy(b.data(), Device{}, a.data(), Device{}, -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_zero(b.data(), Device{}, -1).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(KvPool, BoundedPoolReportsExhaustion) {

@@ -98,8 +98,13 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_flag("--print-ids", o->print_ids, "Print generated token ids instead of text");
   app.add_option("-t,--threads", o->engine.n_threads, "CPU threads (0 = all cores)")->capture_default_str();
   app.add_option("-c,--ctx-size", o->engine.n_ctx, "Context size in tokens (0 = model default, capped at 32768)");
-  app.add_option("--prefill-chunk", o->engine.prefill_chunk, "Prefill chunk in tokens")->capture_default_str();
+  app.add_option("--prefill-chunk", o->engine.prefill_chunk,
+                 "Prefill chunk in tokens (0 = auto: 256 on the CPU, 1024 on CUDA)")
+      ->capture_default_str();
   app.add_option("--device", o->engine.device, "cpu or cuda:N")->capture_default_str();
+  app.add_flag_function(
+      "--no-cuda-graph", [o](int64_t) { o->engine.cuda_graphs = false; },
+      "CUDA: run every decode step op by op instead of replaying a captured graph");
   app.add_option("--temp", o->sampling.temperature, "Temperature (0 = greedy)")->capture_default_str();
   app.add_option("--top-k", o->sampling.top_k, "Top-k (0 = off)");
   app.add_option("--top-p", o->sampling.top_p, "Top-p (1 = off)");

@@ -106,6 +106,9 @@ void setup(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   app.add_option("--threads,-t", args->engine.n_threads, "CPU threads (0 = all cores)")->capture_default_str();
   app.add_option("--device", args->engine.device, "Compute device: cpu or cuda:N")->capture_default_str();
+  app.add_flag_function(
+      "--no-cuda-graph", [args](int64_t) { args->engine.cuda_graphs = false; },
+      "CUDA: run every decode step op by op instead of replaying a captured graph");
   app.add_option("--kv-cache-dir", args->engine.kv_cache_dir,
                  "Directory for prefix snapshots on disk; they survive restarts (default: off)");
   app.add_option_function<int64_t>(
@@ -119,7 +122,9 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_option("--cache-checkpoint-every,--checkpoint-every", args->engine.checkpoint_every,
                  "Snapshot interval inside long prompts in tokens (0 = only at turn boundaries)")
       ->capture_default_str();
-  app.add_option("--prefill-chunk", args->engine.prefill_chunk, "Tokens per prefill chunk")->capture_default_str();
+  app.add_option("--prefill-chunk", args->engine.prefill_chunk,
+                 "Tokens per prefill chunk (0 = auto: 256 on the CPU, 1024 on CUDA)")
+      ->capture_default_str();
   app.add_option("--max-queue", args->server.max_queue,
                  "Requests that may wait for the engine; more get 503 with Retry-After")
       ->capture_default_str();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace ds {
 
@@ -80,8 +81,11 @@ class Engine {
 struct EngineOptions {
   int32_t n_threads = 0;            // CPU threads; 0 = all cores
   int64_t n_ctx = 0;                // context per sequence; 0 = the model's training context, capped at 32768
-  std::string device = "cpu";       // "cpu" or "cuda:N"
-  int64_t prefill_chunk = 256;      // tokens per prefill chunk (chunks are aligned to absolute positions)
+  std::string device = "cpu";       // "cpu" or "cuda:N" (engine_parse_device)
+  bool cuda_graphs = true;          // CUDA: replay decode steps as captured graphs (--no-cuda-graph)
+  // Tokens per prefill chunk (chunks are aligned to absolute positions); 0 = auto: 256 on the CPU,
+  // 1024 on CUDA.
+  int64_t prefill_chunk = 0;
   // Prefix snapshots (see engine/local_engine.h).
   int64_t cache_ram_bytes = -1;     // in-memory snapshot budget; -1 = 25% of available RAM, 0 = off
   std::string kv_cache_dir;         // disk tier directory (--kv-cache-dir); empty = off
@@ -89,6 +93,11 @@ struct EngineOptions {
   int64_t checkpoint_every = 4096;  // snapshot interval inside long prompts, tokens; 0 = off
 };
 
+
+// "cpu", "cuda" (= cuda:0) or "cuda:N" as a Device. kInvalidArgument for anything else ("gpu",
+// "cuda:x"), kUnsupported for cuda in a build without the CUDA backend. Whether the device exists is
+// checked when the model opens it.
+Result<Device> engine_parse_device(const std::string& text);
 
 // Loads a GGUF model and returns the local engine for it. Errors name the file and the problem.
 Result<std::unique_ptr<Engine>> engine_open(const std::string& model_path, const EngineOptions& options);

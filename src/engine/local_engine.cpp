@@ -40,6 +40,32 @@ uint64_t default_ram_budget() {
 
 }  // namespace
 
+Result<Device> engine_parse_device(const std::string& text) {
+  if (text == "cpu") return Device{};
+  int64_t index = -1;
+  if (text == "cuda") {
+    index = 0;
+  } else if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() <= 8) {
+    index = 0;
+    for (size_t i = 5; i < text.size(); ++i) {
+      if (text[i] < '0' || text[i] > '9') {
+        index = -1;
+        break;
+      }
+      index = index * 10 + (text[i] - '0');
+    }
+  }
+  if (index < 0) {
+    return invalid_argument("device '{}': expected cpu or cuda:N (N = the CUDA device index, e.g. cuda:0)", text);
+  }
+#if DS_HAVE_CUDA
+  return Device{DeviceKind::kCuda, static_cast<int>(index)};
+#else
+  return unsupported("device '{}': this build has no CUDA backend (rebuild with -DDELTASERVE_CUDA=ON), use --device cpu",
+                     text);
+#endif
+}
+
 struct LocalEngine::Restored {
   std::unique_ptr<SequenceState> state;
   int64_t n_tokens = 0;     // prompt tokens covered by the restored state
@@ -57,9 +83,8 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_
   mo.n_threads = options.n_threads;
   mo.n_ctx = options.n_ctx;
   mo.prefill_chunk = options.prefill_chunk;
-  if (options.device != "cpu") {
-    return unsupported("device '{}': this build runs models on the CPU only (--device cpu)", options.device);
-  }
+  mo.cuda_graphs = options.cuda_graphs;
+  DS_ASSIGN_OR_RETURN(mo.device, engine_parse_device(options.device));
   DS_ASSIGN_OR_RETURN(e->model_, Model::load(model_path, mo));
   const Model& m = *e->model_;
   const GgufFile* gguf = m.gguf();
@@ -94,8 +119,9 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_
       DS_LOG_WARN("disk snapshot cache disabled: {}", disk.status().to_string());
     }
   }
-  DS_LOG_INFO("engine: {} ({}), n_ctx {}, vocab {}, snapshot RAM budget {} MiB, disk {}", info.model_name,
-              info.architecture, info.n_ctx, info.n_vocab, ram >> 20, e->disk_ ? e->disk_->dir() : "off");
+  DS_LOG_INFO("engine: {} ({}) on {}, n_ctx {}, vocab {}, snapshot RAM budget {} MiB, disk {}", info.model_name,
+              info.architecture, m.device().to_string(), info.n_ctx, info.n_vocab, ram >> 20,
+              e->disk_ ? e->disk_->dir() : "off");
   return e;
 }
 

@@ -1,8 +1,16 @@
 // Full-attention layer forward (model spec section 4): projections, per-head q/k RMSNorm, partial
 // NeoX RoPE, KV written into the sequence's chunks, causal GQA attention, sigmoid output gate,
-// output projection.
+// output projection. Non-obvious choice: on CUDA the position, KV append and attention go through
+// the device-side block table and the position in device memory (rope_neox_at, kv_append,
+// attention_paged), so the step holds no host value that changes from token to token and can be
+// replayed as a captured graph; the CPU path walks the chunks on the host.
 #include <algorithm>
 #include <cmath>
+
+#include "core/check.h"
+#if DS_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
 
 #include "model/model_internal.h"
 #include "ops/attention.h"
@@ -12,6 +20,18 @@
 #include "ops/rope.h"
 
 namespace ds {
+namespace {
+
+// o *= sigmoid(gate); out = wo o.   o, gate [n, H, D]; out [n, E]
+Status attention_output(const LayerCall& call, const AttentionWeights& w, const TensorView& gate, const TensorView& o,
+                        const TensorView& out) {
+  DS_TRY(mul_sigmoid(call.ctx, o, gate, o));
+  call.dump("attn.gated", o);
+  DS_TRY(matmul(call.ctx, w.wo, reshape(o, {call.config.n_head * call.config.head_dim, call.n_tokens}), out));
+  return Status::ok();
+}
+
+}  // namespace
 
 Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64_t attn_index,
                          const TensorView& x_norm, const TensorView& out) {
@@ -41,6 +61,32 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
 
   DS_TRY(rms_norm(ctx, q, w.q_norm, c.rms_eps, q));  // per head over D
   DS_TRY(rms_norm(ctx, k, w.k_norm, c.rms_eps, k));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  DS_ASSIGN_OR_RETURN(TensorView o, S.f32({D, H, n}));
+  SequenceState& st = call.state;
+#if DS_HAVE_CUDA
+  if (ctx.device.kind == DeviceKind::kCuda) {
+    DS_CHECK(call.d_pos != nullptr && call.max_kv >= call.pos0 + n, "attention on CUDA: no device position");
+    DS_TRY(cuda::rope_neox_at(ctx, q, c.n_rot, c.rope_base, call.d_pos));
+    DS_TRY(cuda::rope_neox_at(ctx, k, c.n_rot, c.rope_base, call.d_pos));
+    call.dump("attn.q", q);
+    call.dump("attn.k", k);
+    call.dump("attn.v", v);
+    const KvPool& pool = *st.pool();
+    cuda::KvTable kv;
+    kv.slot_base = st.device_slot_table();
+    kv.k_offset = pool.k_offset(attn_index);
+    kv.v_offset = pool.v_offset(attn_index);
+    kv.chunk_tokens = st.layout().kv_chunk_tokens;
+    kv.n_head_kv = Hkv;
+    kv.head_dim = D;
+    kv.dtype = st.layout().kv_dtype;
+    DS_CHECK(kv.slot_base != nullptr, "attention on CUDA: the state has no device block table");
+    DS_TRY(cuda::kv_append(ctx, k, v, kv, call.d_pos));
+    DS_TRY(cuda::attention_paged(ctx, q, kv, call.d_pos, call.max_kv, scale, o));
+    return attention_output(call, w, gate, o, out);
+  }
+#endif
   DS_TRY(rope_neox(ctx, q, c.n_rot, c.rope_base, call.pos0));
   DS_TRY(rope_neox(ctx, k, c.n_rot, c.rope_base, call.pos0));
   call.dump("attn.q", q);
@@ -48,7 +94,6 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
   call.dump("attn.v", v);
 
   // Append K and V for positions [pos0, pos0 + n) to the chunked cache.
-  SequenceState& st = call.state;
   const int64_t chunk = st.layout().kv_chunk_tokens;
   for (int64_t t0 = 0; t0 < n;) {
     const int64_t p = call.pos0 + t0;
@@ -72,13 +117,9 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
     vcs.push_back(st.v_chunk(attn_index, ci));
   }
 
-  // o = softmax(q k^T / sqrt(D) + causal) v, then o *= sigmoid(gate).
-  DS_ASSIGN_OR_RETURN(TensorView o, S.f32({D, H, n}));
-  DS_TRY(attention(ctx, q, kcs, vcs, n_kv, call.pos0, 1.0f / std::sqrt(static_cast<float>(D)), o));
-  DS_TRY(mul_sigmoid(ctx, o, gate, o));
-  call.dump("attn.gated", o);
-  DS_TRY(matmul(ctx, w.wo, reshape(o, {H * D, n}), out));
-  return Status::ok();
+  // o = softmax(q k^T / sqrt(D) + causal) v
+  DS_TRY(attention(ctx, q, kcs, vcs, n_kv, call.pos0, scale, o));
+  return attention_output(call, w, gate, o, out);
 }
 
 }  // namespace ds

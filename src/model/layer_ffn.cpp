@@ -1,9 +1,15 @@
 // FFN forwards: dense SwiGLU (qwen35) and the MoE block with its sigmoid-gated shared expert
-// (qwen35moe). Dense and MoE models differ only here.
+// (qwen35moe). Dense and MoE models differ only here. Non-obvious choice: on CUDA, steps with few
+// (token, expert) pairs use moe_ffn_gathered, which reads the routing from device memory (no host
+// round trip, so a decode step stays capturable as a graph); larger batches group tokens per expert
+// on the host (moe_ffn) so each expert's weights are read once.
 #include "model/model_internal.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/moe.h"
+#if DS_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
 
 namespace ds {
 
@@ -36,7 +42,15 @@ Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const Tens
 
   // moe = sum_j w_j down_j(silu(gate_j x) * up_j x)
   MoeExperts experts{w.gate_exps, w.up_exps, w.gate_up_exps, w.down_exps};
+#if DS_HAVE_CUDA
+  if (ctx.device.kind == DeviceKind::kCuda && n * k <= cuda::kMoeGatheredMaxSlots) {
+    DS_TRY(cuda::moe_ffn_gathered(ctx, x_norm, experts, ids, weights, out));
+  } else {
+    DS_TRY(moe_ffn(ctx, x_norm, experts, ids, weights, out));
+  }
+#else
   DS_TRY(moe_ffn(ctx, x_norm, experts, ids, weights, out));
+#endif
 
   // Shared expert, scaled by sigmoid(shexp_gate . x) per token.
   const int64_t S_ff = c.n_ff_shexp;

@@ -1,6 +1,8 @@
 // Model: setup from weights, the position-aligned prefill loop, embed / layer range / head steps,
 // and state streams. Non-obvious choice: a segment never crosses a multiple of prefill_chunk, so
-// the split of any token stream into forward calls depends only on absolute positions.
+// the split of any token stream into forward calls depends only on absolute positions. The CUDA
+// specifics (stream, step buffers, weight upload, decode graph) live in model_cuda.cpp; this file
+// branches to them where a step differs.
 #include "model/model.h"
 
 #include <xxhash.h>
@@ -30,6 +32,7 @@ Result<TensorView> ModelScratch::f32(std::initializer_list<int64_t> ne) {
     DS_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::alloc(device, std::max<int64_t>(bytes, int64_t{4} << 20)));
     blocks.push_back(std::move(b));
     offset = 0;
+    ++generation;
   }
   t.data = static_cast<uint8_t*>(blocks.back().data()) + offset;
   offset += bytes;
@@ -58,14 +61,36 @@ void ModelScratch::reset() {
     blocks.clear();
     auto b = DeviceBuffer::alloc(device, want);
     if (b.is_ok()) blocks.push_back(std::move(b).value());
+    ++generation;
   }
   offset = 0;
   used_total = 0;
 }
 
 void LayerCall::dump(const char* what, const TensorView& t) const {
-  if (hook) hook("blk." + std::to_string(il) + "." + what, t);
+  if (hook) debug_dump(hook, "blk." + std::to_string(il) + "." + what, t);
 }
+
+void debug_dump(const DebugHook& hook, std::string_view name, const TensorView& t) {
+  if (!hook) return;
+  if (t.device.kind == DeviceKind::kCpu) {
+    hook(name, t);
+    return;
+  }
+  DS_CHECK(t.is_contiguous(), "debug hook: device tensor {} {} is not contiguous", name, t.shape_string());
+  std::vector<uint8_t> host(static_cast<size_t>(t.n_bytes()));
+  const Status s = device_copy(host.data(), Device{}, t.data, t.device, t.n_bytes());
+  if (!s.is_ok()) {
+    DS_LOG_WARN("debug hook: {} not copied from {}: {}", name, t.device.to_string(), s.to_string());
+    return;
+  }
+  TensorView h = t;
+  h.data = host.data();
+  h.device = Device{};
+  hook(name, h);
+}
+
+void Model::dump(std::string_view name, const TensorView& t) const { debug_dump(debug_hook_, name, t); }
 
 TensorView reshape(const TensorView& t, std::initializer_list<int64_t> ne) {
   TensorView r = TensorView::contiguous(t.data, t.dtype, ne, t.device);
@@ -131,15 +156,20 @@ uint64_t weights_fingerprint(const ModelConfig& c, ModelWeights& w) {
 
 Status Model::init(const ModelOptions& options) {
   options_ = options;
-  if (options.device.kind != DeviceKind::kCpu) {
-    return unsupported("model: device {} has no backend in this build", options.device.to_string());
+  const bool cuda = options.device.kind == DeviceKind::kCuda;
+  if (options.device.kind != DeviceKind::kCpu && !cuda) {
+    return unsupported("model: device {} has no backend", options.device.to_string());
   }
-  if (options.prefill_chunk <= 0 || options.kv_chunk_tokens <= 0) {
-    return invalid_argument("model: prefill_chunk {} and kv_chunk_tokens {} must be positive", options.prefill_chunk,
-                            options.kv_chunk_tokens);
+  if (options.prefill_chunk < 0 || options.kv_chunk_tokens <= 0) {
+    return invalid_argument("model: prefill_chunk {} must be >= 0 (0 = auto) and kv_chunk_tokens {} positive",
+                            options.prefill_chunk, options.kv_chunk_tokens);
   }
+  if (options_.prefill_chunk == 0) options_.prefill_chunk = cuda ? kPrefillChunkCuda : kPrefillChunkCpu;
   if (options.kv_dtype != DType::F32 && options.kv_dtype != DType::F16) {
     return unsupported("model: KV cache dtype {} is not supported (f32 or f16)", dtype_name(options.kv_dtype));
+  }
+  if (cuda && options.reference_ops) {
+    return unsupported("model: reference_ops are CPU-only; device {} was requested", options.device.to_string());
   }
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train > 0 ? config_.n_ctx_train : 4096, 32768);
   if (options.n_threads > 0) ThreadPool::set_default_threads(options.n_threads);
@@ -166,10 +196,14 @@ Status Model::init(const ModelOptions& options) {
   layout_.ssm_nv = config_.ssm_n_v_head;
   layout_.n_vocab = config_.n_vocab;
   layout_.n_ctx = n_ctx_;
-  layout_.model_fingerprint = weights_fingerprint(config_, weights_);
+  layout_.model_fingerprint = weights_fingerprint(config_, weights_);  // reads host weights: before any upload
+  if (cuda) DS_TRY(cuda_init());
   const int64_t per_seq = (n_ctx_ + options.kv_chunk_tokens - 1) / options.kv_chunk_tokens;
   pool_ = std::make_shared<KvPool>(layout_, options.device, options.max_kv_slots > 0 ? options.max_kv_slots : 4 * per_seq);
   scratch_ = std::make_unique<ModelScratch>(options.device);
+  const int64_t max_segment = std::min(options_.prefill_chunk, n_ctx_);
+  DS_ASSIGN_OR_RETURN(hidden_buf_, DeviceBuffer::alloc(options.device, max_segment * config_.n_embd * 4));
+  DS_ASSIGN_OR_RETURN(head_norm_, DeviceBuffer::alloc(options.device, config_.n_embd * 4));
   return Status::ok();
 }
 
@@ -213,16 +247,18 @@ Status Model::decode(SequenceState& state, int32_t token) { return prefill(state
 
 Status Model::run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
+  DS_CHECK(n >= 1 && n * config_.n_embd * 4 <= hidden_buf_.bytes(), "segment of {} tokens exceeds the hidden buffer",
+           n);
   DS_TRY(state.kv_reserve(state.pos() + n));
-  DS_ASSIGN_OR_RETURN(DeviceBuffer hidden_buf, DeviceBuffer::alloc(options_.device, n * config_.n_embd * 4));
-  const TensorView hidden = hidden_buf.view(DType::F32, {config_.n_embd, n});
+  if (cuda_) return cuda_run_segment(state, tokens, want_logits);
+  const TensorView hidden = hidden_buf_.view(DType::F32, {config_.n_embd, n});
   DS_TRY(embed(tokens, hidden));
-  DS_TRY(forward(LayerRange{0, config_.n_layer}, state, hidden, hidden));
+  DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
   state.set_logits_valid(false);
   if (want_logits) {
     const TensorView last = TensorView::contiguous(hidden.as<float>() + (n - 1) * config_.n_embd, DType::F32,
                                                    {config_.n_embd, 1}, options_.device);
-    DS_TRY(head(last, state.logits().data()));
+    DS_TRY(head_queue(last, state.logits().data()));
   }
   state.set_pos(state.pos() + n);
   state.set_logits_valid(want_logits);
@@ -232,10 +268,26 @@ Status Model::run_segment(SequenceState& state, std::span<const int32_t> tokens,
 // ---- units of execution ----
 
 Status Model::embed(std::span<const int32_t> tokens, const TensorView& hidden) {
+  if (cuda_) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    if (hidden.dtype != DType::F32 || !hidden.is_contiguous() || hidden.ne[0] != config_.n_embd ||
+        hidden.n_rows() != n || hidden.device != options_.device) {
+      return invalid_argument("embed: hidden {} on {} must be contiguous [{}, {}] f32 on {}", hidden.shape_string(),
+                              hidden.device.to_string(), n, config_.n_embd, options_.device.to_string());
+    }
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] < 0 || tokens[i] >= config_.n_vocab) {
+        return invalid_argument("embed: token {} at index {} is outside the vocabulary of {}", tokens[i], i,
+                                config_.n_vocab);
+      }
+    }
+    DS_TRY(cuda_stage(0, tokens));
+    return cuda_embed_staged(n, hidden);
+  }
   TensorView ids = TensorView::contiguous(const_cast<int32_t*>(tokens.data()), DType::I32,
                                           {static_cast<int64_t>(tokens.size())}, options_.device);
   DS_TRY(get_rows(ctx_, weights_.token_embd, ids, hidden));
-  if (debug_hook_) debug_hook_("token_embd", hidden);
+  dump("token_embd", hidden);
   return Status::ok();
 }
 
@@ -244,12 +296,21 @@ Status Model::forward(LayerRange range, SequenceState& state, const TensorView& 
   if (range.first < 0 || range.last > config_.n_layer || range.first > range.last) {
     return invalid_argument("forward: layer range [{}, {}) outside [0, {})", range.first, range.last, config_.n_layer);
   }
-  const int64_t E = config_.n_embd, n = hidden_in.ne[1];
+  const int64_t E = config_.n_embd;
   if (hidden_in.ne[0] != E || hidden_out.ne != hidden_in.ne || hidden_in.dtype != DType::F32 ||
-      !hidden_in.is_contiguous() || !hidden_out.is_contiguous()) {
-    return invalid_argument("forward: hidden {} / {} must be contiguous [n_tokens, {}] f32", hidden_in.shape_string(),
-                            hidden_out.shape_string(), E);
+      !hidden_in.is_contiguous() || !hidden_out.is_contiguous() || hidden_in.device != options_.device ||
+      hidden_out.device != options_.device) {
+    return invalid_argument("forward: hidden {} / {} must be contiguous [n_tokens, {}] f32 on {}",
+                            hidden_in.shape_string(), hidden_out.shape_string(), E, options_.device.to_string());
   }
+  if (state.pool() != pool_) return invalid_argument("forward: the state belongs to another model");
+  if (cuda_) DS_TRY(cuda_stage(state.pos(), {}));
+  return forward_layers(range, state, hidden_in, hidden_out);
+}
+
+Status Model::forward_layers(LayerRange range, SequenceState& state, const TensorView& hidden_in,
+                             const TensorView& hidden_out) {
+  const int64_t E = config_.n_embd, n = hidden_in.ne[1];
   const int64_t pos0 = state.pos();
   DS_TRY(state.kv_reserve(pos0 + n));
   scratch_->reset();
@@ -263,9 +324,11 @@ Status Model::forward(LayerRange range, SequenceState& state, const TensorView& 
   DS_ASSIGN_OR_RETURN(TensorView cur, scratch_->f32({E, n}));
   DS_ASSIGN_OR_RETURN(TensorView mix, scratch_->f32({E, n}));
   const ModelScratch::Mark layer_mark = scratch_->mark();
+  const int32_t* d_pos = cuda_ ? cuda_step_pos() : nullptr;
+  const int64_t max_kv = std::min(n_ctx_, (pos0 + n + 1023) / 1024 * 1024);
   for (int64_t il = range.first; il < range.last; ++il) {
     const LayerWeights& L = weights_.layers[static_cast<size_t>(il)];
-    const LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n};
+    const LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n, d_pos, max_kv};
     // h = x + Mixer(RMSNorm(x; attn_norm))
     DS_TRY(rms_norm(ctx_, x, L.attn_norm, config_.rms_eps, cur));
     if (L.kind == LayerKind::kAttention) {
@@ -291,17 +354,25 @@ Status Model::forward(LayerRange range, SequenceState& state, const TensorView& 
 }
 
 Status Model::head(const TensorView& hidden_row, float* logits) {
-  if (hidden_row.n_elements() != config_.n_embd || hidden_row.dtype != DType::F32 || !hidden_row.is_contiguous()) {
-    return invalid_argument("head: hidden row {} must be [{}] f32", hidden_row.shape_string(), config_.n_embd);
+  if (hidden_row.n_elements() != config_.n_embd || hidden_row.dtype != DType::F32 || !hidden_row.is_contiguous() ||
+      hidden_row.device != options_.device) {
+    return invalid_argument("head: hidden row {} on {} must be [{}] f32 on {}", hidden_row.shape_string(),
+                            hidden_row.device.to_string(), config_.n_embd, options_.device.to_string());
   }
-  DS_ASSIGN_OR_RETURN(DeviceBuffer norm_buf, DeviceBuffer::alloc(options_.device, config_.n_embd * 4));
+  DS_TRY(head_queue(hidden_row, logits));
+  if (cuda_) return cuda_finish_logits(logits);
+  return Status::ok();
+}
+
+Status Model::head_queue(const TensorView& hidden_row, float* logits) {
   const TensorView row = reshape(hidden_row, {config_.n_embd, 1});
-  const TensorView norm = norm_buf.view(DType::F32, {config_.n_embd, 1});
+  const TensorView norm = head_norm_.view(DType::F32, {config_.n_embd, 1});
   DS_TRY(rms_norm(ctx_, row, weights_.output_norm, config_.rms_eps, norm));
-  if (debug_hook_) debug_hook_("result_norm", norm);
+  dump("result_norm", norm);
+  if (cuda_) return cuda_head_output(norm);
   const TensorView out = TensorView::contiguous(logits, DType::F32, {config_.n_vocab, 1}, options_.device);
   DS_TRY(matmul(ctx_, weights_.output, norm, out));
-  if (debug_hook_) debug_hook_("result_output", out);
+  dump("result_output", out);
   return Status::ok();
 }
 

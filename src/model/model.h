@@ -13,6 +13,10 @@
 // "restore a snapshot taken at a multiple of C, then prefill the tail" is bit-identical to an
 // uncached prefill on the same backend. The lower-level steps (embed, a layer range, head) are
 // public for layer split and remote shards.
+// On a CUDA device (options.device = cuda:N) the weights are copied to the device at load, the
+// sequence state (KV slots, recurrent state) lives there, and only token ids, the position and the
+// last logits cross the bus; a single-token decode step is captured once as a CUDA graph and replayed
+// (model_cuda.cpp). State streams are byte-identical whatever the device.
 // Threading: a Model runs one forward at a time (its activation scratch and the CPU thread pool are
 // shared); callers serialize prefill / decode / forward calls. Ops inside a call use all threads.
 // On error mid-forward the state is left partially updated; restore it from a snapshot or reset it.
@@ -38,16 +42,33 @@ namespace ds {
 
 class GgufFile;
 struct ModelScratch;  // per-model activation buffers (model.cpp)
+struct ModelCuda;     // CUDA stream, step buffers and the decode graph (model_cuda.cpp)
+struct ModelCudaDeleter {
+  void operator()(ModelCuda* p) const;
+};
 
 struct ModelOptions {
   int32_t n_threads = 0;        // CPU threads (ThreadPool::global()); 0 = all cores
   int64_t n_ctx = 0;            // tokens per sequence; 0 = training context capped at 32768
-  int64_t prefill_chunk = 256;  // C: prefill chunk in tokens (aligned to absolute positions)
+  // C: prefill chunk in tokens (aligned to absolute positions); 0 = auto: kPrefillChunkCpu on the
+  // CPU, kPrefillChunkCuda on CUDA (GEMMs want more rows). options() reports the value in use.
+  int64_t prefill_chunk = 0;
   int64_t kv_chunk_tokens = 64; // tokens per KV chunk (block table granularity)
   DType kv_dtype = DType::F32;  // attention KV cache: F32, or F16 (half the memory)
   int64_t max_kv_slots = 0;     // KV pool bound in chunks; 0 = enough for 4 full sequences
-  Device device{};              // only the CPU backend exists so far
-  bool reference_ops = false;   // run the scalar reference ops (tests, debugging)
+  Device device{};              // cpu, or cuda:N (builds with the CUDA backend)
+  bool reference_ops = false;   // run the scalar reference ops (tests, debugging; CPU only)
+  bool cuda_graphs = true;      // CUDA: replay the single-token decode step as a captured graph
+};
+
+constexpr int64_t kPrefillChunkCpu = 256;
+constexpr int64_t kPrefillChunkCuda = 1024;
+
+// Decode-step graph counters of a CUDA model (all zero on the CPU or with cuda_graphs off).
+struct CudaGraphStats {
+  int64_t captures = 0;  // graphs captured and instantiated
+  int64_t replays = 0;   // decode steps run by launching a captured graph (the capture's own run included)
+  int64_t uncaptured = 0;  // single-token steps run op by op while warming up a new graph key
 };
 
 // [first, last) trunk layers executed as one unit on one device.
@@ -79,7 +100,12 @@ class Model {
   // Identity of this model's weights and shapes, stored in every serialized state.
   uint64_t fingerprint() const { return layout_.model_fingerprint; }
   // The GGUF the weights come from, or null for from_weights models (tokenizer keys live there).
+  // On CUDA the mapping stays for its metadata; the pages of its tensor data are released.
   const GgufFile* gguf() const { return gguf_.get(); }
+  Device device() const { return options_.device; }
+  // Bytes of device memory holding the weights (0 on the CPU, where weights are used in place).
+  int64_t weight_device_bytes() const { return weight_device_bytes_; }
+  CudaGraphStats cuda_graph_stats() const;
 
   // ---- sequences ----
   Result<std::unique_ptr<SequenceState>> new_state() const;
@@ -103,22 +129,46 @@ class Model {
   Status load_state_into(std::span<const uint8_t> bytes, SequenceState& state) const;
 
   // ---- units of execution ----
-  // hidden [n_tokens, n_embd] F32 = token embeddings.
+  // Tensors are on the model's device; token ids and logits are host memory. On CUDA these calls
+  // queue work on the model's stream; head() waits for it.
+  // hidden [n_tokens, n_embd] F32 = token embeddings (ids checked against the vocabulary).
   Status embed(std::span<const int32_t> tokens, const TensorView& hidden);
   // Layers [range.first, range.last) over n_tokens tokens at positions state.pos() + i. hidden_in and
   // hidden_out are [n_tokens, n_embd] F32 and may alias. Writes the range's KV and recurrent state,
   // but does not advance state.pos() (the caller does, once every range has run).
   Status forward(LayerRange range, SequenceState& state, const TensorView& hidden_in,
                  const TensorView& hidden_out);
-  // logits [n_vocab] = output * RMSNorm(hidden_row; output_norm), for one hidden row [n_embd].
+  // logits [n_vocab] (host) = output * RMSNorm(hidden_row; output_norm), for one hidden row [n_embd].
   Status head(const TensorView& hidden_row, float* logits);
 
+  // Debug hook: on CUDA it receives host copies of device tensors, and decode runs without graphs.
   void set_debug_hook(DebugHook hook) { debug_hook_ = std::move(hook); }
 
  private:
   Model();
   Status init(const ModelOptions& options);
   Status run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits);
+  // forward() without argument checks; on CUDA the position of the first token is already in the
+  // device step buffer.
+  Status forward_layers(LayerRange range, SequenceState& state, const TensorView& hidden_in,
+                        const TensorView& hidden_out);
+  // head() on the model's device; the logits land in `logits` (CPU) or the pinned logits buffer
+  // (CUDA, asynchronous).
+  Status head_queue(const TensorView& hidden_row, float* logits);
+  // Reports an intermediate to the debug hook (host copy of device tensors).
+  void dump(std::string_view name, const TensorView& t) const;
+
+  // ---- CUDA (model_cuda.cpp; kUnsupported in builds without the backend) ----
+  Status cuda_init();  // stream, step and logits buffers, weight upload
+  // Writes pos0 and the token ids to the pinned step buffer and queues their upload (at most
+  // min(prefill_chunk, n_ctx) ids).
+  Status cuda_stage(int64_t pos0, std::span<const int32_t> tokens);
+  Status cuda_embed_staged(int64_t n_tokens, const TensorView& hidden);  // rows of the staged ids
+  Status cuda_head_output(const TensorView& norm);  // logits = output * norm, queued copy to pinned
+  Status cuda_finish_logits(float* logits);         // waits for the stream, copies the logits out
+  Status cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits);
+  Status cuda_decode_graph(SequenceState& state, int32_t token);
+  const int32_t* cuda_step_pos() const;  // device int32: position of the staged segment's first token
 
   ModelConfig config_;
   ModelWeights weights_;
@@ -129,8 +179,12 @@ class Model {
   std::unique_ptr<GgufFile> gguf_;
   std::vector<DeviceBuffer> storage_;
   std::unique_ptr<ModelScratch> scratch_;
+  DeviceBuffer hidden_buf_;    // [prefill_chunk, n_embd] F32: the residual stream of run_segment
+  DeviceBuffer head_norm_;     // [n_embd] F32: the normalized row head() multiplies
+  int64_t weight_device_bytes_ = 0;
   OpContext ctx_;
   DebugHook debug_hook_;
+  std::unique_ptr<ModelCuda, ModelCudaDeleter> cuda_;  // last: destroyed first (synchronizes the stream)
 };
 
 }  // namespace ds

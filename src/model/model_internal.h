@@ -13,7 +13,8 @@ namespace ds {
 
 // Bump allocator for one segment's activations. Non-obvious choice: it grows by adding blocks and,
 // at the next reset, merges them into one block of the high-water size, so steady state is a single
-// allocation reused by every segment.
+// allocation reused by every segment. `generation` changes whenever a block is allocated: a captured
+// CUDA graph holds the addresses it handed out and is valid only while the generation is unchanged.
 struct ModelScratch {
   explicit ModelScratch(Device d) : device(d) {}
   Result<TensorView> f32(std::initializer_list<int64_t> ne);
@@ -32,6 +33,7 @@ struct ModelScratch {
   int64_t offset = 0;      // bytes used in blocks.back()
   int64_t used_total = 0;  // bytes live since reset
   int64_t peak = 0;        // most bytes live at once: the size of the merged block
+  uint64_t generation = 0; // bumped on every block allocation
 };
 
 // Everything a layer forward needs besides its weights.
@@ -44,10 +46,17 @@ struct LayerCall {
   int64_t il;        // layer index
   int64_t pos0;      // absolute position of the first token
   int64_t n_tokens;
+  // CUDA only: pos0 in device memory (what graph-captured kernels read) and a host-side upper bound
+  // of pos0 + n_tokens that sizes attention launches (a multiple of 1024, capped at n_ctx).
+  const int32_t* d_pos = nullptr;
+  int64_t max_kv = 0;
 
   // Reports a named intermediate ("blk.<il>.<what>") to the debug hook, if one is set.
   void dump(const char* what, const TensorView& t) const;
 };
+
+// Hands a named tensor to the hook; device tensors (contiguous) are passed as host copies.
+void debug_dump(const DebugHook& hook, std::string_view name, const TensorView& t);
 
 // Same data, new contiguous shape (element counts must match).
 TensorView reshape(const TensorView& t, std::initializer_list<int64_t> ne);

@@ -1,4 +1,6 @@
-// DeviceBuffer and the CPU allocator: aligned allocation with live / peak byte counters.
+// DeviceBuffer and the CPU allocator: aligned allocation with live / peak byte counters; the
+// synchronous cross-device copy and fill (cudaMemcpy with unified addressing between two device
+// synchronizations, so they are ordered with every stream).
 #include "ops/device_buffer.h"
 
 #include <atomic>
@@ -8,6 +10,9 @@
 
 #include "core/check.h"
 #ifdef DS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_device.h"
 #endif
 
@@ -32,7 +37,65 @@ void count_alloc(Counters& c, int64_t bytes) {
   c.n.fetch_add(1);
 }
 
+#ifdef DS_HAVE_CUDA
+// Waits for all work on a CUDA device (every stream), so a legacy-stream copy is ordered after it.
+Status cuda_sync(Device d, const char* what, int64_t bytes) {
+  cuda::DeviceGuard guard(d.index);
+  DS_CUDA_TRY(cudaDeviceSynchronize(), "{} {} bytes on {}", what, bytes, d.to_string());
+  return Status::ok();
+}
+#endif
+
 }  // namespace
+
+Status device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, int64_t bytes) {
+  if (bytes < 0) return invalid_argument("device_copy: negative size {}", bytes);
+  if (bytes == 0) return Status::ok();
+  DS_CHECK(dst != nullptr && src != nullptr, "device_copy of {} bytes with a null pointer", bytes);
+  if (dst_dev.kind == DeviceKind::kCpu && src_dev.kind == DeviceKind::kCpu) {
+    std::memmove(dst, src, static_cast<size_t>(bytes));
+    return Status::ok();
+  }
+#ifdef DS_HAVE_CUDA
+  const bool dst_cuda = dst_dev.kind == DeviceKind::kCuda, src_cuda = src_dev.kind == DeviceKind::kCuda;
+  if ((dst_cuda || dst_dev.kind == DeviceKind::kCpu) && (src_cuda || src_dev.kind == DeviceKind::kCpu)) {
+    if (src_cuda) DS_TRY(cuda::device_status(src_dev.index));
+    if (dst_cuda) DS_TRY(cuda::device_status(dst_dev.index));
+    if (src_cuda) DS_TRY(cuda_sync(src_dev, "device_copy", bytes));
+    if (dst_cuda && !(src_cuda && src_dev == dst_dev)) DS_TRY(cuda_sync(dst_dev, "device_copy", bytes));
+    {
+      cuda::DeviceGuard guard(src_cuda ? src_dev.index : dst_dev.index);
+      DS_CUDA_TRY(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault), "device_copy {} bytes {} -> {}",
+                  bytes, src_dev.to_string(), dst_dev.to_string());
+    }
+    // cudaMemcpy from pageable host memory may return before the DMA lands: wait for it.
+    if (dst_cuda) DS_TRY(cuda_sync(dst_dev, "device_copy", bytes));
+    return Status::ok();
+  }
+#endif
+  return unsupported("device_copy: {} -> {} has no backend in this build", src_dev.to_string(), dst_dev.to_string());
+}
+
+Status device_zero(void* p, Device d, int64_t bytes) {
+  if (bytes < 0) return invalid_argument("device_zero: negative size {}", bytes);
+  if (bytes == 0) return Status::ok();
+  DS_CHECK(p != nullptr, "device_zero of {} bytes at a null pointer", bytes);
+  if (d.kind == DeviceKind::kCpu) {
+    std::memset(p, 0, static_cast<size_t>(bytes));
+    return Status::ok();
+  }
+#ifdef DS_HAVE_CUDA
+  if (d.kind == DeviceKind::kCuda) {
+    DS_TRY(cuda::device_status(d.index));
+    DS_TRY(cuda_sync(d, "device_zero", bytes));
+    cuda::DeviceGuard guard(d.index);
+    DS_CUDA_TRY(cudaMemset(p, 0, static_cast<size_t>(bytes)), "device_zero {} bytes on {}", bytes, d.to_string());
+    DS_TRY(cuda_sync(d, "device_zero", bytes));
+    return Status::ok();
+  }
+#endif
+  return unsupported("device_zero: {} has no backend in this build", d.to_string());
+}
 
 AllocatorStats allocator_stats(Device device) {
 #ifdef DS_HAVE_CUDA

@@ -1,7 +1,12 @@
 // DeviceBuffer: an owning allocation on one device, and the allocator behind it. This is the only
 // place raw memory is allocated for tensors; it counts live bytes and the high-water mark per device.
-// Non-obvious choice: CPU buffers are 64-byte aligned (one cache line, one AVX-512 vector) and are
-// not zeroed unless asked, so large scratch buffers cost nothing until touched.
+// device_copy / device_zero are the synchronous byte moves that state and model code use wherever
+// they touch memory that may live on a device (snapshots, fork, reset, weight upload checks).
+// Non-obvious choices: CPU buffers are 64-byte aligned (one cache line, one AVX-512 vector) and are
+// not zeroed unless asked, so large scratch buffers cost nothing until touched. device_copy and
+// device_zero synchronize every CUDA device they touch before and after the move, so they are
+// ordered with work on any stream (the model's stream is non-blocking): correct anywhere, meant for
+// set-up and state management, not for the per-token hot path.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +27,12 @@ struct AllocatorStats {
 // Stats of the allocator of `device`; reset_peak sets peak to the current live bytes.
 AllocatorStats allocator_stats(Device device);
 void allocator_reset_peak(Device device);
+
+// Copies `bytes` from src (on src_dev) to dst (on dst_dev); returns when the bytes are in place.
+// CPU <-> CPU is a memcpy. kUnsupported for a device without a backend in this build.
+Status device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, int64_t bytes);
+// Sets `bytes` bytes at p (on device d) to zero; returns when done.
+Status device_zero(void* p, Device d, int64_t bytes);
 
 class DeviceBuffer {
  public:

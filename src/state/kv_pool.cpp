@@ -46,14 +46,12 @@ uint8_t* KvPool::slot_data(int32_t slot) const {
 }
 
 TensorView KvPool::k_view(int32_t slot, int64_t attn_index) const {
-  const int64_t per = layout_.kv_chunk_tokens * layout_.n_head_kv * layout_.head_dim * dtype_block_bytes(layout_.kv_dtype);
-  return TensorView::contiguous(slot_data(slot) + (2 * attn_index) * per, layout_.kv_dtype,
+  return TensorView::contiguous(slot_data(slot) + k_offset(attn_index), layout_.kv_dtype,
                                 {layout_.head_dim, layout_.n_head_kv, layout_.kv_chunk_tokens}, device_);
 }
 
 TensorView KvPool::v_view(int32_t slot, int64_t attn_index) const {
-  const int64_t per = layout_.kv_chunk_tokens * layout_.n_head_kv * layout_.head_dim * dtype_block_bytes(layout_.kv_dtype);
-  return TensorView::contiguous(slot_data(slot) + (2 * attn_index + 1) * per, layout_.kv_dtype,
+  return TensorView::contiguous(slot_data(slot) + v_offset(attn_index), layout_.kv_dtype,
                                 {layout_.head_dim, layout_.n_head_kv, layout_.kv_chunk_tokens}, device_);
 }
 

@@ -1,4 +1,5 @@
-// SequenceState: block table over the KV pool, one allocation for all recurrent state.
+// SequenceState: block table over the KV pool (mirrored on the device for device pools), one
+// allocation for all recurrent state.
 #include "state/sequence_state.h"
 
 #include <cstring>
@@ -21,6 +22,11 @@ Result<std::unique_ptr<SequenceState>> SequenceState::create(std::shared_ptr<KvP
   for (LayerStateKind k : l.kinds) st->layer_index_.push_back(k == LayerStateKind::kAttention ? n_attn++ : n_rec++);
   const int64_t floats = n_rec * (l.conv_state_floats() + l.ssm_state_floats());
   DS_ASSIGN_OR_RETURN(st->recurrent_, DeviceBuffer::alloc(st->pool_->device(), floats * 4, /*zero=*/true));
+  if (st->pool_->device().kind != DeviceKind::kCpu && n_attn > 0) {
+    const int64_t entries = (l.n_ctx + l.kv_chunk_tokens - 1) / l.kv_chunk_tokens;
+    DS_ASSIGN_OR_RETURN(st->slot_table_,
+                        DeviceBuffer::alloc(st->pool_->device(), entries * int64_t{sizeof(void*)}, /*zero=*/true));
+  }
   st->logits_.assign(static_cast<size_t>(l.n_vocab), 0.0f);
   return st;
 }
@@ -32,11 +38,27 @@ Status SequenceState::kv_reserve(int64_t n_tokens) {
   }
   if (l.n_attention_layers() == 0) return Status::ok();
   const int64_t need = (n_tokens + l.kv_chunk_tokens - 1) / l.kv_chunk_tokens;
+  const size_t first_new = block_table_.size();
+  Status status = Status::ok();
   while (static_cast<int64_t>(block_table_.size()) < need) {
-    DS_ASSIGN_OR_RETURN(int32_t slot, pool_->slot_alloc());
-    block_table_.push_back(slot);
+    Result<int32_t> slot = pool_->slot_alloc();
+    if (!slot.is_ok()) {
+      status = slot.status();
+      break;
+    }
+    block_table_.push_back(*slot);
   }
-  return Status::ok();
+  if (!slot_table_.empty() && block_table_.size() > first_new) {
+    // Mirror the new entries on the device (one copy for the whole range).
+    std::vector<const void*> bases;
+    for (size_t c = first_new; c < block_table_.size(); ++c) bases.push_back(pool_->slot_data(block_table_[c]));
+    DS_CHECK(static_cast<int64_t>(block_table_.size() * sizeof(void*)) <= slot_table_.bytes(),
+             "KV block table of {} chunks exceeds the device table of {} bytes", block_table_.size(),
+             slot_table_.bytes());
+    DS_TRY(device_copy(static_cast<const void**>(slot_table_.data()) + first_new, slot_table_.device(), bases.data(),
+                       Device{}, static_cast<int64_t>(bases.size() * sizeof(void*))));
+  }
+  return status;
 }
 
 TensorView SequenceState::k_chunk(int64_t attn_index, int64_t chunk) const {
@@ -66,13 +88,16 @@ TensorView SequenceState::ssm_state(int64_t layer) const {
   return TensorView::contiguous(base, DType::F32, {l.ssm_dv, l.ssm_dk, l.ssm_nv}, pool_->device());
 }
 
-void SequenceState::reset() {
+Status SequenceState::reset() {
   kv_truncate(0);
-  if (!recurrent_.empty()) std::memset(recurrent_.data(), 0, static_cast<size_t>(recurrent_.bytes()));
   has_recurrent_ = true;
   logits_valid_ = false;
+  if (!recurrent_.empty()) DS_TRY(device_zero(recurrent_.data(), recurrent_.device(), recurrent_.bytes()));
+  return Status::ok();
 }
 
+// Entries of the device slot table past the kept chunks go stale; nothing reads them (kernels read
+// chunks below pos + n only) and kv_reserve rewrites each one before it is used again.
 void SequenceState::kv_truncate(int64_t n_tokens) {
   const int64_t keep = (n_tokens + layout().kv_chunk_tokens - 1) / layout().kv_chunk_tokens;
   while (static_cast<int64_t>(block_table_.size()) > keep) {
@@ -88,12 +113,13 @@ Result<std::unique_ptr<SequenceState>> SequenceState::fork() const {
   DS_TRY(copy->kv_reserve(static_cast<int64_t>(block_table_.size()) * layout().kv_chunk_tokens > layout().n_ctx
                               ? layout().n_ctx
                               : static_cast<int64_t>(block_table_.size()) * layout().kv_chunk_tokens));
-  const size_t slot_bytes = static_cast<size_t>(layout().kv_slot_bytes());
+  const int64_t slot_bytes = layout().kv_slot_bytes();
+  const Device dev = pool_->device();
   for (size_t c = 0; c < block_table_.size(); ++c) {
-    std::memcpy(pool_->slot_data(copy->block_table_[c]), pool_->slot_data(block_table_[c]), slot_bytes);
+    DS_TRY(device_copy(pool_->slot_data(copy->block_table_[c]), dev, pool_->slot_data(block_table_[c]), dev, slot_bytes));
   }
   if (!recurrent_.empty()) {
-    std::memcpy(copy->recurrent_.data(), recurrent_.data(), static_cast<size_t>(recurrent_.bytes()));
+    DS_TRY(device_copy(copy->recurrent_.data(), dev, recurrent_.data(), dev, recurrent_.bytes()));
   }
   copy->pos_ = pos_;
   copy->has_recurrent_ = has_recurrent_;

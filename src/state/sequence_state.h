@@ -1,8 +1,11 @@
 // SequenceState: everything one sequence carries between forward passes. Attention KV lives in
 // fixed-size chunks behind a block table (logical chunk -> pool slot); each DeltaNet layer has its
 // conv state [(K-1), conv_dim] and SSM state [nv, dk, dv]; plus the position and the last logits.
-// Non-obvious choice: recurrent state exists only at the current position, so `pos` is both the
-// number of tokens in the KV and the point the recurrent state describes.
+// Non-obvious choices: recurrent state exists only at the current position, so `pos` is both the
+// number of tokens in the KV and the point the recurrent state describes. On a device pool the
+// state also keeps a device array of slot base addresses indexed by logical chunk (allocated once
+// for n_ctx tokens, so its address never changes), updated on the entries kv_reserve changes: device
+// kernels and captured CUDA graphs read the block table from there. Logits always live on the host.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +42,11 @@ class SequenceState {
   Status kv_reserve(int64_t n_tokens);
   int64_t n_kv_chunks() const { return static_cast<int64_t>(block_table_.size()); }
   const std::vector<int32_t>& block_table() const { return block_table_; }
+  // Device pools: device array [ceil(n_ctx / kv_chunk_tokens)] of slot base addresses; entry c is
+  // valid for c < n_kv_chunks(). Null on the CPU. Its address is fixed for the state's lifetime.
+  const void* const* device_slot_table() const {
+    return static_cast<const void* const*>(slot_table_.data());
+  }
   // K / V of attention layer `attn_index` in logical chunk `chunk`: ne {head_dim, n_head_kv, chunk_tokens}.
   TensorView k_chunk(int64_t attn_index, int64_t chunk) const;
   TensorView v_chunk(int64_t attn_index, int64_t chunk) const;
@@ -46,6 +54,9 @@ class SequenceState {
   // Recurrent state of layer `layer` (must be a recurrent layer).
   TensorView conv_state(int64_t layer) const;  // ne {conv_dim, conv_kernel - 1}
   TensorView ssm_state(int64_t layer) const;   // ne {dv, dk, nv}
+  // The one allocation holding every conv and SSM state (on the pool's device); fixed address.
+  void* recurrent_data() const { return recurrent_.data(); }
+  int64_t recurrent_bytes() const { return recurrent_.bytes(); }
 
   // Last logits [n_vocab]; valid after a forward that ended at pos().
   std::vector<float>& logits() { return logits_; }
@@ -53,8 +64,9 @@ class SequenceState {
   bool logits_valid() const { return logits_valid_; }
   void set_logits_valid(bool v) { logits_valid_ = v; }
 
-  // Back to position 0: frees the KV chunks, zeroes recurrent state, drops logits.
-  void reset();
+  // Back to position 0: frees the KV chunks, zeroes recurrent state, drops logits. Fails only on a
+  // device error (the state is then unusable).
+  Status reset();
   // Drops KV chunks past token `n_tokens` and sets pos (recurrent state is not rewound: callers
   // restore it from a snapshot). Used by deserialization and rollback.
   void kv_truncate(int64_t n_tokens);
@@ -68,6 +80,7 @@ class SequenceState {
   std::vector<int32_t> block_table_;     // logical chunk -> pool slot
   std::vector<int64_t> layer_index_;     // layer -> index among its kind (attention or recurrent)
   DeviceBuffer recurrent_;               // all conv and SSM states, one allocation
+  DeviceBuffer slot_table_;              // device pools: const void* per logical chunk (see above)
   int64_t pos_ = 0;
   bool has_recurrent_ = true;
   std::vector<float> logits_;

@@ -1,5 +1,8 @@
 // State stream writer and verifying reader (format table in state_io.h). The reader bounds every
 // length against the stream and the layout before copying, and checks each checksum.
+// Non-obvious choice: a state on a device is read and written through a host image of its KV slots
+// and recurrent buffer (one copy per slot, not per layer and chunk), and the stream is assembled from
+// that image exactly as from CPU memory, so the bytes do not depend on the device the state lives on.
 #include "state/state_io.h"
 
 #include <xxhash.h>
@@ -63,20 +66,93 @@ T get_at(const uint8_t* p) {
   return v;
 }
 
-// Copies tokens [0, n_tokens) of one attention layer's K or V out of (or into) the chunk list.
-void kv_rows(const SequenceState& st, int64_t attn_index, bool is_v, int64_t n_tokens, uint8_t* buf, bool to_state) {
-  const StateLayout& l = st.layout();
+// Host-addressable image of a state's first n_chunks KV slots and of its recurrent buffer: the
+// state's own memory on the CPU, a staging copy for a device state.
+class HostImage {
+ public:
+  HostImage(const SequenceState& st, int64_t n_chunks)
+      : st_(st), n_chunks_(n_chunks), staged_(st.pool()->device().kind != DeviceKind::kCpu),
+        slot_bytes_(st.layout().kv_slot_bytes()) {
+    if (staged_) kv_.resize(static_cast<size_t>(n_chunks * slot_bytes_));
+  }
+
+  // Device state: copies the slots (and the recurrent buffer) to the image.
+  Status download(bool recurrent) {
+    if (!staged_) return Status::ok();
+    const Device dev = st_.pool()->device();
+    for (int64_t c = 0; c < n_chunks_; ++c) {
+      DS_TRY(device_copy(kv_.data() + c * slot_bytes_, Device{}, slot(c), dev, slot_bytes_));
+    }
+    if (recurrent) {
+      rec_.resize(static_cast<size_t>(st_.recurrent_bytes()));
+      DS_TRY(device_copy(rec_.data(), Device{}, st_.recurrent_data(), dev, st_.recurrent_bytes()));
+    }
+    return Status::ok();
+  }
+  // Device state: writes the image back (the recurrent buffer only if `recurrent`).
+  Status upload(bool recurrent) {
+    if (!staged_) return Status::ok();
+    const Device dev = st_.pool()->device();
+    for (int64_t c = 0; c < n_chunks_; ++c) {
+      DS_TRY(device_copy(slot(c), dev, kv_.data() + c * slot_bytes_, Device{}, slot_bytes_));
+    }
+    if (recurrent) {
+      DS_CHECK(static_cast<int64_t>(rec_.size()) == st_.recurrent_bytes(), "recurrent image of {} bytes",
+               rec_.size());
+      DS_TRY(device_copy(st_.recurrent_data(), dev, rec_.data(), Device{}, st_.recurrent_bytes()));
+    }
+    return Status::ok();
+  }
+  // Device state whose recurrent buffer the stream overwrites whole: an image without a download.
+  void blank_recurrent() {
+    if (staged_) rec_.assign(static_cast<size_t>(st_.recurrent_bytes()), 0);
+  }
+
+  // Start of K (or V) of attention layer `attn_index` in logical chunk `chunk`.
+  uint8_t* kv(int64_t attn_index, bool is_v, int64_t chunk) {
+    DS_CHECK(chunk >= 0 && chunk < n_chunks_, "KV chunk {} of an image of {}", chunk, n_chunks_);
+    const KvPool& pool = *st_.pool();
+    const int64_t off = is_v ? pool.v_offset(attn_index) : pool.k_offset(attn_index);
+    return (staged_ ? kv_.data() + chunk * slot_bytes_ : slot(chunk)) + off;
+  }
+  // A tensor inside the recurrent buffer (conv_state / ssm_state view of the state).
+  uint8_t* recurrent(const TensorView& t) {
+    const int64_t off = static_cast<const uint8_t*>(t.data) - static_cast<const uint8_t*>(st_.recurrent_data());
+    DS_CHECK(off >= 0 && off + t.n_bytes() <= st_.recurrent_bytes(), "recurrent view outside the buffer");
+    if (!staged_) return static_cast<uint8_t*>(t.data);
+    DS_CHECK(static_cast<int64_t>(rec_.size()) == st_.recurrent_bytes(), "recurrent image not loaded");
+    return rec_.data() + off;
+  }
+
+ private:
+  uint8_t* slot(int64_t c) const { return st_.pool()->slot_data(st_.block_table()[static_cast<size_t>(c)]); }
+
+  const SequenceState& st_;
+  int64_t n_chunks_;
+  bool staged_;
+  int64_t slot_bytes_;
+  std::vector<uint8_t> kv_;   // staged: n_chunks slots back to back
+  std::vector<uint8_t> rec_;  // staged: the recurrent buffer
+};
+
+// Copies tokens [0, n_tokens) of one attention layer's K or V out of (or into) the image.
+void kv_rows(HostImage& img, const StateLayout& l, int64_t attn_index, bool is_v, int64_t n_tokens, uint8_t* buf,
+             bool to_state) {
   const int64_t row = l.n_head_kv * l.head_dim * dtype_block_bytes(l.kv_dtype);  // bytes per token
   for (int64_t t0 = 0; t0 < n_tokens; t0 += l.kv_chunk_tokens) {
     const int64_t c = t0 / l.kv_chunk_tokens;
     const int64_t n = std::min(l.kv_chunk_tokens, n_tokens - t0);
-    uint8_t* chunk = (is_v ? st.v_chunk(attn_index, c) : st.k_chunk(attn_index, c)).as<uint8_t>();
+    uint8_t* chunk = img.kv(attn_index, is_v, c);
     if (to_state) {
       std::memcpy(chunk, buf + t0 * row, static_cast<size_t>(n * row));
     } else {
       std::memcpy(buf + t0 * row, chunk, static_cast<size_t>(n * row));
     }
   }
+}
+
+int64_t chunks_for(const StateLayout& l, int64_t n_tokens) {
+  return l.n_attention_layers() == 0 ? 0 : (n_tokens + l.kv_chunk_tokens - 1) / l.kv_chunk_tokens;
 }
 
 }  // namespace
@@ -113,6 +189,8 @@ Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_
   out.resize(56, 0);
   put<uint64_t>(out, XXH3_64bits(out.data(), 56));
 
+  HostImage img(st, chunks_for(l, n_tokens));
+  DS_TRY(img.download((flags & kFlagRecurrent) != 0));
   std::vector<uint8_t> buf;
   for (const SectionSpec& s : sections) {
     // Fill the payload.
@@ -125,11 +203,11 @@ Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_
       if (s.name.ends_with(".attn.k") || attn_v) {
         int64_t ai = 0;
         for (int64_t j = 0; j < il; ++j) ai += l.kinds[static_cast<size_t>(j)] == LayerStateKind::kAttention;
-        kv_rows(st, ai, attn_v, n_tokens, buf.data(), false);
+        kv_rows(img, l, ai, attn_v, n_tokens, buf.data(), false);
       } else if (s.name.ends_with(".deltanet.conv")) {
-        std::memcpy(buf.data(), st.conv_state(il).data, buf.size());
+        std::memcpy(buf.data(), img.recurrent(st.conv_state(il)), buf.size());
       } else {
-        std::memcpy(buf.data(), st.ssm_state(il).data, buf.size());
+        std::memcpy(buf.data(), img.recurrent(st.ssm_state(il)), buf.size());
       }
     }
     const size_t start = out.size();
@@ -193,9 +271,17 @@ Status load_into(std::span<const uint8_t> bytes, SequenceState& state) {
     return invalid_argument("state stream: a stream at position {} cannot be merged into a state at position {}",
                             n_tokens, st->pos());
   }
+  const bool with_recurrent = (flags & kFlagRecurrent) != 0;
   DS_TRY(st->kv_reserve(n_tokens));
+  // A stream of every layer overwrites everything the image holds; a layer-range stream keeps the
+  // other layers, so its image starts from the state's current contents.
+  HostImage img(*st, chunks_for(l, n_tokens));
+  if (first == 0 && last == l.n_layer()) {
+    if (with_recurrent) img.blank_recurrent();
+  } else {
+    DS_TRY(img.download(with_recurrent));
+  }
   size_t off = kHeaderBytes;
-  std::vector<uint8_t> buf;
   for (const SectionSpec& s : specs) {
     const size_t start = off;
     auto need = [&](size_t n) -> Status {
@@ -233,24 +319,25 @@ Status load_into(std::span<const uint8_t> bytes, SequenceState& state) {
     if (payload_sum != XXH3_64bits(h + off, payload)) {
       return corrupt("state stream: section '{}' payload checksum mismatch at offset {}", s.name, off);
     }
-    buf.assign(h + off, h + off + payload);
+    const uint8_t* data = h + off;
     off += payload;
     if (s.name == "logits") {
-      std::memcpy(st->logits().data(), buf.data(), payload);
+      std::memcpy(st->logits().data(), data, payload);
       continue;
     }
     const int64_t il = std::stoll(s.name.substr(4));
     if (s.name.ends_with(".attn.k") || s.name.ends_with(".attn.v")) {
       int64_t ai = 0;
       for (int64_t j = 0; j < il; ++j) ai += l.kinds[static_cast<size_t>(j)] == LayerStateKind::kAttention;
-      kv_rows(*st, ai, s.name.ends_with(".attn.v"), n_tokens, buf.data(), true);
+      kv_rows(img, l, ai, s.name.ends_with(".attn.v"), n_tokens, const_cast<uint8_t*>(data), true);
     } else if (s.name.ends_with(".deltanet.conv")) {
-      std::memcpy(st->conv_state(il).data, buf.data(), payload);
+      std::memcpy(img.recurrent(st->conv_state(il)), data, payload);
     } else {
-      std::memcpy(st->ssm_state(il).data, buf.data(), payload);
+      std::memcpy(img.recurrent(st->ssm_state(il)), data, payload);
     }
   }
   if (off != bytes.size()) return corrupt("state stream: {} trailing bytes after the last section", bytes.size() - off);
+  DS_TRY(img.upload(with_recurrent));
   st->set_pos(n_tokens);
   const bool stateless = l.n_layer() == l.n_attention_layers();
   st->set_has_recurrent((flags & kFlagRecurrent) != 0 || n_tokens == 0 || stateless);

@@ -1,0 +1,380 @@
+// The model on a CUDA device: opening the device, uploading the weights, the per-step parameter
+// buffers (position and token ids: the only host inputs of a step), the logits read-back, and the
+// decode step replayed as a captured CUDA graph.
+// Non-obvious choices:
+//  - A graph holds every device address it touched. It is keyed on all addresses that can change
+//    between decode steps (the state, its recurrent buffer and device block table, the attention
+//    launch bound max_kv, the scratch arena generation, the hidden buffer) and recaptured when the
+//    key changes. Everything else a step reads that changes per token (position, token id, block
+//    table entries) is read from device memory at run time.
+//  - A new key first runs one ordinary step (warm-up), so that any allocation the step makes
+//    happens outside the capture; only a step whose key survived its own warm-up is captured.
+//  - Weights are uploaded into one device allocation (256-byte aligned tensors) through two pinned
+//    staging buffers, so a copy overlaps the next host read; pages of the GGUF mapping are released
+//    once uploaded (the mapping itself stays: tokenizer and metadata live there).
+#include "model/model.h"
+#include "model/model_internal.h"
+
+#if DS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "gguf/gguf.h"
+#include "model/weight_specs.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_registry.h"
+#include "ops/matmul.h"
+#endif
+
+namespace ds {
+
+#if DS_HAVE_CUDA
+
+namespace {
+
+// What a captured decode graph depends on besides the model's own fixed buffers.
+struct GraphKey {
+  const SequenceState* state = nullptr;
+  const void* recurrent = nullptr;
+  const void* slot_table = nullptr;
+  int64_t max_kv = 0;
+  uint64_t scratch_generation = 0;
+  const void* hidden = nullptr;
+  bool operator==(const GraphKey&) const = default;
+};
+
+constexpr int64_t kWeightAlign = 256;                 // bytes; start of each tensor in the device copy
+constexpr int64_t kStagingBytes = int64_t{64} << 20;  // per pinned staging buffer
+
+// Drops the resident pages of a read-only file mapping range (they are re-read from the file if
+// touched again). Only whole pages inside the range are released.
+void release_mapped_pages(const void* p, int64_t bytes) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (page <= 0 || bytes <= 0) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) / page * page;
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
+
+struct ModelCuda {
+  int device = 0;
+  cuda::Stream stream;
+  int64_t max_segment = 0;          // tokens the step buffers hold
+  cuda::PinnedBuffer step_host;     // int32 [1 + max_segment]: pos0, then the segment's token ids
+  DeviceBuffer step_dev;            // the same on the device
+  cuda::Event step_uploaded;        // recorded after each queued upload of step_host
+  bool step_pending = false;        // an upload queued from step_host may not have run yet
+  DeviceBuffer logits_dev;          // [n_vocab] F32
+  cuda::PinnedBuffer logits_host;   // [n_vocab] F32
+  cudaGraphExec_t graph = nullptr;  // the decode step captured for graph_key
+  GraphKey graph_key;
+  bool warm = false;                // warm_key holds the key an uncaptured step ended with
+  GraphKey warm_key;
+  CudaGraphStats stats;
+
+  ~ModelCuda() {
+    if (stream.handle() != nullptr) (void)stream.synchronize();  // nothing in flight reads our buffers
+    if (graph != nullptr) {
+      cuda::DeviceGuard guard(device);
+      (void)cudaGraphExecDestroy(graph);
+    }
+  }
+};
+
+void ModelCudaDeleter::operator()(ModelCuda* p) const { delete p; }
+
+CudaGraphStats Model::cuda_graph_stats() const { return cuda_ ? cuda_->stats : CudaGraphStats{}; }
+
+const int32_t* Model::cuda_step_pos() const { return static_cast<const int32_t*>(cuda_->step_dev.data()); }
+
+Status Model::cuda_init() {
+  const Device dev = options_.device;
+  const int n_dev = cuda::device_count();
+  if (n_dev == 0) {
+    return unsupported("model: device {} requested, but no CUDA device is visible (no driver or GPU, or "
+                       "CUDA_VISIBLE_DEVICES hides them); use --device cpu",
+                       dev.to_string());
+  }
+  if (dev.index < 0 || dev.index >= n_dev) {
+    return invalid_argument("model: device {} does not exist: {} CUDA device(s) visible (cuda:0 .. cuda:{})",
+                            dev.to_string(), n_dev, n_dev - 1);
+  }
+  DS_TRY(cuda::device_status(dev.index));
+  cuda::register_ops();
+
+  std::unique_ptr<ModelCuda, ModelCudaDeleter> c(new ModelCuda());
+  c->device = dev.index;
+  DS_ASSIGN_OR_RETURN(c->stream, cuda::Stream::create(dev.index));
+  c->max_segment = std::min(options_.prefill_chunk, n_ctx_);
+  const int64_t step_bytes = 4 * (1 + c->max_segment);
+  DS_ASSIGN_OR_RETURN(c->step_host, cuda::PinnedBuffer::allocate(step_bytes));
+  DS_ASSIGN_OR_RETURN(c->step_dev, DeviceBuffer::alloc(dev, step_bytes, /*zero=*/true));
+  DS_ASSIGN_OR_RETURN(c->step_uploaded, cuda::Event::create(dev.index));
+  DS_ASSIGN_OR_RETURN(c->logits_dev, DeviceBuffer::alloc(dev, 4 * config_.n_vocab));
+  DS_ASSIGN_OR_RETURN(c->logits_host, cuda::PinnedBuffer::allocate(4 * config_.n_vocab));
+  ctx_.cuda_stream = c->stream.handle();
+  cuda::DeviceGuard guard(dev.index);
+
+  // ---- weights: one device allocation, each distinct source tensor once (tied output shares) ----
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<WeightSpec> specs = weight_specs(config_, &weights_);
+  struct Source {
+    int64_t bytes = 0;
+    int64_t offset = 0;
+  };
+  std::map<const uint8_t*, Source> sources;
+  std::vector<const uint8_t*> order;  // upload order: first use
+  int64_t total = 0;
+  for (const WeightSpec& s : specs) {
+    const TensorView& t = *s.slot;
+    if (t.data == nullptr) continue;
+    if (t.device.kind != DeviceKind::kCpu) {
+      return invalid_argument("model: tensor '{}' is already on {}; weights must start in host memory", s.name,
+                              t.device.to_string());
+    }
+    if (!t.is_contiguous()) return invalid_argument("model: tensor '{}' {} is not contiguous", s.name, t.shape_string());
+    const auto* src = static_cast<const uint8_t*>(t.data);
+    auto [it, inserted] = sources.try_emplace(src);
+    if (inserted) {
+      order.push_back(src);
+      it->second.bytes = t.n_bytes();
+    } else if (it->second.bytes != t.n_bytes()) {
+      return invalid_argument("model: tensor '{}' shares its data with another tensor of {} bytes, not {}", s.name,
+                              it->second.bytes, t.n_bytes());
+    }
+  }
+  for (const uint8_t* src : order) {
+    Source& e = sources[src];
+    e.offset = total;
+    total += (e.bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+  }
+  DS_ASSIGN_OR_RETURN(DeviceBuffer wbuf, DeviceBuffer::alloc(dev, total));
+  uint8_t* base = static_cast<uint8_t*>(wbuf.data());
+
+  // Double-buffered staging: fill one pinned buffer while the other one's copy runs.
+  const int64_t stage_bytes = std::max<int64_t>(1, std::min(kStagingBytes, total));
+  cuda::PinnedBuffer stage[2];
+  cuda::Event staged[2];
+  bool in_flight[2] = {false, false};
+  for (int b = 0; b < 2; ++b) {
+    DS_ASSIGN_OR_RETURN(stage[b], cuda::PinnedBuffer::allocate(stage_bytes));
+    DS_ASSIGN_OR_RETURN(staged[b], cuda::Event::create(dev.index));
+  }
+  int64_t done = 0, next_report = total / 10;
+  int b = 0;
+  for (const uint8_t* src : order) {
+    const Source& e = sources[src];
+    for (int64_t off = 0; off < e.bytes; off += stage_bytes) {
+      const int64_t len = std::min(stage_bytes, e.bytes - off);
+      if (in_flight[b]) DS_TRY(staged[b].synchronize());
+      std::memcpy(stage[b].data(), src + off, static_cast<size_t>(len));
+      DS_TRY(cuda::copy_to_device(base + e.offset + off, stage[b].data(), len, c->stream));
+      DS_TRY(staged[b].record(c->stream));
+      in_flight[b] = true;
+      b ^= 1;
+      done += len;
+      if (done >= next_report && total >= (int64_t{256} << 20)) {
+        DS_LOG_INFO("model: uploading weights to {}: {}% ({} / {} MiB)", dev.to_string(), 100 * done / total,
+                    done >> 20, total >> 20);
+        next_report += total / 10;
+      }
+    }
+    if (gguf_) release_mapped_pages(src, e.bytes);
+  }
+  DS_TRY(c->stream.synchronize());
+  for (WeightSpec& s : specs) {
+    TensorView& t = *s.slot;
+    if (t.data == nullptr) continue;
+    t.data = base + sources[static_cast<const uint8_t*>(t.data)].offset;
+    t.device = dev;
+  }
+  storage_.clear();  // host copies of from_weights models are no longer needed
+  storage_.push_back(std::move(wbuf));
+  weight_device_bytes_ = total;
+  cuda_ = std::move(c);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  DS_LOG_INFO("model: {} weight tensors, {:.1f} MiB uploaded to {} in {:.2f} s ({:.2f} GB/s)", order.size(),
+              static_cast<double>(total) / (1 << 20), dev.to_string(), secs, secs > 0 ? total / secs / 1e9 : 0.0);
+  return Status::ok();
+}
+
+Status Model::cuda_stage(int64_t pos0, std::span<const int32_t> tokens) {
+  ModelCuda& c = *cuda_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n > c.max_segment) {
+    return invalid_argument("model: {} tokens in one step exceed the CUDA step buffer of {} tokens (prefill_chunk)", n,
+                            c.max_segment);
+  }
+  DS_CHECK(pos0 >= 0 && pos0 <= INT32_MAX, "position {} does not fit the int32 step buffer", pos0);
+  if (c.step_pending) {  // the previous upload must have read the pinned buffer before it is rewritten
+    DS_TRY(c.step_uploaded.synchronize());
+    c.step_pending = false;
+  }
+  auto* h = static_cast<int32_t*>(c.step_host.data());
+  h[0] = static_cast<int32_t>(pos0);
+  if (n > 0) std::memcpy(h + 1, tokens.data(), static_cast<size_t>(4 * n));
+  DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 4 * (1 + n), c.stream));
+  DS_TRY(c.step_uploaded.record(c.stream));
+  c.step_pending = true;
+  return Status::ok();
+}
+
+Status Model::cuda_embed_staged(int64_t n_tokens, const TensorView& hidden) {
+  const TensorView ids = TensorView::contiguous(static_cast<int32_t*>(cuda_->step_dev.data()) + 1, DType::I32,
+                                                {n_tokens}, options_.device);
+  DS_TRY(cuda::get_rows_trusted(ctx_, weights_.token_embd, ids, hidden));
+  dump("token_embd", hidden);
+  return Status::ok();
+}
+
+Status Model::cuda_head_output(const TensorView& norm) {
+  ModelCuda& c = *cuda_;
+  const TensorView out = c.logits_dev.view(DType::F32, {config_.n_vocab, 1});
+  DS_TRY(matmul(ctx_, weights_.output, norm, out));
+  dump("result_output", out);
+  return cuda::copy_to_host(c.logits_host.data(), c.logits_dev.data(), 4 * config_.n_vocab, c.stream);
+}
+
+Status Model::cuda_finish_logits(float* logits) {
+  ModelCuda& c = *cuda_;
+  DS_TRY(c.stream.synchronize());
+  c.step_pending = false;  // everything queued has run
+  std::memcpy(logits, c.logits_host.data(), static_cast<size_t>(4 * config_.n_vocab));
+  return Status::ok();
+}
+
+Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size()), E = config_.n_embd;
+  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_) return cuda_decode_graph(state, tokens[0]);
+  const TensorView hidden = hidden_buf_.view(DType::F32, {E, n});
+  DS_TRY(cuda_stage(state.pos(), tokens));
+  DS_TRY(cuda_embed_staged(n, hidden));
+  DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
+  state.set_logits_valid(false);
+  if (want_logits) {
+    const TensorView last = TensorView::contiguous(hidden.as<float>() + (n - 1) * E, DType::F32, {E, 1},
+                                                   options_.device);
+    DS_TRY(head_queue(last, nullptr));
+    DS_TRY(cuda_finish_logits(state.logits().data()));
+  }
+  state.set_pos(state.pos() + n);
+  state.set_logits_valid(want_logits);
+  return Status::ok();
+}
+
+Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
+  ModelCuda& c = *cuda_;
+  const int64_t pos = state.pos();
+  const TensorView hidden = hidden_buf_.view(DType::F32, {config_.n_embd, 1});
+  const auto stream = static_cast<cudaStream_t>(c.stream.handle());
+  cuda::DeviceGuard guard(c.device);
+  scratch_->reset();  // outside any capture: merging spilled scratch blocks allocates
+  const auto key_now = [&] {
+    return GraphKey{&state,        state.recurrent_data(), state.device_slot_table(),
+                    std::min(n_ctx_, (pos + 1 + 1023) / 1024 * 1024), scratch_->generation, hidden_buf_.data()};
+  };
+  const GraphKey key = key_now();
+
+  // This step's inputs go into the pinned step buffer; the step itself (graph or ops) uploads them.
+  if (c.step_pending) {
+    DS_TRY(c.step_uploaded.synchronize());
+    c.step_pending = false;
+  }
+  auto* h = static_cast<int32_t*>(c.step_host.data());
+  h[0] = static_cast<int32_t>(pos);
+  h[1] = token;
+  const auto queue_step = [&]() -> Status {
+    DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 8, c.stream));
+    DS_TRY(cuda_embed_staged(1, hidden));
+    DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
+    return head_queue(hidden, nullptr);
+  };
+
+  bool ran = false;
+  if (c.graph != nullptr && c.graph_key == key) {
+    DS_CUDA_TRY(cudaGraphLaunch(c.graph, stream), "decode graph replay at position {}", pos);
+    c.stats.replays++;
+    ran = true;
+  } else if (c.warm && c.warm_key == key) {
+    DS_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "decode graph capture at position {}",
+                pos);
+    const Status queued = queue_step();
+    cudaGraph_t g = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &g);
+    if (!queued.is_ok() || ended != cudaSuccess) {
+      if (g != nullptr) (void)cudaGraphDestroy(g);
+      if (!queued.is_ok()) return queued.with_context("decode graph capture");
+      DS_CUDA_TRY(ended, "decode graph capture at position {}", pos);
+    }
+    if (scratch_->generation != key.scratch_generation) {
+      // The step allocated scratch while capturing: the graph would hold a stale block. Drop it and
+      // run this step op by op; the next step warms up the new key.
+      DS_LOG_WARN("model: decode graph capture at position {} allocated scratch; retrying after warm-up", pos);
+      (void)cudaGraphDestroy(g);
+      c.warm = false;
+    } else {
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+      (void)cudaGraphDestroy(g);
+      DS_CUDA_TRY(inst, "decode graph instantiate at position {}", pos);
+      if (c.graph != nullptr) (void)cudaGraphExecDestroy(c.graph);
+      c.graph = exec;
+      c.graph_key = key;
+      c.stats.captures++;
+      DS_CUDA_TRY(cudaGraphLaunch(c.graph, stream), "decode graph launch at position {}", pos);
+      c.stats.replays++;
+      ran = true;
+    }
+  }
+  if (!ran) {
+    DS_TRY(queue_step());
+    c.stats.uncaptured++;
+    c.warm = true;
+    c.warm_key = key_now();  // what the next step must match to be captured
+  }
+  c.step_pending = true;  // cleared by the synchronization below
+  DS_TRY(cuda_finish_logits(state.logits().data()));
+  state.set_pos(pos + 1);
+  state.set_logits_valid(true);
+  return Status::ok();
+}
+
+#else  // !DS_HAVE_CUDA
+
+struct ModelCuda {};
+
+void ModelCudaDeleter::operator()(ModelCuda* p) const { delete p; }
+
+CudaGraphStats Model::cuda_graph_stats() const { return {}; }
+
+namespace {
+Status no_cuda(const Device& d) {
+  return unsupported("model: device {} needs the CUDA backend, which this build does not have (rebuild with "
+                     "-DDELTASERVE_CUDA=ON) ; use --device cpu",
+                     d.to_string());
+}
+}  // namespace
+
+Status Model::cuda_init() { return no_cuda(options_.device); }
+Status Model::cuda_stage(int64_t, std::span<const int32_t>) { return no_cuda(options_.device); }
+Status Model::cuda_embed_staged(int64_t, const TensorView&) { return no_cuda(options_.device); }
+Status Model::cuda_head_output(const TensorView&) { return no_cuda(options_.device); }
+Status Model::cuda_finish_logits(float*) { return no_cuda(options_.device); }
+Status Model::cuda_run_segment(SequenceState&, std::span<const int32_t>, bool) { return no_cuda(options_.device); }
+Status Model::cuda_decode_graph(SequenceState&, int32_t) { return no_cuda(options_.device); }
+const int32_t* Model::cuda_step_pos() const { return nullptr; }
+
+#endif  // DS_HAVE_CUDA
+
+}  // namespace ds
