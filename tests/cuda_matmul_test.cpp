@@ -1,9 +1,12 @@
 // CUDA matrix product against the CPU reference (quant::dequantize_row + a float64 dot) for every weight
-// type, on small, odd and real model shapes, through each path (staged matvec, generic matvec, GEMM).
-// Outputs are poisoned with NaN first, so an element the kernel never wrote fails. Skipped without a
-// CUDA build or device. Weights are random bytes with sane fp16 scales: every code pattern occurs.
+// type, on small, odd and real model shapes, through each path and kernel (q8 matvec, staged matvec,
+// generic matvec, GEMM). Outputs are poisoned with NaN first, so an element the kernel never wrote
+// fails. Skipped without a CUDA build or device. Weights are random bytes with sane fp16 scales: every
+// code pattern occurs. The q8 kernel is checked in three steps (quantization, kernel on the quantized
+// activations, end to end), so a failure says which part is wrong and prints the first bad element.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -23,20 +26,30 @@ namespace {
 
 #if DS_HAVE_CUDA
 
+using cuda::MatmulKernel;
 using cuda::MatmulPath;
 
 const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q5_0,
                         DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
-// Tolerance on |y - ref| relative to sum_k |w_k x_k| (stated once, per path):
-//  - matvec paths compute in F32 on exactly decoded weights; only the summation order differs, and a
-//    thread sums at most k/128 + 7 products: (17408/128 + 7) * 2^-24 < 1e-5, so 2e-5 bounds it.
-//  - the BF16 GEMM rounds both operands to BF16 (2^-9 relative each), a product at most 2^-8 off:
-//    4e-3 plus F32 accumulation, so 5e-3.  F32 weights take the F32 GEMM: 2e-5 as above.
-double tolerance(DType t, MatmulPath path) {
-  if (path == MatmulPath::kGemm && t != DType::F32) return 5e-3;
-  return 2e-5;
-}
+// Tolerances, stated once (|y - ref| per output, against a magnitude):
+//  - F32-activation matvec kernels compute in F32 on exactly decoded weights; only the summation order
+//    differs, and a thread sums at most k/128 + 7 products: (17408/128 + 7) * 2^-24 < 1e-5, so 2e-5 of
+//    sum|w x| bounds it. F32 weights through the F32 GEMM: the same.
+//  - The BF16 GEMM rounds both operands to BF16 (2^-9 relative each), a product at most 2^-8 off:
+//    4e-3 plus F32 accumulation, so 5e-3 of sum|w x|.
+//  - The q8 kernel (int8 activations in blocks of 32, d = amax / 127):
+//    1. quantization: |x - q d| <= d/2 (+ 1e-4 d for the float rounding of d and 1/d);
+//    2. the kernel against the float64 product with the quantized activations x' = q d: kTolKernel of
+//       sum (|w| + 2|o|) |x'|, where o is the min / offset term the kernel applies per block from the
+//       block sum (Q4_K, Q5_K: dmin * m; Q4_0: 8 d; Q5_0: 16 d), since those two sums may cancel;
+//    3. end to end against the exact product: the quantization error, at most sum over blocks of
+//       d/2 * sum |w| (times 1.001), plus the kernel bound of 2; and, for k >= 256 where a block's error
+//       averages out, at most kTolQ8 of sum|w x| (about 1/256 per block, far less on sums of blocks).
+constexpr double kTolF32 = 2e-5;
+constexpr double kTolGemmBf16 = 5e-3;
+constexpr double kTolKernel = 2e-5;
+constexpr double kTolQ8 = 1e-2;
 
 bool have_gpu() { return cuda::device_count() > 0; }
 
@@ -90,101 +103,266 @@ std::vector<float> random_floats(int64_t n, uint32_t seed) {
   return x;
 }
 
-struct Case {
+uint16_t get16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// |o| per element: the min / offset term the q8 kernel applies separately (see the tolerances); 0 for
+// types without one.
+std::vector<float> offset_terms(DType t, const std::vector<uint8_t>& w, int64_t n_rows, int64_t k) {
+  std::vector<float> out(static_cast<size_t>(n_rows * k), 0.0f);
+  if (t != DType::Q4_K && t != DType::Q5_K && t != DType::Q4_0 && t != DType::Q5_0) return out;
+  const int64_t rb = dtype_row_bytes(t, k), bb = dtype_block_bytes(t);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t j = 0; j < k; ++j) {
+      const uint8_t* blk = w.data() + r * rb + (j / dtype_block_size(t)) * bb;
+      float o;
+      if (t == DType::Q4_0 || t == DType::Q5_0) {
+        o = (t == DType::Q4_0 ? 8.0f : 16.0f) * fp16_to_f32(get16(blk));
+      } else {
+        const int sub = static_cast<int>((j % 256) / 32);
+        const uint8_t* q = blk + 4;
+        const int m = sub < 4 ? (q[sub + 4] & 63) : ((q[sub + 4] >> 4) | ((q[sub] >> 6) << 4));
+        o = fp16_to_f32(get16(blk + 2)) * static_cast<float>(m);
+      }
+      out[static_cast<size_t>(r * k + j)] = std::fabs(o);
+    }
+  }
+  return out;
+}
+
+struct Weights {
   DType type;
-  int64_t k, n_rows, n_tokens;
+  int64_t k, n_rows;
+  std::vector<uint8_t> bytes;
+  std::vector<float> ref;  // dequantized, [n_rows, k]
+  std::vector<float> off;  // |offset term| per element (q8 tolerance)
+};
+
+Weights make_weights(DType t, int64_t k, int64_t n_rows) {
+  Weights w{t, k, n_rows, random_weights(t, n_rows, k, static_cast<uint32_t>(k * 131 + n_rows)), {}, {}};
+  w.ref.resize(static_cast<size_t>(n_rows * k));
+  quant::dequantize_rows(t, w.bytes.data(), w.ref.data(), n_rows, k, ThreadPool::global().n_threads());
+  w.off = offset_terms(t, w.bytes, n_rows, k);
+  return w;
+}
+
+struct Case {
+  int64_t n_tokens;
   int64_t x_stride, y_stride;  // elements (>= k, >= n_rows)
   MatmulPath path;
   int64_t x_offset = 0;        // elements: shifts x off 16-byte alignment
+  int64_t w_offset = 0;        // bytes: shifts the weights off 16-byte alignment
 };
 
-std::string describe(const Case& c) {
-  return fmt::format("{} k={} rows={} tokens={} path={} x_offset={}", dtype_name(c.type), c.k, c.n_rows,
-                     c.n_tokens, static_cast<int>(c.path), c.x_offset);
+std::string describe(const Weights& w, const Case& c, MatmulKernel kernel) {
+  return fmt::format("{} k={} rows={} tokens={} path={} kernel={} x_offset={} w_offset={}", dtype_name(w.type), w.k,
+                     w.n_rows, c.n_tokens, static_cast<int>(c.path), cuda::matmul_kernel_name(kernel), c.x_offset,
+                     c.w_offset);
 }
 
-// Runs one case and compares every output with the reference; returns the worst error / bound ratio.
-double run_case(const Case& c, const std::vector<uint8_t>& w_host, const std::vector<float>& w_ref) {
+// Per output: the value, the bound it must meet, and what it was compared with (for the message).
+struct Check {
+  const char* what;
+  int64_t bad = 0;
+  int64_t first_t = -1, first_r = -1;
+  double first_got = 0, first_ref = 0, first_bound = 0;
+  double worst_ratio = 0;  // max |got - ref| / bound over all outputs (finite ones)
+  void add(int64_t t, int64_t r, double got, double ref, double bound) {
+    const double ratio = std::fabs(got - ref) / (bound + 1e-30);
+    if (!(ratio <= 1.0)) {  // NaN lands here too
+      if (bad++ == 0) {
+        first_t = t;
+        first_r = r;
+        first_got = got;
+        first_ref = ref;
+        first_bound = bound;
+      }
+    }
+    if (std::isfinite(ratio)) worst_ratio = std::max(worst_ratio, ratio);
+  }
+  void merge(const Check& o) {
+    if (o.bad > 0 && bad == 0) {
+      first_t = o.first_t;
+      first_r = o.first_r;
+      first_got = o.first_got;
+      first_ref = o.first_ref;
+      first_bound = o.first_bound;
+    }
+    bad += o.bad;
+    worst_ratio = std::max(worst_ratio, o.worst_ratio);
+  }
+  void expect(const std::string& where) const {
+    EXPECT_EQ(bad, 0) << where << ": " << what << ": " << bad << " outputs out of bound; first at token " << first_t
+                      << " row " << first_r << ": got " << first_got << " ref " << first_ref << " |diff| "
+                      << std::fabs(first_got - first_ref) << " bound " << first_bound << "; worst diff/bound "
+                      << worst_ratio;
+  }
+};
+
+// Checks the q8 scratch: per block d = amax / 127, |x - q d| <= d/2, s = d * sum q. Returns x' = q d.
+std::vector<float> check_q8_scratch(const std::vector<uint8_t>& scratch, const std::vector<float>& x,
+                                    int64_t x_offset, int64_t x_stride, int64_t n_tokens, int64_t k,
+                                    const std::string& where) {
+  const int64_t ds_off = cuda::matmul_scratch_ds_offset(k, n_tokens);
+  std::vector<float> xq(static_cast<size_t>(n_tokens * k));
+  int64_t bad = 0;
+  std::string first;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t b = 0; b < k / 32; ++b) {
+      float dsv[2];
+      std::memcpy(dsv, scratch.data() + ds_off + 8 * (t * (k / 32) + b), 8);
+      const float* xb = x.data() + x_offset + t * x_stride + 32 * b;
+      float amax = 0.0f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const double d = dsv[0];
+      int sum = 0;
+      bool ok = std::fabs(d - amax / 127.0) <= 1e-6 * amax / 127.0;
+      for (int i = 0; i < 32; ++i) {
+        const int q = static_cast<int8_t>(scratch[static_cast<size_t>(t * k + 32 * b + i)]);
+        sum += q;
+        ok = ok && q >= -127 && q <= 127 && std::fabs(xb[i] - q * d) <= (0.5 + 1e-4) * d;
+        xq[static_cast<size_t>(t * k + 32 * b + i)] = static_cast<float>(q * d);
+      }
+      ok = ok && std::fabs(dsv[1] - d * sum) <= 1e-6 * std::fabs(d * sum) + 1e-30;
+      if (!ok && bad++ == 0) {
+        first = fmt::format("token {} block {}: amax {} d {} s {} (d*sum {})", t, b, amax, dsv[0], dsv[1], d * sum);
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << where << ": q8 activation blocks wrong; first: " << first;
+  return xq;
+}
+
+// Runs one case and compares every output with the reference; returns the worst error / bound ratio
+// of the end-to-end check.
+double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
   const int dev = 0;
+  const int64_t k = w.k, n_rows = w.n_rows;
   auto stream = cuda::Stream::create(dev);
   EXPECT_TRUE(stream.is_ok()) << stream.status().to_string();
   const int64_t x_elems = c.x_offset + c.x_stride * c.n_tokens, y_elems = c.y_stride * c.n_tokens;
-  std::vector<float> x = random_floats(x_elems, static_cast<uint32_t>(c.k * 31 + c.n_tokens));
-  auto wd = cuda::CudaBuffer::allocate(dev, static_cast<int64_t>(w_host.size()));
+  std::vector<float> x = random_floats(x_elems, static_cast<uint32_t>(k * 31 + c.n_tokens));
   auto xd = cuda::CudaBuffer::allocate(dev, 4 * x_elems);
   auto yd = cuda::CudaBuffer::allocate(dev, 4 * y_elems);
-  EXPECT_TRUE(wd.is_ok() && xd.is_ok() && yd.is_ok());
-  EXPECT_TRUE(cuda::copy_to_device(wd->data(), w_host.data(), static_cast<int64_t>(w_host.size()), *stream).is_ok());
+  EXPECT_TRUE(xd.is_ok() && yd.is_ok());
   EXPECT_TRUE(cuda::copy_to_device(xd->data(), x.data(), 4 * x_elems, *stream).is_ok());
   EXPECT_TRUE(cuda::fill_bytes(yd->data(), 0xFF, 4 * y_elems, *stream).is_ok());  // NaN everywhere
 
   const Device d{DeviceKind::kCuda, dev};
-  TensorView wv = TensorView::contiguous(wd->data(), c.type, {c.k, c.n_rows}, d);
-  TensorView xv = TensorView::contiguous(static_cast<float*>(xd->data()) + c.x_offset, DType::F32, {c.k, c.n_tokens}, d);
+  TensorView wv = TensorView::contiguous(static_cast<uint8_t*>(wd.data()) + c.w_offset, w.type, {k, n_rows}, d);
+  TensorView xv = TensorView::contiguous(static_cast<float*>(xd->data()) + c.x_offset, DType::F32, {k, c.n_tokens}, d);
   xv.nb[1] = 4 * c.x_stride;
-  TensorView yv = TensorView::contiguous(yd->data(), DType::F32, {c.n_rows, c.n_tokens}, d);
+  TensorView yv = TensorView::contiguous(yd->data(), DType::F32, {n_rows, c.n_tokens}, d);
   yv.nb[1] = 4 * c.y_stride;
-  const Status s = cuda::matmul(wv, xv, yv, *stream, c.path);
-  EXPECT_TRUE(s.is_ok()) << describe(c) << ": " << s.to_string();
+  const MatmulKernel kernel = cuda::matmul_kernel(wv, xv, yv, c.path);
+  const std::string where = describe(w, c, kernel);
+  const bool q8 = kernel == MatmulKernel::kMatvecQ8;
+  // Caller-owned scratch for the q8 kernel, read back below.
+  const int64_t scratch_bytes = cuda::matmul_scratch_bytes(w.type, k, c.n_tokens);
+  cuda::CudaBuffer scratch;
+  if (q8) {
+    auto sb = cuda::CudaBuffer::allocate(dev, scratch_bytes);
+    EXPECT_TRUE(sb.is_ok());
+    scratch = std::move(*sb);
+  }
+  const Status s = cuda::matmul_on(wv, xv, yv, dev, stream->handle(), c.path, scratch.data(), scratch.bytes());
+  EXPECT_TRUE(s.is_ok()) << where << ": " << s.to_string();
   std::vector<float> y(static_cast<size_t>(y_elems));
   EXPECT_TRUE(cuda::copy_to_host(y.data(), yd->data(), 4 * y_elems, *stream).is_ok());
+  std::vector<uint8_t> scratch_host(static_cast<size_t>(q8 ? scratch_bytes : 0));
+  if (q8) EXPECT_TRUE(cuda::copy_to_host(scratch_host.data(), scratch.data(), scratch_bytes, *stream).is_ok());
   const Status sync = stream->synchronize();
-  EXPECT_TRUE(sync.is_ok()) << describe(c) << ": " << sync.to_string();
+  EXPECT_TRUE(sync.is_ok()) << where << ": " << sync.to_string();
+  if (!s.is_ok() || !sync.is_ok()) return INFINITY;
 
-  const double tol = tolerance(c.type, c.path);
-  std::vector<double> worst(static_cast<size_t>(c.n_tokens), 0.0);
-  std::vector<int64_t> bad(static_cast<size_t>(c.n_tokens), 0);
-  ThreadPool::global().parallel_for(c.n_tokens * c.n_rows, [&](int64_t i0, int64_t i1, int) {
+  std::vector<float> xq;
+  if (q8) xq = check_q8_scratch(scratch_host, x, c.x_offset, c.x_stride, c.n_tokens, k, where);
+  const double tol = kernel == MatmulKernel::kGemm && w.type != DType::F32 ? kTolGemmBf16 : kTolF32;
+  const int n_threads = ThreadPool::global().n_threads();
+  std::vector<Check> e2e(static_cast<size_t>(n_threads), Check{"end to end"}),
+      kern(static_cast<size_t>(n_threads), Check{"kernel on the q8 activations"}),
+      rel(static_cast<size_t>(n_threads), Check{"q8 error relative to sum|w x|"});
+  ThreadPool::global().parallel_for(c.n_tokens * n_rows, [&](int64_t i0, int64_t i1, int th) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / c.n_rows, r = i % c.n_rows;
+      const int64_t t = i / n_rows, r = i % n_rows;
       const float* xr = x.data() + c.x_offset + t * c.x_stride;
-      const float* wr = w_ref.data() + r * c.k;
+      const float* wr = w.ref.data() + r * k;
       double ref = 0.0, mag = 0.0;
-      for (int64_t j = 0; j < c.k; ++j) {
+      for (int64_t j = 0; j < k; ++j) {
         ref += static_cast<double>(wr[j]) * xr[j];
         mag += std::fabs(static_cast<double>(wr[j]) * xr[j]);
       }
       const double got = y[static_cast<size_t>(t * c.y_stride + r)];
-      const double ratio = std::fabs(got - ref) / (tol * mag + 1e-30);
-      if (!(ratio <= 1.0)) bad[static_cast<size_t>(t)]++;  // NaN lands here too
-      if (std::isfinite(ratio)) worst[static_cast<size_t>(t)] = std::max(worst[static_cast<size_t>(t)], ratio);
+      if (!q8) {
+        e2e[th].add(t, r, got, ref, tol * mag);
+        continue;
+      }
+      const float* xqr = xq.data() + t * k;
+      const float* orow = w.off.data() + r * k;
+      double ref_q = 0.0, mag_q = 0.0, quant_err = 0.0;
+      for (int64_t b = 0; b < k / 32; ++b) {
+        double amax = 0.0, wsum = 0.0;
+        for (int64_t j = 32 * b; j < 32 * b + 32; ++j) {
+          ref_q += static_cast<double>(wr[j]) * xqr[j];
+          mag_q += (std::fabs(static_cast<double>(wr[j])) + 2.0 * orow[j]) * std::fabs(static_cast<double>(xqr[j]));
+          amax = std::max(amax, std::fabs(static_cast<double>(xr[j])));
+          wsum += std::fabs(static_cast<double>(wr[j]));
+        }
+        quant_err += amax / 127.0 * 0.5 * 1.001 * wsum;
+      }
+      kern[th].add(t, r, got, ref_q, kTolKernel * mag_q);
+      e2e[th].add(t, r, got, ref, quant_err + kTolKernel * mag_q);
+      if (k >= 256) rel[th].add(t, r, got, ref, kTolQ8 * mag);
     }
   }, 256);
-  double w_all = 0.0;
-  for (int64_t t = 0; t < c.n_tokens; ++t) {
-    EXPECT_EQ(bad[static_cast<size_t>(t)], 0) << describe(c) << ": token " << t << " has outputs off by more than "
-                                              << tol << " of sum|w x| (or NaN)";
-    w_all = std::max(w_all, worst[static_cast<size_t>(t)]);
+  for (int th = 1; th < n_threads; ++th) {
+    e2e[0].merge(e2e[static_cast<size_t>(th)]);
+    kern[0].merge(kern[static_cast<size_t>(th)]);
+    rel[0].merge(rel[static_cast<size_t>(th)]);
   }
+  if (q8) kern[0].expect(where);
+  e2e[0].expect(where);
+  if (q8) rel[0].expect(where);
   // Padding between rows of y must stay untouched (still NaN).
+  int64_t overwritten = 0;
   for (int64_t t = 0; t < c.n_tokens; ++t) {
-    for (int64_t r = c.n_rows; r < c.y_stride; ++r) {
-      EXPECT_TRUE(std::isnan(y[static_cast<size_t>(t * c.y_stride + r)])) << describe(c) << ": wrote past row end";
-    }
+    for (int64_t r = n_rows; r < c.y_stride; ++r) overwritten += !std::isnan(y[static_cast<size_t>(t * c.y_stride + r)]);
   }
-  return w_all;
+  EXPECT_EQ(overwritten, 0) << where << ": wrote past the row end";
+  ::testing::Test::RecordProperty(fmt::format("{}_{}x{}_t{}_{}", dtype_name(w.type), k, n_rows, c.n_tokens,
+                                              cuda::matmul_kernel_name(kernel)),
+                                  fmt::format("{:.3f}", e2e[0].worst_ratio));
+  return e2e[0].worst_ratio;
 }
 
-std::vector<float> dequantized(DType t, const std::vector<uint8_t>& w, int64_t n_rows, int64_t k) {
-  std::vector<float> out(static_cast<size_t>(n_rows * k));
-  quant::dequantize_rows(t, w.data(), out.data(), n_rows, k, ThreadPool::global().n_threads());
-  return out;
+cuda::CudaBuffer upload(const Weights& w, int64_t offset = 0) {
+  auto b = cuda::CudaBuffer::allocate(0, static_cast<int64_t>(w.bytes.size()) + offset + 16);
+  EXPECT_TRUE(b.is_ok());
+  auto stream = cuda::Stream::create(0);
+  EXPECT_TRUE(stream.is_ok());
+  EXPECT_TRUE(cuda::copy_to_device(static_cast<uint8_t*>(b->data()) + offset, w.bytes.data(),
+                                   static_cast<int64_t>(w.bytes.size()), *stream)
+                  .is_ok());
+  EXPECT_TRUE(stream->synchronize().is_ok());
+  return std::move(*b);
 }
 
 void run_shapes(DType t, int64_t k, int64_t n_rows, const std::vector<int64_t>& tokens,
                 const std::vector<MatmulPath>& paths) {
-  const auto w = random_weights(t, n_rows, k, static_cast<uint32_t>(k * 131 + n_rows));
-  const auto ref = dequantized(t, w, n_rows, k);
+  const Weights w = make_weights(t, k, n_rows);
+  const cuda::CudaBuffer wd = upload(w);
   for (MatmulPath p : paths) {
     for (int64_t nt : tokens) {
       if (p != MatmulPath::kGemm && nt > cuda::kMatmulMaxMatvecTokens) continue;
-      const double worst = run_case({t, k, n_rows, nt, k, n_rows, p}, w, ref);
-      ::testing::Test::RecordProperty(fmt::format("{}_{}x{}_t{}_p{}", dtype_name(t), k, n_rows, nt,
-                                                  static_cast<int>(p)),
-                                      fmt::format("{:.3f}", worst));
+      run_case(w, wd, {nt, k, n_rows, p});
     }
   }
 }
+
+bool is_quant(DType t) { return dtype_block_size(t) > 1; }
 
 class CudaMatmulTest : public ::testing::TestWithParam<DType> {
  protected:
@@ -196,29 +374,87 @@ class CudaMatmulTest : public ::testing::TestWithParam<DType> {
 TEST_P(CudaMatmulTest, SmallAndOddShapes) {
   const DType t = GetParam();
   const int64_t bs = dtype_block_size(t) == 1 ? 32 : dtype_block_size(t);
-  const std::vector<MatmulPath> all = {MatmulPath::kMatvec, MatmulPath::kGeneric, MatmulPath::kGemm};
+  const std::vector<MatmulPath> all = {MatmulPath::kMatvec, MatmulPath::kMatvecF32, MatmulPath::kGeneric,
+                                       MatmulPath::kGemm};
   run_shapes(t, bs, 1, {1, 2, 16, 17}, all);
   run_shapes(t, bs * 3, 7, {1, 3, 5, 9, 16, 40}, all);
   run_shapes(t, std::max<int64_t>(bs, 256) * 5, 33, {1, 4, 8, 13, 33}, all);
 }
 
+// The q8 kernel at every token count it takes, on shapes that exercise partial 1024-element steps,
+// row counts that are not multiples of the 16 rows of a CTA, and (non-K types) k not a multiple of 256.
+TEST_P(CudaMatmulTest, MatvecTokenCountsAndPartialSteps) {
+  const DType t = GetParam();
+  const std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 8};
+  run_shapes(t, 256, 32, tokens, {MatmulPath::kMatvec});
+  run_shapes(t, 1280, 37, tokens, {MatmulPath::kMatvec});
+  run_shapes(t, 2048 + 512, 19, {1, 8}, {MatmulPath::kMatvec});
+  if (dtype_block_size(t) <= 32) {
+    run_shapes(t, 96, 5, tokens, {MatmulPath::kMatvec});
+    run_shapes(t, 1024 + 160, 21, {1, 3, 8}, {MatmulPath::kMatvec});
+    run_shapes(t, 2080, 3, {2, 7}, {MatmulPath::kMatvec});
+  }
+}
+
 TEST_P(CudaMatmulTest, StridedAndMisalignedActivations) {
   const DType t = GetParam();
-  const int64_t k = 512, n_rows = 19;
-  const auto w = random_weights(t, n_rows, k, 5);
-  const auto ref = dequantized(t, w, n_rows, k);
-  for (MatmulPath p : {MatmulPath::kMatvec, MatmulPath::kGemm}) {
-    run_case({t, k, n_rows, 3, k + 12, n_rows + 5, p}, w, ref);
-    run_case({t, k, n_rows, 6, k + 4, n_rows + 1, p, /*x_offset=*/1}, w, ref);  // matvec falls back
+  const Weights w = make_weights(t, 512, 19);
+  const cuda::CudaBuffer wd = upload(w);
+  for (MatmulPath p : {MatmulPath::kMatvec, MatmulPath::kMatvecF32, MatmulPath::kGemm}) {
+    run_case(w, wd, {3, 512 + 12, 19 + 5, p});
+    run_case(w, wd, {6, 512 + 4, 19 + 1, p, /*x_offset=*/1});  // the staged kernel falls back; q8 does not
+  }
+}
+
+// Weights 2 bytes off 16-byte alignment: the q8 kernel must not run (it needs 16-byte aligned rows or
+// bases); the staged kernel takes the 2-byte aligned types, the generic one the rest. Results exact.
+TEST_P(CudaMatmulTest, MisalignedWeightsFallBack) {
+  const DType t = GetParam();
+  const int64_t k = is_quant(t) ? 512 : 64;
+  const Weights w = make_weights(t, k, 23);
+  const cuda::CudaBuffer wd = upload(w, 2);
+  for (int64_t nt : {1, 4}) {
+    const Case c{nt, k, 23, MatmulPath::kMatvec, 0, /*w_offset=*/2};
+    const Device d{DeviceKind::kCuda, 0};
+    const TensorView wv = TensorView::contiguous(static_cast<uint8_t*>(wd.data()) + 2, t, {k, 23}, d);
+    const TensorView xv = TensorView::contiguous(wd.data(), DType::F32, {k, nt}, d);
+    const TensorView yv = TensorView::contiguous(wd.data(), DType::F32, {23, nt}, d);
+    EXPECT_NE(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvec), MatmulKernel::kMatvecQ8) << dtype_name(t);
+    run_case(w, wd, c);
   }
 }
 
 TEST_P(CudaMatmulTest, RealModelShapes) {
   const DType t = GetParam();
-  const std::vector<MatmulPath> all = {MatmulPath::kMatvec, MatmulPath::kGemm};
-  run_shapes(t, 2048, 512, {1, 16, 64}, all);
-  run_shapes(t, 5120, 17408, {1, 5, 64}, all);
-  run_shapes(t, 17408, 5120, {1, 16}, {MatmulPath::kMatvec});
+  run_shapes(t, 2048, 512, {1, 2, 5, 8, 16, 64}, {MatmulPath::kMatvec, MatmulPath::kGemm});
+  run_shapes(t, 512, 2048, {1, 8}, {MatmulPath::kMatvec});
+  run_shapes(t, 5120, 17408, {1, 2, 3, 4, 5, 8}, {MatmulPath::kMatvec});
+  run_shapes(t, 5120, 17408, {1, 16}, {MatmulPath::kMatvecF32});
+  run_shapes(t, 5120, 17408, {5, 64}, {MatmulPath::kGemm});
+  run_shapes(t, 17408, 5120, {1, 8}, {MatmulPath::kMatvec});
+  run_shapes(t, 17408, 5120, {1, 16}, {MatmulPath::kMatvecF32});
+}
+
+// Which kernel runs where: the q8 kernel for quantized weights at 1..8 tokens on aligned rows; the
+// F32-activation kernels for float weights, 9..16 tokens, and the F32 path.
+TEST_P(CudaMatmulTest, KernelChoice) {
+  const DType t = GetParam();
+  const Device d{DeviceKind::kCuda, 0};
+  alignas(16) static uint8_t fake[16];  // never dereferenced: matmul_kernel only looks at addresses
+  const int64_t k = 1024;
+  const TensorView wv = TensorView::contiguous(fake, t, {k, 64}, d);
+  for (int64_t nt : {1, 8, 9, 16}) {
+    const TensorView xv = TensorView::contiguous(fake, DType::F32, {k, nt}, d);
+    const TensorView yv = TensorView::contiguous(fake, DType::F32, {64, nt}, d);
+    const MatmulKernel want = is_quant(t) && nt <= 8 ? MatmulKernel::kMatvecQ8 : MatmulKernel::kMatvecStaged;
+    EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvec), want) << dtype_name(t) << " tokens " << nt;
+    EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvecF32), MatmulKernel::kMatvecStaged);
+    EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kGeneric), MatmulKernel::kMatvecGeneric);
+    EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kAuto),
+              nt < cuda::kMatmulGemmMinTokens ? want : MatmulKernel::kGemm);
+  }
+  EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 4) > 0, is_quant(t));
+  EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 9), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulTest, ::testing::ValuesIn(kTypes),

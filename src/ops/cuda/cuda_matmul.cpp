@@ -1,5 +1,6 @@
-// Host entry of the CUDA matrix product (cuda_matmul.h): shape and device checks, path choice, and the
-// prefill path (BF16 weight tiles + cuBLAS). Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// Host entry of the CUDA matrix product (cuda_matmul.h): shape and device checks, path and kernel
+// choice, the q8 activation scratch, and the prefill path (BF16 weight tiles + cuBLAS). Compiled by the
+// C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choice: cuBLAS sees the row-major product as column-major Y^T = W^T X^T, i.e.
 // op(A) = transpose of the [k, rows] BF16 tile (lda = k), B = activations (ldb = k), C = y (ldc = y's
 // row stride): no transposes are materialized, and a tile writes a column block of y in place.
@@ -121,9 +122,69 @@ Status matmul_gemm(const TensorView& w, const TensorView& x, const TensorView& y
   return Status::ok();
 }
 
+MatvecLaunch matvec_args(const TensorView& w, const TensorView& x, const TensorView& y, void* act,
+                         int64_t act_bytes) {
+  MatvecLaunch l{w.data, w.nb[1], x.as<float>(), x.nb[1] / 4, y.as<float>(), y.nb[1] / 4,
+                 w.ne[1], w.ne[0], static_cast<int>(x.ne[1])};
+  l.act = act;
+  l.act_bytes = act_bytes;
+  return l;
+}
+
+MatvecKernel fastest_matvec(MatmulPath path) {
+  switch (path) {
+    case MatmulPath::kMatvecF32: return MatvecKernel::kStaged;
+    case MatmulPath::kGeneric: return MatvecKernel::kGeneric;
+    default: return MatvecKernel::kQ8;
+  }
+}
+
+// Would the q8 kernel apply to `l` once it has scratch? (Every matmul call provides it: the caller's or
+// its own.) A static aligned address stands in for the scratch; it is never dereferenced.
+bool q8_applies_with_scratch(DType t, MatvecLaunch l) {
+  alignas(16) static uint8_t stand_in[16];
+  l.act = stand_in;
+  l.act_bytes = matvec_q8_act_bytes(l.k, l.n_tokens);
+  return matvec_q8_ok(t, l);
+}
+
+MatmulPath resolve_path(MatmulPath path, int64_t n_tokens) {
+  if (path != MatmulPath::kAuto) return path;
+  return n_tokens < kMatmulGemmMinTokens ? MatmulPath::kMatvec : MatmulPath::kGemm;
+}
+
 }  // namespace
 
 bool matmul_supported(DType t) { return matvec_supports(t); }
+
+const char* matmul_kernel_name(MatmulKernel k) {
+  switch (k) {
+    case MatmulKernel::kMatvecQ8: return "matvec_q8";
+    case MatmulKernel::kMatvecStaged: return "matvec_staged";
+    case MatmulKernel::kMatvecGeneric: return "matvec_generic";
+    case MatmulKernel::kGemm: return "gemm";
+  }
+  return "?";
+}
+
+int64_t matmul_scratch_bytes(DType t, int64_t k, int64_t n_tokens) {
+  if (!matvec_q8_supports(t) || n_tokens < 1 || n_tokens > kMatvecQ8MaxTokens || k % 32 != 0) return 0;
+  return matvec_q8_act_bytes(k, n_tokens);
+}
+
+int64_t matmul_scratch_ds_offset(int64_t k, int64_t n_tokens) { return matvec_q8_ds_offset(k, n_tokens); }
+
+MatmulKernel matmul_kernel(const TensorView& w, const TensorView& x, const TensorView& y, MatmulPath path) {
+  path = resolve_path(path, x.ne[1]);
+  if (path == MatmulPath::kGemm) return MatmulKernel::kGemm;
+  const MatvecLaunch l = matvec_args(w, x, y, nullptr, 0);
+  const MatvecKernel fastest = fastest_matvec(path);
+  if (fastest == MatvecKernel::kQ8 && q8_applies_with_scratch(w.dtype, l)) return MatmulKernel::kMatvecQ8;
+  switch (matvec_pick(w.dtype, l, fastest == MatvecKernel::kQ8 ? MatvecKernel::kStaged : fastest)) {
+    case MatvecKernel::kStaged: return MatmulKernel::kMatvecStaged;
+    default: return MatmulKernel::kMatvecGeneric;
+  }
+}
 
 Status matmul(const TensorView& w, const TensorView& x, const TensorView& y, const Stream& stream,
               MatmulPath path) {
@@ -132,20 +193,36 @@ Status matmul(const TensorView& w, const TensorView& x, const TensorView& y, con
 
 Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, int device, void* stream,
                  MatmulPath path) {
+  return matmul_on(w, x, y, device, stream, path, nullptr, 0);
+}
+
+Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, int device, void* stream,
+                 MatmulPath path, void* scratch, int64_t scratch_bytes) {
   DS_TRY(check_args(w, x, y, device));
   const int64_t n_tokens = x.ne[1];
   if (n_tokens == 0 || w.ne[1] == 0) return Status::ok();
   DeviceGuard guard(device);
   auto cs = static_cast<cudaStream_t>(stream);
-  if (path == MatmulPath::kAuto) path = n_tokens < kMatmulGemmMinTokens ? MatmulPath::kMatvec : MatmulPath::kGemm;
+  path = resolve_path(path, n_tokens);
   if (path == MatmulPath::kGemm) return matmul_gemm(w, x, y, device, cs);
   if (n_tokens > kMatmulMaxMatvecTokens) {
     return invalid_argument("{}: matrix-vector path takes at most {} tokens", shapes(w, x, y),
                             kMatmulMaxMatvecTokens);
   }
-  const MatvecLaunch l{w.data, w.nb[1], x.as<float>(), x.nb[1] / 4, y.as<float>(), y.nb[1] / 4,
-                       w.ne[1], w.ne[0], static_cast<int>(n_tokens)};
-  DS_CUDA_TRY(matvec_launch(w.dtype, l, path == MatmulPath::kGeneric, cs), "{}", shapes(w, x, y));
+  MatvecLaunch l = matvec_args(w, x, y, scratch, scratch_bytes);
+  const MatvecKernel fastest = fastest_matvec(path);
+  CudaBuffer own;  // back to the cache on return; later users of the block are ordered after this call
+  if (fastest == MatvecKernel::kQ8 && !matvec_q8_ok(w.dtype, l) && q8_applies_with_scratch(w.dtype, l)) {
+    const int64_t need = matvec_q8_act_bytes(w.ne[0], n_tokens);
+    DS_ASSIGN_OR_RETURN(own, CudaBuffer::allocate(device, need));
+    l.act = own.data();
+    l.act_bytes = need;
+  }
+  const MatvecKernel kernel = matvec_pick(w.dtype, l, fastest);
+  DS_CUDA_TRY(matvec_launch(w.dtype, l, kernel, cs), "{} ({})", shapes(w, x, y),
+              kernel == MatvecKernel::kQ8       ? "matvec_q8"
+              : kernel == MatvecKernel::kStaged ? "matvec_staged"
+                                                : "matvec_generic");
   return Status::ok();
 }
 

@@ -1,8 +1,11 @@
 // CUDA matrix product for the ops layer: y[t, r] = dot(W row r, x row t) with quantized or float
 // weights. Compiles without CUDA; the definitions exist only with DS_HAVE_CUDA.
-// Non-obvious choice: small token counts (decode) run the matrix-vector kernel that reads each weight
-// byte once; larger ones dequantize weight tiles to BF16 and call cuBLAS with F32 accumulation. The
-// crossover kMatmulGemmMinTokens was measured (docs/perf-gpu.md).
+// Non-obvious choices: small token counts (decode) run a matrix-vector kernel that reads each weight
+// byte once; for quantized weights and up to 8 tokens that kernel first quantizes the activations to
+// int8 blocks of 32 (one float scale each, as the CPU path does) and takes integer dot products, which
+// adds a relative error of about 1/256 per block (tolerances in tests/cuda_matmul_test.cpp). Larger
+// token counts dequantize weight tiles to BF16 and call cuBLAS with F32 accumulation. The crossover
+// kMatmulGemmMinTokens was measured (docs/perf-gpu.md).
 #pragma once
 
 #include <cstdint>
@@ -14,11 +17,21 @@
 namespace ds::cuda {
 
 enum class MatmulPath : uint8_t {
-  kAuto,     // matvec below kMatmulGemmMinTokens tokens, GEMM from there
-  kMatvec,   // staged matrix-vector kernel (n_tokens <= 16)
-  kGeneric,  // byte-load matrix-vector kernel, any alignment (n_tokens <= 16; for tests)
-  kGemm,     // BF16 dequantize + cuBLAS (F32 weights: cuBLAS in F32)
+  kAuto,        // matvec below kMatmulGemmMinTokens tokens, GEMM from there
+  kMatvec,      // fastest matrix-vector kernel that applies: q8, staged, generic (n_tokens <= 16)
+  kMatvecF32,   // matrix-vector with F32 activations: staged, else generic (n_tokens <= 16)
+  kGeneric,     // byte-load matrix-vector kernel, any alignment (n_tokens <= 16; for tests)
+  kGemm,        // BF16 dequantize + cuBLAS (F32 weights: cuBLAS in F32)
 };
+
+// The kernel a matmul call runs (matmul_kernel): for tests, benchmarks and logs.
+enum class MatmulKernel : uint8_t {
+  kMatvecQ8,       // int8 activations, dp4a: quantized weights, 1..8 tokens, aligned rows
+  kMatvecStaged,   // F32 activations, 16-byte staged loads
+  kMatvecGeneric,  // F32 activations, byte loads
+  kGemm,           // BF16 tiles + cuBLAS
+};
+const char* matmul_kernel_name(MatmulKernel k);
 
 constexpr int64_t kMatmulGemmMinTokens = 9;
 constexpr int64_t kMatmulMaxMatvecTokens = 16;
@@ -34,5 +47,22 @@ Status matmul(const TensorView& w, const TensorView& x, const TensorView& y, con
 // The same on a raw cudaStream_t (`stream`, null = the default stream) of `device`.
 Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, int device, void* stream,
                  MatmulPath path = MatmulPath::kAuto);
+// The same with caller-owned device scratch for the int8 activations of the q8 kernel
+// (matmul_scratch_bytes, 16-byte aligned); without it (null or too small) the scratch comes from the
+// device's caching allocator. Pass a buffer that outlives the work when the call is captured into a
+// CUDA graph: the graph keeps using the address after the call returns.
+Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, int device, void* stream,
+                 MatmulPath path, void* scratch, int64_t scratch_bytes);
+
+// Scratch bytes the q8 kernel needs for k x n_tokens activations with weight type t; 0 when it does not
+// run for that type and token count. Layout: int8 codes [n_tokens, k] at offset 0, then float2
+// (d, d * sum of the block's codes) per 32-element block [n_tokens, k / 32] at
+// matmul_scratch_ds_offset(k, n_tokens).
+int64_t matmul_scratch_bytes(DType t, int64_t k, int64_t n_tokens);
+int64_t matmul_scratch_ds_offset(int64_t k, int64_t n_tokens);
+
+// The kernel matmul / matmul_on would run for these operands and path (the operands must be valid).
+MatmulKernel matmul_kernel(const TensorView& w, const TensorView& x, const TensorView& y,
+                           MatmulPath path = MatmulPath::kAuto);
 
 }  // namespace ds::cuda

@@ -5,6 +5,8 @@
 //    read once), then every thread decodes 8-element units for all kRows rows and multiplies them with
 //    the matching activations, which it loads once for kRows rows. Needs qdec::traits(T).row_align.
 //  - matvec_generic: one warp per (row, token), byte loads, any alignment (fallback and workbench v1).
+//  Both have a gathered mode (MoE, MatvecArgs::ids set, n_tokens = 1): blockIdx.y is a slot whose expert
+//  id is read on the device and offsets the weight base; slots with invalid ids are skipped.
 //  - dequant_bf16 / f32_to_bf16: prefill path, weight tiles and activations to BF16 for cuBLAS.
 // Non-obvious choice: staging through shared memory is what allows 16-byte loads for types whose
 // blocks (18, 34, 210 bytes) are not 16-byte aligned; shared memory keeps each byte's address mod 16.
@@ -29,7 +31,22 @@ struct MatvecArgs {
   int64_t n_rows;
   int64_t k;
   int n_tokens;
+  const int32_t* ids = nullptr;  // gathered: expert id of slot blockIdx.y; ids outside [0, n_expert) skip it
+  int64_t w_expert_stride = 0;   // bytes between experts
+  int n_expert = 0;
+  int x_div = 1;                 // gathered: slot s multiplies activation row s / x_div, writes y row s
 };
+
+// Gathered mode: the weight, activation and output bases of slot blockIdx.y; false for an unused slot.
+__device__ __forceinline__ bool gather_slot(const MatvecArgs& a, const uint8_t** w, const float** x, float** y) {
+  const int slot = blockIdx.y;
+  const int32_t e = a.ids[slot];
+  if (e < 0 || e >= a.n_expert) return false;
+  *w = a.w + e * a.w_expert_stride;
+  *x = a.x + (slot / a.x_div) * a.x_stride;
+  *y = a.y + slot * a.y_stride;
+  return true;
+}
 
 constexpr int kStagedThreads = 128;
 constexpr int kStagedRows = 4;
@@ -66,7 +83,11 @@ __global__ void __launch_bounds__(kStagedThreads) matvec_staged(MatvecArgs a) {
 
   const int tid = threadIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const uintptr_t w_lo = reinterpret_cast<uintptr_t>(a.w);
+  const uint8_t* wb = a.w;
+  const float* xb = a.x;
+  float* yb = a.y;
+  if (a.ids != nullptr && !gather_slot(a, &wb, &xb, &yb)) return;  // uniform per CTA, before any barrier
+  const uintptr_t w_lo = reinterpret_cast<uintptr_t>(wb);
   const uintptr_t w_hi = w_lo + (a.n_rows - 1) * a.w_stride + a.k / tr.block_elems * tr.block_bytes;
 
   float acc[kRows][kNT];
@@ -118,7 +139,7 @@ __global__ void __launch_bounds__(kStagedThreads) matvec_staged(MatvecArgs a) {
 #pragma unroll
       for (int t = 0; t < kNT; ++t) {
         if (t < a.n_tokens) {
-          const float* xp = a.x + t * a.x_stride + k0 + 8 * u;
+          const float* xp = xb + t * a.x_stride + k0 + 8 * u;
           const float4 x0 = __ldg(reinterpret_cast<const float4*>(xp));
           const float4 x1 = __ldg(reinterpret_cast<const float4*>(xp + 4));
 #pragma unroll
@@ -151,23 +172,31 @@ __global__ void __launch_bounds__(kStagedThreads) matvec_staged(MatvecArgs a) {
       float s = 0.0f;
 #pragma unroll
       for (int w = 0; w < kStagedThreads / 32; ++w) s += red[w][i];
-      a.y[t * a.y_stride + r0 + r] = s;
+      yb[t * a.y_stride + r0 + r] = s;
     }
   }
 }
 
-// One warp per (row, token); any alignment, any k that is a multiple of the block size.
+// One warp per (row, token) (gathered: per (row, slot)); any alignment, any k that is a multiple of the
+// block size.
 template <DType T>
 __global__ void matvec_generic(MatvecArgs a) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int t = blockIdx.y;
+  int t = blockIdx.y;
   if (row >= a.n_rows) return;
-  const uint8_t* w = a.w + row * a.w_stride;
-  const float* x = a.x + t * a.x_stride;
+  const uint8_t* wb = a.w;
+  const float* xb = a.x;
+  float* yb = a.y;
+  if (a.ids != nullptr) {
+    if (!gather_slot(a, &wb, &xb, &yb)) return;
+    t = 0;
+  }
+  const uint8_t* w = wb + row * a.w_stride;
+  const float* x = xb + t * a.x_stride;
   float s = 0.0f;
   for (int64_t k = threadIdx.x % 32; k < a.k; k += 32) s = fmaf(qdec::decode1<T>(w, k), x[k], s);
   s = warp_sum(s);
-  if (threadIdx.x % 32 == 0) a.y[t * a.y_stride + row] = s;
+  if (threadIdx.x % 32 == 0) yb[t * a.y_stride + row] = s;
 }
 
 // out[r, k] (BF16, rows of k) = weight rows 0 .. n_rows. kAligned: 8 elements per thread through

@@ -22,16 +22,53 @@ struct MatvecLaunch {
   int64_t n_rows;
   int64_t k;
   int n_tokens;      // 1 .. kMatvecMaxTokens
+  // Device scratch for the int8 activations of the q8 kernel (matvec_q8_act_bytes(k, n_tokens) bytes,
+  // 16-byte aligned). Without it the q8 kernel does not apply. Written before the product, so it must
+  // not be in use by other work on the stream.
+  void* act = nullptr;
+  int64_t act_bytes = 0;
 };
 
 constexpr int kMatvecMaxTokens = 16;
+constexpr int kMatvecQ8MaxTokens = 8;
+
+// The matrix-vector kernels, fastest first; a launch takes the first one whose conditions hold,
+// starting from the one asked for.
+enum class MatvecKernel : uint8_t {
+  kQ8,       // int8 activations + dp4a (v4): quantized weights, k % block == 0, w 16-byte aligned,
+             // w_stride % 16 (Q4_K, Q5_K) or % 2, 1..8 tokens, act scratch given
+  kStaged,   // F32 activations, 16-byte loads staged in shared memory (v3): matvec_fast_ok
+  kGeneric,  // F32 activations, byte loads, any alignment (v1)
+};
 
 // Types the matrix kernels decode.
 bool matvec_supports(DType t);
+// Types the q8 kernel decodes: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K.
+bool matvec_q8_supports(DType t);
 // True when the staged 16-byte-load kernel applies (alignment and divisibility); else the generic one.
 bool matvec_fast_ok(DType t, const MatvecLaunch& a);
-// force_generic: the byte-load kernel even when the fast one applies (tests compare both).
-cudaError_t matvec_launch(DType t, const MatvecLaunch& a, bool force_generic, cudaStream_t stream);
+// True when the q8 kernel applies (see MatvecKernel::kQ8).
+bool matvec_q8_ok(DType t, const MatvecLaunch& a);
+// The kernel matvec_launch runs for `a` when asked for `fastest`.
+MatvecKernel matvec_pick(DType t, const MatvecLaunch& a, MatvecKernel fastest);
+// Bytes of q8 activation scratch for n_rows rows of k elements (k % 32 == 0): int8 codes
+// [n_rows, k] at offset 0, then float2 (d, d * sum of the block's codes) per 32-element block
+// [n_rows, k / 32] at matvec_q8_ds_offset(k, n_rows).
+int64_t matvec_q8_act_bytes(int64_t k, int64_t n_rows);
+int64_t matvec_q8_ds_offset(int64_t k, int64_t n_rows);
+
+cudaError_t matvec_launch(DType t, const MatvecLaunch& a, MatvecKernel fastest, cudaStream_t stream);
+// The F32-activation kernels only (v3, or v1 with force_generic), as before the q8 kernel existed.
+inline cudaError_t matvec_launch(DType t, const MatvecLaunch& a, bool force_generic, cudaStream_t stream) {
+  return matvec_launch(t, a, force_generic ? MatvecKernel::kGeneric : MatvecKernel::kStaged, stream);
+}
+
+// q8 activation blocks of rows [0, n_rows) of x (k % 32 == 0, row stride x_stride elements) into `act`
+// (layout of matvec_q8_act_bytes). SwiGLU mode when `up` is set: the values are silu(x) * up (up rows at
+// the same stride). With `ids`, row r is zeros when ids[r] is outside [0, n_expert).
+cudaError_t quantize_q8_launch(const float* x, int64_t x_stride, const float* up, int64_t n_rows, int64_t k,
+                               void* act, const int32_t* ids, int n_expert, cudaStream_t stream);
+
 // out[r, k] BF16 (contiguous rows of k) = weight rows [0, n_rows) at w (row stride w_stride bytes).
 cudaError_t dequant_bf16_launch(DType t, const void* w, int64_t w_stride, int64_t n_rows, int64_t k,
                                 void* out, cudaStream_t stream);

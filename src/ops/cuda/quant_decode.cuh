@@ -1,9 +1,11 @@
 // Device-side decoding of weight rows for the CUDA matrix kernels: decode8 turns 8 consecutive elements
-// of a row into floats, decode1 one element (generic path). Layouts: quant/blocks.h; the definition
-// of correct is quant::dequantize_row. Included by .cu files (production and the kernels/ workbench).
+// of a row into floats, decode1 one element (generic path), decode_unit_q8 the integer codes and scales
+// of one 32-element unit for the int8-activation kernel (matvec_q8.cuh). Layouts: quant/blocks.h; the
+// definition of correct is quant::dequantize_row. Included by .cu files (production and kernels/).
 // Non-obvious choice: decode8 assumes the row start has the type's kRowAlign alignment, which makes
 // Q4_K/Q5_K/F32/F16/BF16 reads 8- or 16-byte wide; Q4_0/Q5_0/Q8_0/Q6_K blocks are only 2-byte
-// aligned (18/22/34/210-byte blocks), so their reads are built from 16-bit loads.
+// aligned (18/22/34/210-byte blocks), so their reads are built from 16-bit loads (decode8) or from
+// aligned 32-bit loads realigned with a funnel shift (decode_unit_q8).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -199,6 +201,122 @@ __device__ __forceinline__ float decode1(const uint8_t* row, int64_t k) {
     return h2f(u16(blk + 208)) * static_cast<float>(sc) * static_cast<float>(q - 32);
   } else {
     return 0.0f;
+  }
+}
+
+// ---- int8-activation units (matvec_q8.cuh) ----
+// One 32-element unit of a weight row as integer codes for __dp4a against 32 int8 activations:
+// dot(row unit, x block) = dw * d_x * isum + mw * s_x, with isum = dot(codes, q_x) (Q6_K: sc0 * dot
+// of elements 0-15 + sc1 * dot of 16-31), d_x the activation block's scale and s_x = d_x * sum(q_x).
+struct Q8Unit {
+  uint32_t q[8];  // codes of elements 4i .. 4i+3 in the bytes of q[i] (int8; unsigned types are < 128)
+  float dw;       // multiplies d_x * isum
+  float mw;       // multiplies s_x: the min (Q4_K, Q5_K) or offset (Q4_0 -8 d, Q5_0 -16 d) term; else 0
+  int sc0, sc1;   // Q6_K sub-block scales; 1 otherwise
+};
+
+// Types with an int8-activation unit decoder, and the ones whose blocks are 16-byte multiples.
+__host__ __device__ constexpr bool q8_supported(DType t) {
+  return t == DType::Q4_0 || t == DType::Q5_0 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q5_K ||
+         t == DType::Q6_K;
+}
+__host__ __device__ constexpr bool q8_aligned16(DType t) { return t == DType::Q4_K || t == DType::Q5_K; }
+
+// n 32-bit words of the bytes at p, a 2-byte aligned address: aligned loads of the n+1 words around
+// them, realigned by a funnel shift of 0 or 16 bits (reads up to 3 bytes past p + 4n).
+template <int N>
+__device__ __forceinline__ void words_a2(const uint8_t* p, uint32_t (&out)[N]) {
+  const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p - mis);
+  const uint32_t sh = 8u * static_cast<uint32_t>(mis);
+  uint32_t prev = w[0];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t next = w[i + 1];
+    out[i] = __funnelshift_r(prev, next, sh);
+    prev = next;
+  }
+}
+
+// Bits 0..3 of v to bit 4 of bytes 0..3 (the shifted copies of v do not overlap, so no carries).
+__device__ __forceinline__ uint32_t spread4_bit4(uint32_t v) { return (v * 0x02040810u) & 0x10101010u; }
+
+// Unit u (elements 32u .. 32u+31) of the row bytes at `row`. Q4_K / Q5_K need `row` 16-byte aligned
+// (16-byte loads); the other types 2-byte aligned.
+template <DType T>
+__device__ __forceinline__ void decode_unit_q8(const uint8_t* row, int u, Q8Unit& o) {
+  o.sc0 = 1;
+  o.sc1 = 1;
+  o.mw = 0.0f;
+  if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+    constexpr int kBytes = T == DType::Q4_K ? 144 : 176;
+    constexpr int kQs = T == DType::Q4_K ? 16 : 48;
+    const uint8_t* p = row + (u >> 3) * kBytes;
+    const int j = u & 7, c = j >> 1, half = j & 1, jj = j & 3;
+    const uint4 h = *reinterpret_cast<const uint4*>(p);  // d, dmin, scales[12]
+    // The 6-bit scale and min of sub-block j (see k_scale_min): bytes jj of scales[0..3], [4..7], [8..11].
+    const uint32_t b1 = (h.y >> (8 * jj)) & 0xFFu, b2 = (h.z >> (8 * jj)) & 0xFFu, b3 = (h.w >> (8 * jj)) & 0xFFu;
+    const uint32_t sc = j < 4 ? (b1 & 63u) : ((b3 & 0xFu) | ((b1 >> 6) << 4));
+    const uint32_t m = j < 4 ? (b2 & 63u) : ((b3 >> 4) | ((b2 >> 6) << 4));
+    o.dw = h2f(static_cast<uint16_t>(h.x & 0xFFFFu)) * static_cast<float>(sc);
+    o.mw = -h2f(static_cast<uint16_t>(h.x >> 16)) * static_cast<float>(m);
+    const uint4* qs = reinterpret_cast<const uint4*>(p + kQs + 32 * c);  // 32 bytes: sub-blocks 2c, 2c+1
+    const uint4 q0 = qs[0], q1 = qs[1];
+    const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o.q[i] = (w[i] >> (4 * half)) & 0x0F0F0F0Fu;
+    if constexpr (T == DType::Q5_K) {
+      const uint4* qh = reinterpret_cast<const uint4*>(p + 16);  // bit j of qh[l]: 5th bit of element l
+      const uint4 h0 = qh[0], h1 = qh[1];
+      const uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o.q[i] |= ((hw[i] >> j) & 0x01010101u) << 4;
+    }
+  } else if constexpr (T == DType::Q6_K) {
+    const uint8_t* p = row + (u >> 3) * 210;
+    const int j = u & 7, hh = j >> 2, quarter = j & 3;
+    uint32_t lo[8], hi[8];
+    words_a2<8>(p + 64 * hh + 32 * (quarter & 1), lo);
+    words_a2<8>(p + 128 + 32 * hh, hi);
+    const int ls = 4 * (quarter >> 1), hs = 2 * quarter;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t c = ((lo[i] >> ls) & 0x0F0F0F0Fu) | (((hi[i] >> hs) & 0x03030303u) << 4);  // 0..63
+      o.q[i] = (c + 0x60606060u) ^ 0x80808080u;  // c - 32 per byte as int8 (c + 0x60 never carries)
+    }
+    const uint32_t s = ld16(p + 192 + 8 * hh + 2 * quarter);  // scales of elements 0-15 and 16-31
+    o.sc0 = static_cast<int8_t>(s & 0xFFu);
+    o.sc1 = static_cast<int8_t>(s >> 8);
+    o.dw = h2f(ld16(p + 208));
+  } else if constexpr (T == DType::Q8_0) {
+    const uint8_t* p = row + u * 34;
+    o.dw = h2f(ld16(p));
+    words_a2<8>(p + 2, o.q);
+  } else if constexpr (T == DType::Q4_0) {
+    const uint8_t* p = row + u * 18;
+    const float d = h2f(ld16(p));
+    uint32_t w[4];
+    words_a2<4>(p + 2, w);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o.q[i] = w[i] & 0x0F0F0F0Fu;             // elements 4i .. 4i+3: low nibbles
+      o.q[4 + i] = (w[i] >> 4) & 0x0F0F0F0Fu;  // elements 16+4i ..: high nibbles
+    }
+    o.dw = d;
+    o.mw = -8.0f * d;
+  } else if constexpr (T == DType::Q5_0) {
+    const uint8_t* p = row + u * 22;
+    const float d = h2f(ld16(p));
+    uint32_t w[5];  // qh, then qs[16]
+    words_a2<5>(p + 2, w);
+    const uint32_t qh = w[0];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o.q[i] = (w[1 + i] & 0x0F0F0F0Fu) | spread4_bit4((qh >> (4 * i)) & 0xFu);
+      o.q[4 + i] = ((w[1 + i] >> 4) & 0x0F0F0F0Fu) | spread4_bit4((qh >> (16 + 4 * i)) & 0xFu);
+    }
+    o.dw = d;
+    o.mw = -16.0f * d;
   }
 }
 

@@ -1,0 +1,178 @@
+// Host entry of moe_ffn_gathered (ops/cuda/cuda_ops.h): the expert FFN of a decode step without a host
+// round trip. Checks the moe_ffn contract, then enqueues, all asynchronous on the context's stream:
+// quantize x (q8 projections) -> gate and up of every slot -> SwiGLU (fused with the q8 quantization
+// of h when the down projection is q8) -> down of every slot -> y = weighted sum of the slots.
+// Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// Non-obvious choice: the scratch is one block from the device's caching allocator, returned on exit:
+// no cudaMalloc once the cache is warm and no synchronization, so a step can be captured into a CUDA
+// graph; the graph then keeps using that block's address after this call returns, so its owner must
+// keep the cache from handing the block to work that overlaps a replay (the model path reserves it).
+#if DS_HAVE_CUDA
+
+#include <cstdint>
+#include <string>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_matmul.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/moe_launch.h"
+#include "ops/cuda/ops_launch.h"
+#include "ops/op_check.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr const char* kOp = "moe_ffn_gathered";
+
+Status check_stack(const OpContext& ctx, const TensorView& t, const char* name, int64_t ne0, int64_t ne1,
+                   int64_t n_expert) {
+  DS_TRY(ops::check_tensor(kOp, name, ctx, t, t.dtype));
+  DS_TRY(ops::check_shape(kOp, name, t, ne0, ne1, n_expert));
+  if (t.nb[0] != dtype_block_bytes(t.dtype) || t.nb[1] < t.row_bytes() || t.nb[2] < t.nb[1] * ne1) {
+    return invalid_argument("{}: {} {} has overlapping rows", kOp, name, t.shape_string());
+  }
+  if (!matmul_supported(t.dtype)) {
+    return unsupported("{}: {} {}: dtype {} is not supported on CUDA", kOp, name, t.shape_string(),
+                       dtype_name(t.dtype));
+  }
+  if (t.ne[0] % dtype_block_size(t.dtype) != 0) {
+    return invalid_argument("{}: {} {}: rows are not whole {} blocks", kOp, name, t.shape_string(),
+                            dtype_name(t.dtype));
+  }
+  return Status::ok();
+}
+
+// Projection of stack t (rows [row0, row0 + n_rows) of every expert) for n_slots slots.
+MoeMatvecLaunch projection(const TensorView& t, int64_t row0, int64_t n_rows, const int32_t* ids, int n_slots) {
+  MoeMatvecLaunch m{static_cast<const uint8_t*>(t.data) + row0 * t.nb[1], t.nb[1], t.nb[2]};
+  m.n_rows = n_rows;
+  m.k = t.ne[0];
+  m.ids = ids;
+  m.n_expert = static_cast<int>(t.ne[2]);
+  m.n_slots = n_slots;
+  return m;
+}
+
+// The fastest kernel for m; `x_stand_in` is used as x when m.x is not allocated yet (16-byte aligned).
+MatvecKernel pick(DType t, MoeMatvecLaunch m, const float* x_stand_in) {
+  if (moe_matvec_q8_fits(t, m)) return MatvecKernel::kQ8;
+  if (m.x == nullptr) m.x = x_stand_in;
+  return moe_matvec_staged_fits(t, m) ? MatvecKernel::kStaged : MatvecKernel::kGeneric;
+}
+
+int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+}  // namespace
+
+Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
+                        const TensorView& weights, const TensorView& y) {
+  if (ctx.device.kind != DeviceKind::kCuda) {
+    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
+  }
+  DS_TRY(ops::check_contig(kOp, "x", ctx, x, DType::F32));
+  DS_TRY(ops::check_contig(kOp, "y", ctx, y, DType::F32));
+  DS_TRY(ops::check_same_shape(kOp, "x", x, "y", y));
+  DS_TRY(ops::check_contig(kOp, "ids", ctx, ids, DType::I32));
+  DS_TRY(ops::check_contig(kOp, "weights", ctx, weights, DType::F32));
+  const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
+  const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];
+  if (x.data == y.data && n_tokens > 0) return invalid_argument("{}: y must not alias x", kOp);
+  DS_TRY(ops::check_shape(kOp, "ids", ids, k, n_tokens));
+  DS_TRY(ops::check_shape(kOp, "weights", weights, k, n_tokens));
+  DS_TRY(check_stack(ctx, experts.down, "down", n_ff, n_embd, n_expert));
+  const bool fused = experts.gate_up.data != nullptr;
+  if (fused) {
+    DS_TRY(check_stack(ctx, experts.gate_up, "gate_up", n_embd, 2 * n_ff, n_expert));
+  } else {
+    DS_TRY(check_stack(ctx, experts.gate, "gate", n_embd, n_ff, n_expert));
+    DS_TRY(check_stack(ctx, experts.up, "up", n_embd, n_ff, n_expert));
+  }
+  const int64_t n_slots = n_tokens * k;
+  if (n_slots > kMoeGatheredMaxSlots) {
+    return invalid_argument("{}: {} tokens x {} experts = {} slots > {}; use moe_ffn", kOp, n_tokens, k, n_slots,
+                            kMoeGatheredMaxSlots);
+  }
+  if (n_expert > INT32_MAX) return invalid_argument("{}: {} experts", kOp, n_expert);
+  if (n_tokens == 0 || n_embd == 0) return Status::ok();
+  const int dev = ctx.device.index;
+  DS_TRY(device_status(dev));
+  DeviceGuard guard(dev);
+  const auto s = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const auto* d_ids = ids.as<int32_t>();
+  const int slots = static_cast<int>(n_slots);
+  if (k == 0 || n_ff == 0) {
+    DS_CUDA_TRY(cudaMemsetAsync(y.data, 0, static_cast<size_t>(4 * n_embd * n_tokens), s), "{} y {}", kOp,
+                y.shape_string());
+    return Status::ok();
+  }
+
+  const TensorView& gate_t = fused ? experts.gate_up : experts.gate;
+  const TensorView& up_t = fused ? experts.gate_up : experts.up;
+  MoeMatvecLaunch gate = projection(gate_t, 0, n_ff, d_ids, slots);
+  MoeMatvecLaunch up = projection(up_t, fused ? n_ff : 0, n_ff, d_ids, slots);
+  MoeMatvecLaunch down = projection(experts.down, 0, n_embd, d_ids, slots);
+  for (MoeMatvecLaunch* m : {&gate, &up}) {
+    m->x = x.as<float>();
+    m->x_stride = n_embd;
+    m->x_div = static_cast<int>(k);
+    m->act_rows = n_tokens;
+  }
+  down.x_stride = n_ff;
+  down.act_rows = n_slots;
+  alignas(16) static const float stand_in[4] = {};
+  const MatvecKernel kg = pick(gate_t.dtype, gate, nullptr);
+  const MatvecKernel ku = pick(up_t.dtype, up, nullptr);
+  const MatvecKernel kd = pick(experts.down.dtype, down, stand_in);
+  const bool x_q8 = kg == MatvecKernel::kQ8 || ku == MatvecKernel::kQ8, h_q8 = kd == MatvecKernel::kQ8;
+
+  // Scratch, 16-byte aligned pieces: xq | g [slots, n_ff] | u [slots, n_ff] | h (q8 or F32) | d [slots, n_embd].
+  const int64_t xq_bytes = x_q8 ? align16(matvec_q8_act_bytes(n_embd, n_tokens)) : 0;
+  const int64_t gu_bytes = align16(4 * n_slots * n_ff);
+  const int64_t h_bytes = align16(h_q8 ? matvec_q8_act_bytes(n_ff, n_slots) : 4 * n_slots * n_ff);
+  const int64_t d_bytes = align16(4 * n_slots * n_embd);
+  DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, xq_bytes + 2 * gu_bytes + h_bytes + d_bytes));
+  auto* base = static_cast<uint8_t*>(scratch.data());
+  uint8_t* xq = base;
+  auto* g = reinterpret_cast<float*>(base + xq_bytes);
+  auto* u = reinterpret_cast<float*>(base + xq_bytes + gu_bytes);
+  uint8_t* h = base + xq_bytes + 2 * gu_bytes;
+  auto* d = reinterpret_cast<float*>(h + h_bytes);
+  gate.act = up.act = xq;
+  gate.y = g;
+  up.y = u;
+  gate.y_stride = up.y_stride = n_ff;
+  down.act = h;
+  down.x = h_q8 ? nullptr : reinterpret_cast<const float*>(h);
+  down.y = d;
+  down.y_stride = n_embd;
+
+  // Formatted only when a launch fails.
+  const auto shapes = [&] {
+    return fmt::format("x {} ids {} gate {} down {}", x.shape_string(), ids.shape_string(), gate_t.shape_string(),
+                       experts.down.shape_string());
+  };
+  if (x_q8) {
+    DS_CUDA_TRY(quantize_q8_launch(x.as<float>(), n_embd, nullptr, n_tokens, n_embd, xq, nullptr, 0, s),
+                "{}: quantize x: {}", kOp, shapes());
+  }
+  DS_CUDA_TRY(moe_matvec_launch(gate_t.dtype, gate, kg, s), "{}: gate: {}", kOp, shapes());
+  DS_CUDA_TRY(moe_matvec_launch(up_t.dtype, up, ku, s), "{}: up: {}", kOp, shapes());
+  if (h_q8) {  // h = silu(g) * u, quantized; slots with invalid ids get zeros
+    DS_CUDA_TRY(quantize_q8_launch(g, n_ff, u, n_slots, n_ff, h, d_ids, static_cast<int>(n_expert), s),
+                "{}: swiglu + quantize h: {}", kOp, shapes());
+  } else {  // rows of unused slots hold garbage that nothing reads
+    DS_CUDA_TRY(eltwise_launch(EltKind::kSwiglu, g, u, reinterpret_cast<float*>(h), n_slots * n_ff, n_ff, false, s),
+                "{}: swiglu: {}", kOp, shapes());
+  }
+  DS_CUDA_TRY(moe_matvec_launch(experts.down.dtype, down, kd, s), "{}: down: {}", kOp, shapes());
+  DS_CUDA_TRY(moe_combine_launch(d, d_ids, weights.as<float>(), n_tokens, k, n_embd, static_cast<int>(n_expert),
+                                 y.as<float>(), s),
+              "{}: combine: {}", kOp, shapes());
+  return Status::ok();
+}
+
+}  // namespace ds::cuda
+
+#endif  // DS_HAVE_CUDA

@@ -1,0 +1,274 @@
+// Kernels of the int8-activation matrix-vector product for quantized weights (workbench v4), included
+// by ops/cuda/matvec.cu, ops/cuda/moe_gathered.cu and the kernels/matvec_q.cu workbench:
+//  - quantize_q8: activation rows (or SwiGLU of two halves, for the MoE down projection) -> blocks of 32
+//    int8 codes q with d = amax / 127 and s = d * sum(q) per block.
+//  - matvec_q8: y[t, r] = sum over the row's 32-element units of dw * d_x * isum + mw * s_x
+//    (qdec::decode_unit_q8), the integer dot isum taken with __dp4a (4 int8 products per instruction).
+//    Per-element work is one 4-byte mask or shift per 4 weights and one dp4a per 4 weights and token;
+//    the float scales are applied once per 32 elements.
+// Work layout: a warp owns kRows weight rows; each lane takes one 32-element unit of all kRows rows
+// (an activation block is loaded once per kRows rows and each weight unit is decoded once for all
+// tokens), 1024 elements of each row per step. Optional gathered mode (MoE): blockIdx.y is a slot whose
+// expert id is read on the device, offsetting the weight base; invalid ids skip the slot.
+// Non-obvious choice: each warp stages its rows through its own shared-memory ring (kStages steps deep)
+// with cp.async 16-byte copies from 16-byte aligned addresses: no registers hold loads in flight, no CTA
+// barrier is needed, and shared memory keeps every byte's address mod 16, so Q4_K/Q5_K units read
+// 16-byte words and the 2-byte aligned blocks (Q4_0 18, Q5_0 22, Q8_0 34, Q6_K 210 bytes) read aligned
+// words that a funnel shift realigns, which no direct 16-byte global load could do.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/matvec_kernels.cuh"
+#include "ops/cuda/quant_decode.cuh"
+
+namespace ds::cuda::kern {
+
+constexpr int kQ8Block = 32;         // activation block (elements) = one weight unit
+constexpr int kQ8Threads = 128;      // 4 warps per CTA, independent of each other
+constexpr int kQ8Warps = kQ8Threads / 32;
+constexpr int kQ8Rows = 4;           // weight rows per warp (activation reuse)
+constexpr int kQ8ChunkElems = 1024;  // elements of a row per pipeline step: one unit per lane
+constexpr int kQ8MaxTokens = 8;
+constexpr int kQuantThreads = 256;   // quantize_q8: 8 lanes per 32-element block
+
+// Activation scratch of n_rows rows of k elements (k % 32 == 0): int8 codes [n_rows, k] at offset 0,
+// then float2 (d, d * sum q) [n_rows, k / 32] at q8_ds_offset (16-byte aligned).
+__host__ __device__ constexpr int64_t q8_ds_offset(int64_t k, int64_t n_rows) { return (n_rows * k + 15) / 16 * 16; }
+__host__ __device__ constexpr int64_t q8_act_bytes(int64_t k, int64_t n_rows) {
+  return q8_ds_offset(k, n_rows) + n_rows * (k / kQ8Block) * 8;
+}
+
+struct QuantizeQ8Args {
+  const float* x;             // [n_rows] rows of k floats, row stride x_stride elements
+  int64_t x_stride;
+  const float* up = nullptr;  // SwiGLU mode: value = silu(x) * up (up rows at the same stride)
+  int64_t n_rows = 0;
+  int64_t k = 0;              // multiple of 32
+  int8_t* q = nullptr;        // [n_rows, k]
+  float2* ds = nullptr;       // [n_rows, k / 32]
+  const int32_t* ids = nullptr;  // optional: row r is all zeros when ids[r] is outside [0, n_expert)
+  int n_expert = 0;
+};
+
+// 8 lanes per block of 32, 4 elements per lane. A block holding a NaN gets d = NaN, so NaN activations
+// still give NaN outputs (fmaxf alone would drop them).
+template <bool kSwiglu>
+__global__ void __launch_bounds__(kQuantThreads) quantize_q8(QuantizeQ8Args a) {
+  const int64_t gt = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t blocks_per_row = a.k / kQ8Block;
+  const int64_t blk = gt >> 3;
+  const int sub = static_cast<int>(gt & 7);
+  const bool live = blk < a.n_rows * blocks_per_row;
+  const int64_t row = live ? blk / blocks_per_row : 0, b = live ? blk % blocks_per_row : 0;
+  const int64_t e0 = b * kQ8Block + 4 * sub;
+  bool zero = !live;
+  if (live && a.ids != nullptr) {
+    const int32_t e = a.ids[row];
+    zero = e < 0 || e >= a.n_expert;
+  }
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (!zero) {
+    const float* xr = a.x + row * a.x_stride + e0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = xr[i];
+    if constexpr (kSwiglu) {
+      const float* ur = a.up + row * a.x_stride + e0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = v[i] * (1.0f / (1.0f + __expf(-v[i]))) * ur[i];  // as EltKind::kSwiglu
+    }
+  }
+  float amax = 0.0f;
+  int nan = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    amax = fmaxf(amax, fabsf(v[i]));
+    nan |= v[i] != v[i];
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
+  }
+  const float d = amax / 127.0f;
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int qi[4];
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    qi[i] = max(-127, min(127, __float2int_rn(v[i] * id)));
+    sum += qi[i];
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  if (!live) return;
+  *reinterpret_cast<char4*>(a.q + row * a.k + e0) =
+      make_char4(static_cast<signed char>(qi[0]), static_cast<signed char>(qi[1]), static_cast<signed char>(qi[2]),
+                 static_cast<signed char>(qi[3]));
+  if (sub == 0) {
+    const float dd = nan ? __int_as_float(0x7FC00000) : d;
+    a.ds[row * blocks_per_row + b] = make_float2(dd, dd * static_cast<float>(sum));
+  }
+}
+
+struct MatvecQ8Args {
+  const uint8_t* w;       // [n_rows] rows of k elements of the weight type (gathered: expert 0)
+  int64_t w_stride;       // bytes between rows
+  const int8_t* xq;       // [activation rows, k] codes (quantize_q8)
+  const float2* xds;      // [activation rows, k / 32] (d, d * sum q)
+  float* y;               // [n_tokens or slots, y_stride]
+  int64_t y_stride;       // elements between output rows
+  int64_t n_rows;
+  int64_t k;              // multiple of the type's block (256 for K-quants, else 32)
+  int n_tokens;           // activation rows 1 .. kNT (gathered: 1)
+  const int32_t* ids = nullptr;  // gathered: expert id of slot blockIdx.y; ids outside [0, n_expert) skip it
+  int64_t w_expert_stride = 0;   // bytes between experts
+  int n_expert = 0;
+  int x_div = 1;                 // gathered: slot s multiplies activation row s / x_div, writes y row s
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, uintptr_t gmem, uint32_t src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared-memory shape of matvec_q8<T, *, kRows> (host code uses it to check the static limit).
+template <DType T, int kRows>
+struct Q8Smem {
+  static constexpr qdec::TypeTraits tr = qdec::traits(T);
+  static constexpr int kChunkBytes = kQ8ChunkElems / tr.block_elems * tr.block_bytes;
+  static constexpr int kPieces = (kChunkBytes + 30) / 16;  // 16-byte pieces of a chunk at any phase mod 16
+  static constexpr int kPiecesPerLane = (kPieces + 31) / 32;
+  static constexpr int kRowBytes = 16 * kPieces + 16;      // + the word words_a2 may read past the end
+  static constexpr int kStages = kQ8Warps * kRows * kRowBytes * 3 <= 48 * 1024 ? 3 : 2;
+  static constexpr int kBytes = kQ8Warps * kStages * kRows * kRowBytes;
+};
+
+// kNT: activation rows per launch (n_tokens <= kNT, the rest predicated off). Needs (host-checked):
+// w 16-byte aligned, w_stride and w_expert_stride multiples of 16 (Q4_K, Q5_K) or 2 (others),
+// k a multiple of the block size, xq / xds from quantize_q8 (16-byte aligned).
+template <DType T, int kNT, int kRows = kQ8Rows>
+__global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
+  using S = Q8Smem<T, kRows>;
+  constexpr qdec::TypeTraits tr = S::tr;
+  constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q4_0 || T == DType::Q5_0;
+  __shared__ __align__(16) uint8_t smem[kQ8Warps][S::kStages][kRows][S::kRowBytes];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp) * kRows;
+  if (r0 >= a.n_rows) return;  // warps never synchronize with each other
+  const uint8_t* w = a.w;
+  const int8_t* xq = a.xq;
+  const float2* xds = a.xds;
+  float* y = a.y;
+  if (a.ids != nullptr) {
+    const int slot = blockIdx.y;
+    const int32_t e = a.ids[slot];
+    if (e < 0 || e >= a.n_expert) return;
+    w += e * a.w_expert_stride;
+    const int64_t xr = slot / a.x_div;
+    xq += xr * a.k;
+    xds += xr * (a.k / kQ8Block);
+    y += slot * a.y_stride;
+  }
+  const uintptr_t w_base = reinterpret_cast<uintptr_t>(w);
+  const uintptr_t w_hi = w_base + (a.n_rows - 1) * a.w_stride + a.k / tr.block_elems * tr.block_bytes;
+  const int n_chunks = static_cast<int>((a.k + kQ8ChunkElems - 1) / kQ8ChunkElems);
+
+  auto chunk_src = [&](int r, int c) {
+    return w_base + (r0 + r) * a.w_stride + static_cast<int64_t>(c) * (kQ8ChunkElems / tr.block_elems) * tr.block_bytes;
+  };
+  // Copies chunk c of the warp's rows into stage c % kStages: the 16-byte pieces from the aligned-down
+  // start to the end of the chunk; a piece past the end of the tensor is zero-filled, not read.
+  auto issue = [&](int c) {
+    const int64_t kn = min(static_cast<int64_t>(kQ8ChunkElems), a.k - static_cast<int64_t>(c) * kQ8ChunkElems);
+    const int64_t cb = kn / tr.block_elems * tr.block_bytes;
+    const int stage = c % S::kStages;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r0 + r >= a.n_rows) break;
+      const uintptr_t src = chunk_src(r, c);
+      const uintptr_t first = src & ~uintptr_t{15};
+      const int n16 = static_cast<int>((src + cb - first + 15) / 16);
+#pragma unroll
+      for (int j = 0; j < S::kPiecesPerLane; ++j) {
+        const int pc = lane + 32 * j;
+        if (pc < n16) {
+          const uintptr_t g = first + 16 * static_cast<uintptr_t>(pc);
+          const uint32_t bytes = g + 16 <= w_hi ? 16u : static_cast<uint32_t>(w_hi - g);
+          cp_async16(&smem[warp][stage][r][16 * pc], g, bytes);
+        }
+      }
+    }
+  };
+
+  float acc[kRows][kNT];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
+
+#pragma unroll
+  for (int c = 0; c < S::kStages - 1; ++c) {
+    if (c < n_chunks) issue(c);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  for (int c = 0; c < n_chunks; ++c) {
+    if (c + S::kStages - 1 < n_chunks) issue(c + S::kStages - 1);  // into the stage read in step c - 1
+    cp_async_commit();
+    cp_async_wait<S::kStages - 1>();  // this lane's copies of chunk c have landed
+    __syncwarp();                     // ... and every lane's
+    const int64_t k0 = static_cast<int64_t>(c) * kQ8ChunkElems;
+    const int units = static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - k0) / kQ8Block);
+    if (lane < units) {
+      const int stage = c % S::kStages;
+      qdec::Q8Unit wu[kRows];
+      // Rows past n_rows decode stale shared memory; their sums are never written.
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        qdec::decode_unit_q8<T>(&smem[warp][stage][r][chunk_src(r, c) & 15], lane, wu[r]);
+      }
+      const int64_t gu = k0 / kQ8Block + lane;  // activation block index
+#pragma unroll
+      for (int t = 0; t < kNT; ++t) {
+        if (t < a.n_tokens) {
+          const int4* xp = reinterpret_cast<const int4*>(xq + t * a.k + kQ8Block * gu);
+          const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+          const float2 ds = __ldg(xds + t * (a.k / kQ8Block) + gu);
+          const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            int d0 = 0, d1 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) d0 = __dp4a(static_cast<int>(wu[r].q[i]), xv[i], d0);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) d1 = __dp4a(static_cast<int>(wu[r].q[4 + i]), xv[4 + i], d1);
+            const int isum = T == DType::Q6_K ? wu[r].sc0 * d0 + wu[r].sc1 * d1 : d0 + d1;
+            float s = fmaf(wu[r].dw, ds.x * static_cast<float>(isum), acc[r][t]);
+            if constexpr (kMin) s = fmaf(wu[r].mw, ds.y, s);
+            acc[r][t] = s;
+          }
+        }
+      }
+    }
+    __syncwarp();  // stage c % kStages is refilled in the next step
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) {
+      const float s = warp_sum(acc[r][t]);
+      if (lane == 0 && t < a.n_tokens && r0 + r < a.n_rows) y[t * a.y_stride + r0 + r] = s;
+    }
+  }
+}
+
+}  // namespace ds::cuda::kern

@@ -1,0 +1,264 @@
+// moe_ffn_gathered (ops/cuda/cuda_ops.h) against the CPU reference moe_ffn and against the CUDA
+// moe_ffn (which groups tokens per expert on the host): split and fused gate/up stacks, q4_K, q8_0,
+// q6_K and f32 experts, 1..8 tokens, k = 8 of 64 experts and k = 2 of 4, unused slots (-1, and ids
+// >= n_expert, which only the gathered path accepts) whose weights are NaN, so reading one shows.
+// Outputs start as NaN. Skipped without a CUDA build or device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "ops/moe.h"
+#include "ops_test_util.h"
+#include "quant/quant.h"
+
+#if DS_HAVE_CUDA
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
+#endif
+
+namespace ds {
+namespace {
+
+#if DS_HAVE_CUDA
+
+// Tolerances (max |a - b| / max(1, max |b|)), stated once:
+//  - against the CPU reference: quantized experts see int8 activations twice (x, then h), about 1/256
+//    of a block's largest value each: test::kTolQuant; f32 experts run F32 kernels: kTolF32Experts.
+//  - against the CUDA moe_ffn: both quantize the same rows the same way and run the same kernels, so
+//    only the order of the weighted sum over slots differs: kTolSameKernels.
+constexpr double kTolF32Experts = 1e-4;
+constexpr double kTolSameKernels = 1e-4;
+
+// Random rows of type t (k elements each): floats for F32, random bytes with fp16 scales in
+// [0.002, 0.02) for quantized types, so every code pattern occurs.
+std::vector<uint8_t> random_rows(DType t, int64_t n_rows, int64_t k, std::mt19937& rng) {
+  const int64_t rb = dtype_row_bytes(t, k);
+  std::vector<uint8_t> w(static_cast<size_t>(rb * n_rows));
+  std::uniform_real_distribution<float> uni(-0.5f, 0.5f), sc(0.002f, 0.02f);
+  if (t == DType::F32) {
+    for (int64_t i = 0; i < n_rows * k; ++i) {
+      const float f = uni(rng);
+      std::memcpy(w.data() + 4 * i, &f, 4);
+    }
+    return w;
+  }
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  const int64_t bb = dtype_block_bytes(t);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t b = 0; b < k / dtype_block_size(t); ++b) {
+      uint8_t* blk = w.data() + r * rb + b * bb;
+      auto put16 = [&](int64_t off, float v) {
+        const uint16_t h = f32_to_fp16(v);
+        std::memcpy(blk + off, &h, 2);
+      };
+      if (t == DType::Q6_K) {
+        put16(208, sc(rng));
+      } else {
+        put16(0, sc(rng));
+        if (t == DType::Q4_K || t == DType::Q5_K) put16(2, sc(rng));
+      }
+    }
+  }
+  return w;
+}
+
+struct MoeCase {
+  DType gate, up, down;  // up is ignored when fused
+  bool fused;
+  int64_t n_embd, n_ff, n_expert, k;
+};
+
+std::string describe(const MoeCase& c, int64_t n_tokens) {
+  return fmt::format("gate {} up {} down {} fused {} n_embd {} n_ff {} experts {} k {} tokens {}", dtype_name(c.gate),
+                     dtype_name(c.fused ? c.gate : c.up), dtype_name(c.down), c.fused, c.n_embd, c.n_ff, c.n_expert,
+                     c.k, n_tokens);
+}
+
+class CudaMoeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    auto s = cuda::Stream::create(0);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    stream_ = std::move(*s);
+    ctx_.device = Device{DeviceKind::kCuda, 0};
+    ctx_.cuda_stream = stream_.handle();
+  }
+
+  // A device copy of host bytes, viewed like `like`, kept alive by the fixture.
+  TensorView up(const TensorView& like, const void* host, int64_t bytes) {
+    auto b = cuda::CudaBuffer::allocate(0, bytes);
+    EXPECT_TRUE(b.is_ok());
+    EXPECT_TRUE(cuda::copy_to_device(b->data(), host, bytes, stream_).is_ok());
+    TensorView d = like;
+    d.data = b->data();
+    d.device = ctx_.device;
+    bufs_.push_back(std::move(*b));
+    return d;
+  }
+  std::vector<float> down(const TensorView& d, int64_t n) {
+    std::vector<float> out(static_cast<size_t>(n));
+    EXPECT_TRUE(cuda::copy_to_host(out.data(), d.data, 4 * n, stream_).is_ok());
+    const Status s = stream_.synchronize();
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    return out;
+  }
+
+  // One case: gathered vs the CPU reference, and (unless ids hold values >= n_expert) vs the CUDA moe_ffn.
+  void run(const MoeCase& c, int64_t n_tokens, bool out_of_range_ids) {
+    const std::string where = describe(c, n_tokens);
+    const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert, k = c.k;
+    std::vector<uint8_t> gate_b, up_b, gu_b, down_b;
+    MoeExperts eh;
+    if (c.fused) {
+      gu_b = random_rows(c.gate, 2 * F * X, E, rng_);
+      eh.gate_up = TensorView::contiguous(gu_b.data(), c.gate, {E, 2 * F, X});
+    } else {
+      gate_b = random_rows(c.gate, F * X, E, rng_);
+      up_b = random_rows(c.up, F * X, E, rng_);
+      eh.gate = TensorView::contiguous(gate_b.data(), c.gate, {E, F, X});
+      eh.up = TensorView::contiguous(up_b.data(), c.up, {E, F, X});
+    }
+    down_b = random_rows(c.down, E * X, F, rng_);
+    eh.down = TensorView::contiguous(down_b.data(), c.down, {F, E, X});
+
+    test::Host x({E, n_tokens});
+    x.random(rng_, -1.0f, 1.0f);
+    // Routing: k distinct experts per token; every 5th slot (from the 4th) unused; with
+    // out_of_range_ids, slot 1 gets an id past the last expert. Unused slots weigh NaN.
+    std::vector<int32_t> ids(static_cast<size_t>(n_tokens * k)), ids_ref(ids.size());
+    std::vector<float> wts(ids.size()), wts_ref(ids.size());
+    std::uniform_real_distribution<float> wd(0.1f, 1.0f);
+    std::vector<int32_t> perm(static_cast<size_t>(X));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t s = static_cast<size_t>(t * k + j);
+        ids[s] = perm[static_cast<size_t>(j)];
+        wts[s] = wd(rng_);
+        if (s % 5 == 3) ids[s] = -1;
+        if (out_of_range_ids && s == 1) ids[s] = static_cast<int32_t>(X + 3);
+        const bool used = ids[s] >= 0 && ids[s] < X;
+        if (!used) wts[s] = std::numeric_limits<float>::quiet_NaN();
+        ids_ref[s] = used ? ids[s] : 0;  // the CPU op has no unused slots: expert 0 with weight 0
+        wts_ref[s] = used ? wts[s] : 0.0f;
+      }
+    }
+    const TensorView ids_t = TensorView::contiguous(ids.data(), DType::I32, {k, n_tokens});
+    const TensorView ids_ref_t = TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens});
+    const TensorView wts_t = TensorView::contiguous(wts.data(), DType::F32, {k, n_tokens});
+    const TensorView wts_ref_t = TensorView::contiguous(wts_ref.data(), DType::F32, {k, n_tokens});
+    test::Host ref({E, n_tokens});
+    ASSERT_TRUE(moe_ffn(test::ref_ctx(), x.t, eh, ids_ref_t, wts_ref_t, ref.t).is_ok()) << where;
+
+    MoeExperts ed;
+    if (c.fused) {
+      ed.gate_up = up(eh.gate_up, gu_b.data(), static_cast<int64_t>(gu_b.size()));
+    } else {
+      ed.gate = up(eh.gate, gate_b.data(), static_cast<int64_t>(gate_b.size()));
+      ed.up = up(eh.up, up_b.data(), static_cast<int64_t>(up_b.size()));
+    }
+    ed.down = up(eh.down, down_b.data(), static_cast<int64_t>(down_b.size()));
+    const TensorView dx = up(x.t, x.v.data(), 4 * E * n_tokens);
+    const TensorView dids = up(ids_t, ids.data(), 4 * k * n_tokens);
+    const TensorView dwts = up(wts_t, wts.data(), 4 * k * n_tokens);
+    test::Host out({E, n_tokens});  // NaN
+    const TensorView dy = up(out.t, out.v.data(), 4 * E * n_tokens);
+    const Status s = cuda::moe_ffn_gathered(ctx_, dx, ed, dids, dwts, dy);
+    ASSERT_TRUE(s.is_ok()) << where << ": " << s.to_string();
+    const std::vector<float> got = down(dy, E * n_tokens);
+    const bool all_f32 = c.gate == DType::F32 && (c.fused || c.up == DType::F32) && c.down == DType::F32;
+    const double tol = all_f32 ? kTolF32Experts : test::kTolQuant;
+    EXPECT_LE(test::rel_err(got, ref.v), tol) << where << " (vs CPU reference)";
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!std::isfinite(got[i])) {
+        ADD_FAILURE() << where << ": y[token " << i / E << ", " << i % E << "] = " << got[i];
+        break;
+      }
+    }
+    if (out_of_range_ids) return;
+    test::Host out2({E, n_tokens});
+    const TensorView dy2 = up(out2.t, out2.v.data(), 4 * E * n_tokens);
+    const Status s2 = moe_ffn(ctx_, dx, ed, dids, dwts, dy2);
+    ASSERT_TRUE(s2.is_ok()) << where << ": " << s2.to_string();
+    EXPECT_LE(test::rel_err(got, down(dy2, E * n_tokens)), kTolSameKernels) << where << " (vs CUDA moe_ffn)";
+    bufs_.clear();
+  }
+
+  cuda::Stream stream_;
+  OpContext ctx_;
+  std::vector<cuda::CudaBuffer> bufs_;
+  std::mt19937 rng_{4321};
+};
+
+TEST_F(CudaMoeTest, QuantizedExpertsEightOfSixtyFour) {
+  for (bool fused : {false, true}) {
+    const MoeCase q4k{DType::Q4_K, DType::Q4_K, DType::Q4_K, fused, 512, 256, 64, 8};
+    const MoeCase q8{DType::Q8_0, DType::Q8_0, DType::Q8_0, fused, 256, 96, 64, 8};
+    for (int64_t n_tokens : {1, 2, 3, 5, 8}) {
+      run(q4k, n_tokens, false);
+      run(q8, n_tokens, false);
+    }
+  }
+}
+
+TEST_F(CudaMoeTest, MixedTypesTwoOfFour) {
+  const MoeCase mixed{DType::Q4_K, DType::Q8_0, DType::Q6_K, false, 512, 256, 4, 2};
+  const MoeCase f32_down{DType::Q4_K, DType::Q4_K, DType::F32, true, 256, 256, 4, 2};
+  for (int64_t n_tokens : {1, 4, 7, 8}) {
+    run(mixed, n_tokens, false);
+    run(f32_down, n_tokens, false);
+  }
+}
+
+TEST_F(CudaMoeTest, F32Experts) {
+  for (bool fused : {false, true}) {
+    // n_ff 96: the down projection's k is not a multiple of 32, so h stays F32 (no q8 kernel anywhere).
+    const MoeCase f32{DType::F32, DType::F32, DType::F32, fused, 256, 96, 64, 8};
+    const MoeCase f32_small{DType::F32, DType::F32, DType::F32, fused, 40, 24, 4, 2};
+    for (int64_t n_tokens : {1, 4, 8}) {
+      run(f32, n_tokens, false);
+      run(f32_small, n_tokens, false);
+    }
+  }
+}
+
+TEST_F(CudaMoeTest, OutOfRangeIdsAreUnusedSlots) {
+  run({DType::Q4_K, DType::Q4_K, DType::Q4_K, false, 256, 256, 64, 8}, 3, true);
+  run({DType::F32, DType::F32, DType::F32, true, 64, 32, 4, 2}, 5, true);
+}
+
+TEST_F(CudaMoeTest, TooManySlotsIsInvalidArgument) {
+  const int64_t E = 64, F = 32, X = 16, k = 8, n_tokens = cuda::kMoeGatheredMaxSlots / k + 1;
+  auto buf = cuda::CudaBuffer::allocate(0, 1 << 20);
+  ASSERT_TRUE(buf.is_ok());
+  const Device d = ctx_.device;
+  auto* base = static_cast<uint8_t*>(buf->data());
+  MoeExperts e;
+  e.gate_up = TensorView::contiguous(base, DType::F32, {E, 2 * F, X}, d);
+  e.down = TensorView::contiguous(base, DType::F32, {F, E, X}, d);
+  const TensorView x = TensorView::contiguous(base, DType::F32, {E, n_tokens}, d);
+  const TensorView y = TensorView::contiguous(base + 4 * E * n_tokens, DType::F32, {E, n_tokens}, d);
+  const TensorView ids = TensorView::contiguous(base, DType::I32, {k, n_tokens}, d);
+  const TensorView w = TensorView::contiguous(base, DType::F32, {k, n_tokens}, d);
+  const Status s = cuda::moe_ffn_gathered(ctx_, x, e, ids, w, y);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("slots"), std::string::npos) << s.message();
+}
+
+#else  // !DS_HAVE_CUDA
+
+TEST(CudaMoeTest, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif
+
+}  // namespace
+}  // namespace ds
