@@ -195,6 +195,7 @@ class CudaAttentionTest : public ::testing::Test {
     SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D=" << D << " Hkv=" << Hkv << " G=" << G
                                       << " chunk=" << chunk << " pos0=" << pos0 << " n=" << n
                                       << " max_kv=" << max_kv << " q_amp=" << q_amp);
+    bufs_.clear();  // the previous case is done (down() synchronized): its device memory may go
     const int64_t H = Hkv * G, n_kv = pos0 + n;
     auto p = make_paged(dtype, D, Hkv, chunk, n_kv);
     Host q({D, H, n}), ref({D, H, n}), out({D, H, n});
@@ -205,8 +206,13 @@ class CudaAttentionTest : public ::testing::Test {
     const Status s = cuda::attention_paged(ctx_, up(q), p->table, dev_pos(static_cast<int32_t>(pos0)), max_kv, scale,
                                            dout);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
-    EXPECT_TRUE(close_rel(down(dout), ref.v, tol_for(dtype, D), D, H));
+    const ::testing::AssertionResult r = close_rel(down(dout), ref.v, tol_for(dtype, D), D, H);
+    EXPECT_TRUE(r);
+    if (!r) ++n_failed_;
   }
+  // Sweeps stop after a few failing cases: the first ones say enough.
+  bool too_many_failures() const { return HasFatalFailure() || n_failed_ >= 5; }
+  int n_failed_ = 0;
 
   cuda::Stream stream_;
   OpContext ctx_;
@@ -229,7 +235,7 @@ TEST_F(CudaAttentionTest, PagedMatchesCpuAcrossShapes) {
           const float q_amp = idx % 5 == 0 ? 6.0f : 1.5f;            // sometimes a peaky softmax
           ++idx;
           check_paged(dtype, D, Hkv, G, chunk, pos0, n, max_kv, q_amp);
-          if (HasFatalFailure()) return;
+          if (too_many_failures()) return;
         }
       }
     }
@@ -244,7 +250,7 @@ TEST_F(CudaAttentionTest, PagedRealModelShapes) {
       for (int64_t n : {1, 4, 16, 17, 128}) {
         for (int64_t pos0 : {0, 777, 4096}) {
           check_paged(dtype, 256, Hkv, H / Hkv, 64, pos0, n, 32768, 3.0f);
-          if (HasFatalFailure()) return;
+          if (too_many_failures()) return;
         }
       }
     }
@@ -257,7 +263,7 @@ TEST_F(CudaAttentionTest, PagedOddHeadDims) {
     for (int64_t D : {16, 48, 96, 200, 320, 512}) {
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {70, 3}, {129, 40}}) {
         check_paged(dtype, D, 2, 3, 16, pos0, n, 4 * (pos0 + n), 2.0f);
-        if (HasFatalFailure()) return;
+        if (too_many_failures()) return;
       }
     }
   }

@@ -131,10 +131,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared, bypassing L1; zero-fills (and reads nothing) when !pred.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-  const int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+// 16 bytes global -> shared, bypassing L1.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -187,17 +186,17 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
   for (int i = threadIdx.x; i < kBN * kPieces; i += kThreads) {
     const int rr = i / kPieces, pc = i - rr * kPieces;
     const int j = j0 + rr;
-    const bool ok = j < kv_end;
-    const void* ks = p.q;  // any valid address: nothing is read when !ok
-    const void* vs = p.q;
-    if (ok) {
+    __half* dk = sK + rr * SK + pc * 8;
+    __half* dv = sV + rr * SK + pc * 8;
+    if (j < kv_end) {
       const int c = j / p.C, r = j - c * p.C;
       const int64_t off = ((static_cast<int64_t>(r) * p.Hkv + g) * D + pc * 8) * 2;
-      ks = p.k_base[c] + p.k_off + off;
-      vs = p.v_base[c] + p.v_off + off;
+      cp_async16(dk, p.k_base[c] + p.k_off + off);
+      cp_async16(dv, p.v_base[c] + p.v_off + off);
+    } else {  // past the range (possibly past the cache): zeros, so P V sees 0 * 0
+      *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
     }
-    cp_async16(sK + rr * SK + pc * 8, ks, ok);
-    cp_async16(sV + rr * SK + pc * 8, vs, ok);
   }
 }
 
