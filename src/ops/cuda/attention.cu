@@ -1,104 +1,738 @@
-// CUDA causal attention with GQA over a chunked KV cache (ops/attention.h): one CTA per (head, token),
-// each warp walks a strided subset of the visible positions with its own online softmax, and the warps'
-// partial results are merged at the end. Correct for any head_dim <= kAttnMaxHeadDim.
-// Non-obvious choice: the warp-per-position split gives a decode step (one token) n_head CTAs of 8
-// warps that each stream 1/8 of the cache; a split over CTAs (flash-decoding) is the next step for long
-// contexts, and prefill would tile queries (flash attention) instead of one query per CTA.
+// CUDA causal GQA attention over a chunked (paged) KV cache, and the KV append that fills it.
+// Two attention kernels share one work decomposition: a CTA takes a block of packed query rows (row
+// = token * group + head-in-group, so every query head of a GQA group shares each K/V load), one KV
+// head and one KV range (split); it streams its range once with an online softmax (running max m,
+// normalizer l, accumulator o, in the log2 domain) and writes either the final rows (one split) or
+// partial (m, l, o) that attn_combine_kernel merges.
+//   attn_tc_kernel<D, RW>: F16 KV, D in {32, 64, 128, 256}; 4 warps; K/V tiles of 64 positions
+//     double-buffered in shared memory by cp.async (16-byte loads); Q K^T and P V with
+//     mma.sync.m16n8k16 (f16 in, f32 accumulate), each warp owning 16 rows. RW = row warps: 4 for
+//     prefill (64 rows, every warp all positions of a tile); 1 or 2 for decode (16 / 32 rows, the
+//     other warps take other positions of each tile and are merged at the end).
+//   attn_simt_kernel<T, E, RB>: F32 or F16 KV, any D <= 512 (E = ceil(D / 32) values per lane); warps
+//     stride over positions, a lane holds E dims of RB query rows; F32 FMA throughout.
+// Non-obvious choice: the split length is computed on the device from the actual position
+// (split_len), not from the host bound max_kv: the grid (sized on the host from the SM count and
+// occupancy) stays fixed while every CTA gets an equal share of the real KV, so a decode graph
+// captured for a long context does not leave most of the GPU idle at short positions.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
-#include "ops/cuda/ops_launch.h"
+#include "ops/cuda/attention_launch.h"
 
 namespace ds::cuda {
 namespace {
 
-constexpr int kAttnWarps = 8;
-constexpr int kAttnMaxHeadDim = 512;
-constexpr int kPerLane = kAttnMaxHeadDim / 32;
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBN = 64;          // KV positions per tensor-core tile; split lengths are multiples of it
+constexpr int kOPad = 4;         // floats of padding per staged output row (bank spread)
+constexpr int kMaxSplit = 1024;
+constexpr int kCombineWarps = 8;
 
-__global__ void __launch_bounds__(32 * kAttnWarps)
-attention_kernel(const float* q, const float* const* k_ptrs, const float* const* v_ptrs, int64_t chunk_tokens,
-                 float* o, int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t pos0, float scale) {
-  __shared__ float qs[kAttnMaxHeadDim];
-  __shared__ float part_m[kAttnWarps], part_l[kAttnWarps];
-  __shared__ float part_o[kAttnWarps][kAttnMaxHeadDim];
-  const int64_t h = blockIdx.x, t = blockIdx.y;
-  const int64_t g = h / (n_head / n_head_kv);
+// Everything a kernel needs, passed by value.
+struct KParams {
+  const float* q;
+  float* o;
+  float* part_ml;  // [n_split][RT][2]: m (log2 domain), l
+  float* part_o;   // [n_split][RT][D]: unnormalized accumulator
+  const uint8_t* const* k_base;
+  const uint8_t* const* v_base;
+  int64_t k_off, v_off;
+  const int32_t* d_pos;
+  int pos0_host;
+  int C, Hkv, D, H, G, n_tokens, R;  // R = n_tokens * G rows per KV head
+  int64_t RT;                        // n_tokens * H output rows
+  int n_split;
+  float scale_log2;
+};
+
+__device__ __forceinline__ int read_pos(const KParams& p) { return p.d_pos ? *p.d_pos : p.pos0_host; }
+
+// Positions per split for n_kv keys over n_split splits: equal shares rounded up to kBN.
+__device__ __forceinline__ int split_len(int n_kv, int n_split) {
+  const int per = (n_kv + n_split - 1) / n_split;
+  return (per + kBN - 1) / kBN * kBN;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+// Output row of packed row rho of KV head g.
+__device__ __forceinline__ int64_t out_row(const KParams& p, int rho, int g) {
+  const int t = rho / p.G;
+  return static_cast<int64_t>(t) * p.H + g * p.G + (rho - t * p.G);
+}
+
+// A CTA with no positions in its split: empty partials (m = -inf, l = 0); with a single split this
+// happens only for an invalid position, whose rows become NaN.
+__device__ void write_empty(const KParams& p, int row0, int row_end, int g, int s) {
+  for (int rho = row0 + static_cast<int>(threadIdx.x); rho < row_end; rho += blockDim.x) {
+    const int64_t row = out_row(p, rho, g);
+    if (p.n_split == 1) {
+      for (int d = 0; d < p.D; ++d) p.o[row * p.D + d] = NAN;
+    } else {
+      const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
+      p.part_ml[2 * prow] = -INFINITY;
+      p.part_ml[2 * prow + 1] = 0.0f;
+    }
+  }
+}
+
+// Merges the KW per-warp partials staged in shared memory (sM / sL [KW][BM], sO [KW][BM][ostride])
+// of rows [row0, row_end) and writes the final rows (one split) or this split's partial.
+__device__ void write_rows(const KParams& p, const float* sO, const float* sM, const float* sL, int KW, int BM,
+                           int ostride, int row0, int row_end, int g, int s) {
+  const int D = p.D;
+  const int n = (row_end - row0) * D;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int r = i / D, d = i - r * D;
+    const int64_t row = out_row(p, row0 + r, g);
+    float M = -INFINITY;
+    for (int k = 0; k < KW; ++k) M = fmaxf(M, sM[k * BM + r]);
+    float L = 0.0f, acc = 0.0f;
+    for (int k = 0; k < KW; ++k) {
+      const float lk = sL[k * BM + r];
+      if (lk > 0.0f) {
+        const float w = exp2f(sM[k * BM + r] - M);
+        L += lk * w;
+        acc += sO[(k * BM + r) * ostride + d] * w;
+      }
+    }
+    if (p.n_split == 1) {
+      p.o[row * D + d] = acc / L;
+    } else {
+      const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
+      p.part_o[prow * D + d] = acc;
+      if (d == 0) {
+        p.part_ml[2 * prow] = M;
+        p.part_ml[2 * prow + 1] = L;
+      }
+    }
+  }
+}
+
+// ---- tensor-core path (F16 KV) ----
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c[16x8] += a[16x16] * b[16x8]; fragments as in the PTX ISA (m16n8k16, f16 inputs, f32 accumulate):
+// lane = 4 * gid + tig; c0,c1 = (row gid, cols 2 tig, 2 tig + 1), c2,c3 = (row gid + 8, same cols).
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Shared memory of attn_tc_kernel<D, RW>: Q [BM][D + 8] half, then K and V [2 stages][kBN][D + 8]
+// half; the K/V area is reused at the end for the per-warp partials.
+constexpr size_t tc_smem_bytes(int D, int RW) {
+  const int BM = 16 * RW, KW = kWarps / RW, SK = D + 8;
+  const size_t q = static_cast<size_t>(BM) * SK * 2;
+  const size_t kv = static_cast<size_t>(4) * kBN * SK * 2;
+  const size_t part = (static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4;
+  return q + (kv > part ? kv : part);
+}
+
+// Loads positions [j0, j0 + kBN) of KV head g into one stage; rows at or past kv_end become zeros.
+template <int D>
+__device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __half* sV, int j0, int kv_end, int g) {
+  constexpr int kPieces = D / 8;  // 16-byte pieces per row
+  constexpr int SK = D + 8;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < kBN * kPieces; i += kThreads) {
+    const int rr = i / kPieces, pc = i - rr * kPieces;
+    const int j = j0 + rr;
+    __half* dk = sK + rr * SK + pc * 8;
+    __half* dv = sV + rr * SK + pc * 8;
+    if (j < kv_end) {
+      const int c = j / p.C, r = j - c * p.C;
+      const int64_t off = ((static_cast<int64_t>(r) * p.Hkv + g) * D + pc * 8) * 2;
+      cp_async16(dk, p.k_base[c] + p.k_off + off);
+      cp_async16(dv, p.v_base[c] + p.v_off + off);
+    } else {  // past the range (possibly past the cache): zeros, so P V sees 0 * 0
+      *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <int D, int RW>
+__global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
+  constexpr int KW = kWarps / RW;  // warps sharing the same rows, splitting each tile's positions
+  constexpr int BM = 16 * RW;      // rows per CTA
+  constexpr int PW = kBN / KW;     // positions per warp per tile
+  constexpr int NT = PW / 8;       // score n-tiles per warp
+  constexpr int DT = D / 8;        // output n-tiles per warp
+  constexpr int SK = D + 8;        // shared row stride (halves): 16 bytes of padding spreads banks
+  static_assert(PW % 16 == 0 && D % 16 == 0, "tile shape");
+  extern __shared__ float4 smem_f4[];
+  __half* sQ = reinterpret_cast<__half*>(smem_f4);
+  __half* sK = sQ + BM * SK;        // [2][kBN][SK]
+  __half* sV = sK + 2 * kBN * SK;   // [2][kBN][SK]
+
+  const int g = blockIdx.x, s = blockIdx.z;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest causal rows start first
+  const int row_end = min(row0 + BM, p.R);
+  const int pos0 = read_pos(p);
+  if (pos0 < 0) {
+    write_empty(p, row0, row_end, g, s);
+    return;
+  }
+  const int n_kv = pos0 + p.n_tokens;
+  const int t_last = (row_end - 1) / p.G;
+  const int L = split_len(n_kv, p.n_split);
+  const int kv_begin = s * L;
+  const int kv_end = min(pos0 + t_last + 1, kv_begin + L);
+  if (kv_begin >= kv_end) {
+    write_empty(p, row0, row_end, g, s);
+    return;
+  }
+
+  // Q rows as half (zeros past the last row).
+  for (int i = threadIdx.x; i < BM * D; i += kThreads) {
+    const int r = i / D, d = i - r * D;
+    const int rho = row0 + r;
+    float v = 0.0f;
+    if (rho < p.R) v = p.q[out_row(p, rho, g) * D + d];
+    sQ[r * SK + d] = __float2half_rn(v);
+  }
+
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float* qr = q + (t * n_head + h) * head_dim;
-  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = qr[d] * scale;
-  __syncthreads();
+  const int rw = warp / KW, kw = warp - rw * KW;
+  const int ra = rw * 16 + lane / 4;  // local rows of this lane's accumulators: ra and ra + 8
+  const int lim_a = pos0 + min(row0 + ra, p.R - 1) / p.G;
+  const int lim_b = pos0 + min(row0 + ra + 8, p.R - 1) / p.G;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+  float O[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
 
-  float m = -INFINITY, l = 0.0f, acc[kPerLane];
+  const uint32_t q_addr = smem_addr(sQ + (rw * 16 + (lane & 15)) * SK + (lane >> 4) * 8);
+  const int k_row = kw * PW + (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
+  const int v_row = kw * PW + (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
+
+  const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
+  tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g);
+  cp_async_commit();
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int stage = tile & 1;
+    if (tile + 1 < n_tiles) {
+      const int nx = (tile + 1) & 1;
+      tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, g);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+    __syncthreads();
+
+    const uint32_t k_addr = smem_addr(sK + stage * kBN * SK + k_row * SK + k_col);
+    const uint32_t v_addr = smem_addr(sV + stage * kBN * SK + v_row * SK + v_col);
+    float S[NT][4];
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.0f;
-  const int64_t n_visible = pos0 + t + 1;
-  for (int64_t j = warp; j < n_visible; j += kAttnWarps) {
-    const int64_t c = j / chunk_tokens, r = j % chunk_tokens;
-    const float* kr = k_ptrs[c] + (r * n_head_kv + g) * head_dim;
-    const float* vr = v_ptrs[c] + (r * n_head_kv + g) * head_dim;
-    float s = 0.0f;
+    for (int i = 0; i < NT; ++i) S[i][0] = S[i][1] = S[i][2] = S[i][3] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int64_t d = lane + 32 * i;
-      if (d < head_dim) s = fmaf(qs[d], kr[d], s);
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t a[4];
+      ldsm_x4(a, q_addr + ks * 32);
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t b[4];
+        ldsm_x4(b, k_addr + (np * 16 * SK + ks * 16) * 2);
+        mma_16816(S[2 * np], a, b[0], b[1]);
+        mma_16816(S[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+
+    // Scale into the log2 domain, mask the causal future, online softmax per row.
+    const int jb = kv_begin + tile * kBN + kw * PW + (lane & 3) * 2;
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = jb + nt * 8 + e;
+        S[nt][e] = j <= lim_a ? S[nt][e] * p.scale_log2 : -INFINITY;
+        S[nt][2 + e] = j <= lim_b ? S[nt][2 + e] * p.scale_log2 : -INFINITY;
+        mx_a = fmaxf(mx_a, S[nt][e]);
+        mx_b = fmaxf(mx_b, S[nt][2 + e]);
+      }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-    const float m_new = fmaxf(m, s);
-    const float corr = __expf(m - m_new), p = __expf(s - m_new);
-    l = l * corr + p;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int64_t d = lane + 32 * i;
-      if (d < head_dim) acc[i] = fmaf(p, vr[d], acc[i] * corr);
+    for (int o = 1; o <= 2; o <<= 1) {  // the 4 lanes of a quad share a row
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, o));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, o));
     }
-    m = m_new;
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a;  // a row with nothing visible yet stays at zero
+    const float mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
+    const float corr_a = exp2f(m_a - mu_a), corr_b = exp2f(m_b - mu_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      S[nt][0] = exp2f(S[nt][0] - mu_a);
+      S[nt][1] = exp2f(S[nt][1] - mu_a);
+      S[nt][2] = exp2f(S[nt][2] - mu_b);
+      S[nt][3] = exp2f(S[nt][3] - mu_b);
+      sum_a += S[nt][0] + S[nt][1];
+      sum_b += S[nt][2] + S[nt][3];
+    }
+    l_a = l_a * corr_a + sum_a;  // per-lane partial sums; the quad is reduced at the end
+    l_b = l_b * corr_b + sum_b;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      O[i][0] *= corr_a;
+      O[i][1] *= corr_a;
+      O[i][2] *= corr_b;
+      O[i][3] *= corr_b;
+    }
+    // O += P V: the score accumulators of two n-tiles are the A fragment of one k-step.
+#pragma unroll
+    for (int kk = 0; kk < PW / 16; ++kk) {
+      const uint32_t a[4] = {pack_half2(S[2 * kk][0], S[2 * kk][1]), pack_half2(S[2 * kk][2], S[2 * kk][3]),
+                             pack_half2(S[2 * kk + 1][0], S[2 * kk + 1][1]),
+                             pack_half2(S[2 * kk + 1][2], S[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, v_addr + (kk * 16 * SK + dp * 16) * 2);
+        mma_16816(O[2 * dp], a, b[0], b[1]);
+        mma_16816(O[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+
+  // Stage the per-warp partials over the (now free) K/V area and merge them.
+  float* sO = reinterpret_cast<float*>(sK);
+  float* sM = sO + KW * BM * (D + kOPad);
+  float* sL = sM + KW * BM;
+  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 1);
+  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 2);
+  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 1);
+  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 2);
+  float* oa = sO + (kw * BM + ra) * (D + kOPad);
+  float* ob = oa + 8 * (D + kOPad);
+#pragma unroll
+  for (int i = 0; i < DT; ++i) {
+    const int col = i * 8 + (lane & 3) * 2;
+    oa[col] = O[i][0];
+    oa[col + 1] = O[i][1];
+    ob[col] = O[i][2];
+    ob[col + 1] = O[i][3];
+  }
+  if ((lane & 3) == 0) {
+    sM[kw * BM + ra] = m_a;
+    sL[kw * BM + ra] = l_a;
+    sM[kw * BM + ra + 8] = m_b;
+    sL[kw * BM + ra + 8] = l_b;
+  }
+  __syncthreads();
+  write_rows(p, sO, sM, sL, KW, BM, D + kOPad, row0, row_end, g, s);
+}
+
+// ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----
+
+constexpr int simt_lanes(int D) { return D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : D <= 256 ? 8 : 16; }
+constexpr int simt_rows(int E) { return E >= 16 ? 4 : 8; }
+constexpr size_t simt_smem_bytes(int D, int RB) {
+  return (static_cast<size_t>(kWarps) * RB * (D + kOPad) + 2 * kWarps * RB) * 4;
+}
+
+template <typename T, int E, int RB>
+__global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
+  extern __shared__ float4 smem_f4[];
+  const int g = blockIdx.x, s = blockIdx.z;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * RB;  // the longest causal rows start first
+  const int row_end = min(row0 + RB, p.R);
+  const int pos0 = read_pos(p);
+  if (pos0 < 0) {
+    write_empty(p, row0, row_end, g, s);
+    return;
+  }
+  const int n_kv = pos0 + p.n_tokens;
+  const int t_last = (row_end - 1) / p.G;
+  const int L = split_len(n_kv, p.n_split);
+  const int kv_begin = s * L;
+  const int kv_end = min(pos0 + t_last + 1, kv_begin + L);
+  if (kv_begin >= kv_end) {
+    write_empty(p, row0, row_end, g, s);
+    return;
+  }
+  const int D = p.D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float q[RB][E], acc[RB][E], m[RB], l[RB];
+  int lim[RB];
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    const int rho = row0 + r;
+    const bool valid = rho < p.R;
+    lim[r] = valid ? pos0 + rho / p.G : -1;
+    const float* qr = p.q + (valid ? out_row(p, rho, g) * D : 0);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = lane + 32 * e;
+      q[r][e] = valid && d < D ? qr[d] * p.scale_log2 : 0.0f;
+      acc[r][e] = 0.0f;
+    }
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+  }
+  for (int j = kv_begin + warp; j < kv_end; j += kWarps) {
+    const int c = j / p.C, rr = j - c * p.C;
+    const int64_t off = (static_cast<int64_t>(rr) * p.Hkv + g) * D;
+    const T* kr = reinterpret_cast<const T*>(p.k_base[c] + p.k_off) + off;
+    const T* vr = reinterpret_cast<const T*>(p.v_base[c] + p.v_off) + off;
+    float kf[E], vf[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = lane + 32 * e;
+      kf[e] = d < D ? to_float(kr[d]) : 0.0f;
+      vf[e] = d < D ? to_float(vr[d]) : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      if (j > lim[r]) continue;  // uniform across the warp
+      float sc = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) sc = fmaf(q[r][e], kf[e], sc);
+      sc = warp_sum(sc);
+      const float mn = fmaxf(m[r], sc);
+      const float corr = exp2f(m[r] - mn), pj = exp2f(sc - mn);
+      l[r] = l[r] * corr + pj;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[r][e] = fmaf(pj, vf[e], acc[r][e] * corr);
+      m[r] = mn;
+    }
+  }
+  float* sO = reinterpret_cast<float*>(smem_f4);
+  float* sM = sO + kWarps * RB * (D + kOPad);
+  float* sL = sM + kWarps * RB;
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    float* orow = sO + (warp * RB + r) * (D + kOPad);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = lane + 32 * e;
+      if (d < D) orow[d] = acc[r][e];
+    }
+    if (lane == 0) {
+      sM[warp * RB + r] = m[r];
+      sL[warp * RB + r] = l[r];
+    }
+  }
+  __syncthreads();
+  write_rows(p, sO, sM, sL, kWarps, RB, D + kOPad, row0, row_end, g, s);
+}
+
+// ---- split combine: one CTA per output row, warps stride over splits, lanes over dims ----
+
+__global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const KParams p) {
+  constexpr int kE = kAttnMaxHeadDim / 32;
+  __shared__ float s_acc[kCombineWarps][kAttnMaxHeadDim];
+  __shared__ float s_m[kCombineWarps], s_l[kCombineWarps];
+  const int64_t row = blockIdx.x;
+  const int D = p.D;
+  const int pos0 = read_pos(p);
+  if (pos0 < 0) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) p.o[row * D + d] = NAN;
+    return;
+  }
+  const int t = static_cast<int>(row / p.H);
+  const int L = split_len(pos0 + p.n_tokens, p.n_split);
+  const int last = min(p.n_split - 1, (pos0 + t) / L);  // splits holding positions this row sees
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float m = -INFINITY, l = 0.0f, acc[kE];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) acc[e] = 0.0f;
+  for (int s = warp; s <= last; s += kCombineWarps) {
+    const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
+    const float ms = p.part_ml[2 * prow], ls = p.part_ml[2 * prow + 1];
+    if (!(ls > 0.0f)) continue;
+    const float mn = fmaxf(m, ms);
+    const float c_old = exp2f(m - mn), c_s = exp2f(ms - mn);
+    l = l * c_old + ls * c_s;
+    const float* po = p.part_o + prow * D;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const int d = lane + 32 * e;
+      if (d < D) acc[e] = acc[e] * c_old + po[d] * c_s;
+    }
+    m = mn;
+  }
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+    const int d = lane + 32 * e;
+    if (d < D) s_acc[warp][d] = acc[e];
   }
   if (lane == 0) {
-    part_m[warp] = m;
-    part_l[warp] = l;
-  }
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int64_t d = lane + 32 * i;
-    if (d < head_dim) part_o[warp][d] = acc[i];
+    s_m[warp] = m;
+    s_l[warp] = l;
   }
   __syncthreads();
-  float m_all = -INFINITY;
-  for (int w = 0; w < kAttnWarps; ++w) m_all = fmaxf(m_all, part_m[w]);
-  float l_all = 0.0f;
-  for (int w = 0; w < kAttnWarps; ++w) {
-    if (part_l[w] > 0.0f) l_all += part_l[w] * __expf(part_m[w] - m_all);
+  float M = -INFINITY;
+  for (int w = 0; w < kCombineWarps; ++w) M = fmaxf(M, s_m[w]);
+  float Ls = 0.0f;
+  for (int w = 0; w < kCombineWarps; ++w) {
+    if (s_l[w] > 0.0f) Ls += s_l[w] * exp2f(s_m[w] - M);
   }
-  float* orow = o + (t * n_head + h) * head_dim;
-  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float sum = 0.0f;
-    for (int w = 0; w < kAttnWarps; ++w) {
-      if (part_l[w] > 0.0f) sum += part_o[w][d] * __expf(part_m[w] - m_all);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float a = 0.0f;
+    for (int w = 0; w < kCombineWarps; ++w) {
+      if (s_l[w] > 0.0f) a += s_acc[w][d] * exp2f(s_m[w] - M);
     }
-    orow[d] = sum / l_all;
+    p.o[row * D + d] = a / Ls;
   }
+}
+
+// ---- KV append ----
+
+__device__ __forceinline__ void store_kv(float* dst, float v) { *dst = v; }
+__device__ __forceinline__ void store_kv(__half* dst, float v) { *dst = __float2half_rn(v); }
+
+template <typename T>
+__global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* const* k_base,
+                                 const uint8_t* const* v_base, int64_t k_off, int64_t v_off, int C, int64_t row,
+                                 const int32_t* d_pos, int64_t total) {
+  const int pos0 = *d_pos;
+  if (pos0 < 0) return;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / row, rem = i - t * row;
+    const int64_t pos = pos0 + t;
+    const int64_t c = pos / C, r = pos - c * C;
+    const int64_t off = (r * row + rem) * static_cast<int64_t>(sizeof(T));
+    store_kv(reinterpret_cast<T*>(const_cast<uint8_t*>(k_base[c]) + k_off + off), k[i]);
+    store_kv(reinterpret_cast<T*>(const_cast<uint8_t*>(v_base[c]) + v_off + off), v[i]);
+  }
+}
+
+// ---- host side: kernel choice, one-time configuration, launch ----
+
+struct KernelPick {
+  const void* fn = nullptr;
+  size_t smem = 0;
+};
+
+template <int D>
+KernelPick pick_tc(int rw) {
+  switch (rw) {
+    case 1: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 1>), tc_smem_bytes(D, 1)};
+    case 2: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 2>), tc_smem_bytes(D, 2)};
+    default: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 4>), tc_smem_bytes(D, 4)};
+  }
+}
+
+template <typename T>
+KernelPick pick_simt(int D) {
+  switch (simt_lanes(D)) {
+#define X(E)                                                                                  \
+  case E:                                                                                     \
+    return {reinterpret_cast<const void*>(attn_simt_kernel<T, E, simt_rows(E)>), simt_smem_bytes(D, simt_rows(E))};
+    X(1) X(2) X(4) X(8) X(16)
+#undef X
+    default: return {};
+  }
+}
+
+KernelPick pick_kernel(AttnPath path, DType dtype, int D, int rows_per_cta) {
+  if (path == AttnPath::kTensorCore) {
+    const int rw = rows_per_cta / 16;
+    switch (D) {
+      case 32: return pick_tc<32>(rw);
+      case 64: return pick_tc<64>(rw);
+      case 128: return pick_tc<128>(rw);
+      case 256: return pick_tc<256>(rw);
+      default: return {};
+    }
+  }
+  return dtype == DType::F16 ? pick_simt<__half>(D) : pick_simt<float>(D);
+}
+
+// Sets the dynamic shared memory limit of fn once per device and returns how many CTAs of it fit on
+// the whole device.
+cudaError_t configure(const KernelPick& k, int device, int* device_slots) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> slots;  // guarded by mu
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(k.fn, device);
+  const auto it = slots.find(key);
+  if (it != slots.end()) {
+    *device_slots = it->second;
+    return cudaSuccess;
+  }
+  cudaError_t e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem));
+  if (e != cudaSuccess) return e;
+  int sms = 0, per_sm = 0;
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, kThreads, k.smem);
+  if (e != cudaSuccess) return e;
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  slots[key] = sms * per_sm;
+  *device_slots = sms * per_sm;
+  return cudaSuccess;
+}
+
+bool tc_allowed(const AttnPagedArgs& a) {
+  const int D = a.kv.head_dim;
+  return a.kv.dtype == DType::F16 && (D == 32 || D == 64 || D == 128 || D == 256) && a.kv.k_offset % 16 == 0 &&
+         a.kv.v_offset % 16 == 0;
+}
+
+KParams make_params(const AttnPagedArgs& a, const AttnPlan& plan) {
+  KParams p{};
+  const int G = a.n_head / a.kv.n_head_kv;
+  const int64_t RT = static_cast<int64_t>(a.n_tokens) * a.n_head;
+  p.q = a.q;
+  p.o = a.o;
+  p.part_ml = plan.n_split > 1 ? a.scratch : nullptr;
+  p.part_o = plan.n_split > 1 ? a.scratch + 2 * plan.n_split * RT : nullptr;
+  p.k_base = a.kv.k_base;
+  p.v_base = a.kv.v_base;
+  p.k_off = a.kv.k_offset;
+  p.v_off = a.kv.v_offset;
+  p.d_pos = a.d_pos;
+  p.pos0_host = a.pos0_host;
+  p.C = a.kv.chunk_tokens;
+  p.Hkv = a.kv.n_head_kv;
+  p.D = a.kv.head_dim;
+  p.H = a.n_head;
+  p.G = G;
+  p.n_tokens = a.n_tokens;
+  p.R = a.n_tokens * G;
+  p.RT = RT;
+  p.n_split = plan.n_split;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  return p;
 }
 
 }  // namespace
 
-cudaError_t attention_launch(const float* q, const float* const* k_ptrs, const float* const* v_ptrs,
-                             int64_t chunk_tokens, float* o, int64_t head_dim, int64_t n_head, int64_t n_head_kv,
-                             int64_t n_tokens, int64_t pos0, float scale, cudaStream_t s) {
-  if (head_dim > kAttnMaxHeadDim || n_head_kv <= 0 || n_head % n_head_kv != 0) return cudaErrorInvalidValue;
-  constexpr int64_t kMaxGridY = 65535;  // one grid row per query token, in slices
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxGridY) {
-    const int64_t nt = n_tokens - t0 < kMaxGridY ? n_tokens - t0 : kMaxGridY;
-    const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(nt));
-    const int64_t off = t0 * n_head * head_dim;
-    attention_kernel<<<grid, 32 * kAttnWarps, 0, s>>>(q + off, k_ptrs, v_ptrs, chunk_tokens, o + off, head_dim,
-                                                      n_head, n_head_kv, pos0 + t0, scale);
-    const cudaError_t e = cudaGetLastError();
+cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
+  const int D = a.kv.head_dim, Hkv = a.kv.n_head_kv;
+  if (D <= 0 || D > kAttnMaxHeadDim || Hkv <= 0 || a.n_head % Hkv != 0 || a.n_tokens <= 0 ||
+      a.kv.chunk_tokens <= 0 || (a.kv.dtype != DType::F16 && a.kv.dtype != DType::F32)) {
+    return cudaErrorInvalidValue;
+  }
+  const bool tc = tc_allowed(a);
+  AttnPath path = force == AttnPath::kAuto ? (tc ? AttnPath::kTensorCore : AttnPath::kSimt) : force;
+  if (path == AttnPath::kTensorCore && !tc) return cudaErrorInvalidValue;
+  const int64_t R = static_cast<int64_t>(a.n_tokens) * (a.n_head / Hkv);
+  if (R > INT32_MAX / 2) return cudaErrorInvalidValue;
+  int rows = 0;
+  if (path == AttnPath::kTensorCore) {
+    rows = R <= 16 ? 16 : R <= 32 ? 32 : 64;
+  } else {
+    rows = simt_rows(simt_lanes(D));
+  }
+  const KernelPick k = pick_kernel(path, a.kv.dtype, D, rows);
+  if (k.fn == nullptr) return cudaErrorInvalidValue;
+  int slots = 0;
+  const cudaError_t e = configure(k, device, &slots);
+  if (e != cudaSuccess) return e;
+  const int64_t n_row_blocks = (R + rows - 1) / rows;
+  if (n_row_blocks > 65535) return cudaErrorInvalidValue;  // grid y: callers prefill in pieces
+  const int64_t base = n_row_blocks * Hkv;
+  // Fill the device once: the split count is fixed here, each CTA's share of the real KV is computed
+  // on the device. More splits than kBN tiles of the bound would only add empty CTAs.
+  int64_t n_split = base < slots ? slots / base : 1;
+  n_split = std::min<int64_t>({n_split, (std::max<int64_t>(a.max_kv, 1) + kBN - 1) / kBN, kMaxSplit});
+  n_split = std::max<int64_t>(n_split, 1);
+  plan->path = path;
+  plan->rows_per_cta = rows;
+  plan->n_row_blocks = n_row_blocks;
+  plan->n_split = static_cast<int>(n_split);
+  plan->scratch_bytes =
+      n_split > 1 ? n_split * static_cast<int64_t>(a.n_tokens) * a.n_head * (D + 2) * static_cast<int64_t>(4) : 0;
+  return cudaSuccess;
+}
+
+cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan, cudaStream_t s) {
+  const KernelPick k = pick_kernel(plan.path, a.kv.dtype, a.kv.head_dim, plan.rows_per_cta);
+  if (k.fn == nullptr || (plan.n_split > 1 && a.scratch == nullptr) || plan.n_row_blocks > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  int device = 0, slots = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  e = configure(k, device, &slots);
+  if (e != cudaSuccess) return e;
+  KParams p = make_params(a, plan);
+  void* args[] = {&p};
+  const dim3 grid(static_cast<unsigned>(a.kv.n_head_kv), static_cast<unsigned>(plan.n_row_blocks),
+                  static_cast<unsigned>(plan.n_split));
+  e = cudaLaunchKernel(k.fn, grid, dim3(kThreads), args, k.smem, s);
+  if (e != cudaSuccess) return e;
+  if (plan.n_split > 1) {
+    e = cudaLaunchKernel(reinterpret_cast<const void*>(attn_combine_kernel), dim3(static_cast<unsigned>(p.RT)),
+                         dim3(32 * kCombineWarps), args, 0, s);
     if (e != cudaSuccess) return e;
   }
-  return cudaSuccess;
+  return cudaGetLastError();
+}
+
+cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& kv, const int32_t* d_pos,
+                             int64_t n_tokens, cudaStream_t s) {
+  const int64_t row = static_cast<int64_t>(kv.n_head_kv) * kv.head_dim;
+  const int64_t total = n_tokens * row;
+  if (total <= 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
+  if (kv.dtype == DType::F16) {
+    kv_append_kernel<__half><<<blocks, 256, 0, s>>>(k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
+                                                     kv.chunk_tokens, row, d_pos, total);
+  } else if (kv.dtype == DType::F32) {
+    kv_append_kernel<float><<<blocks, 256, 0, s>>>(k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
+                                                    kv.chunk_tokens, row, d_pos, total);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace ds::cuda

@@ -126,32 +126,6 @@ Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float
   return Status::ok();
 }
 
-Status attention(const OpContext& ctx, const TensorView& q, std::span<const TensorView> k_chunks,
-                 std::span<const TensorView> v_chunks, int64_t n_kv, int64_t pos0, float scale,
-                 const TensorView& o) {
-  DS_TRY(device_status(ctx.device.index));
-  DS_TRY(check_device_memory("attention", {&q, &o}));
-  if (q.ne[0] > 512) return unsupported("attention: head_dim {} > 512 on CUDA (q {})", q.ne[0], q.shape_string());
-  DeviceGuard guard(ctx.device.index);
-  const int64_t n_chunks = static_cast<int64_t>(k_chunks.size());
-  std::vector<const float*> ptrs(static_cast<size_t>(2 * n_chunks));
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    ptrs[c] = k_chunks[c].as<float>();
-    ptrs[n_chunks + c] = v_chunks[c].as<float>();
-  }
-  DS_ASSIGN_OR_RETURN(CudaBuffer dptrs, CudaBuffer::allocate(ctx.device.index, 8 * 2 * n_chunks));
-  // From pageable memory: the call returns once the pointers are staged, so `ptrs` may go.
-  DS_CUDA_TRY(cudaMemcpyAsync(dptrs.data(), ptrs.data(), static_cast<size_t>(8 * 2 * n_chunks),
-                              cudaMemcpyHostToDevice, stream_of(ctx)),
-              "attention: {} chunk pointers", 2 * n_chunks);
-  const auto* kp = static_cast<const float* const*>(dptrs.data());
-  DS_CUDA_TRY(attention_launch(f32(q), kp, kp + n_chunks, k_chunks[0].ne[2], f32(o), q.ne[0], q.ne[1],
-                               k_chunks[0].ne[1], q.ne[2], pos0, scale, stream_of(ctx)),
-              "attention q {} chunks {} of {} n_kv {} pos0 {}", q.shape_string(), n_chunks,
-              k_chunks[0].shape_string(), n_kv, pos0);
-  return Status::ok();
-}
-
 Status delta_net_gates(const OpContext& ctx, const TensorView& alpha, const TensorView& b,
                        const TensorView& dt_bias, const TensorView& ssm_a, const TensorView& g,
                        const TensorView& beta) {

@@ -1,6 +1,7 @@
 // CUDA kernels and launchers of the non-matrix ops: element-wise family, strided copy, RMS/L2 norm,
-// NeoX RoPE, get_rows, causal conv1d with state, DeltaNet gates and recurrence, MoE routing and the
-// row gather/scatter used by the expert FFN. Host entries (checks, Status) are in cuda_ops.cpp.
+// NeoX RoPE (also at a device-side position), get_rows, causal conv1d with state, DeltaNet gates and
+// recurrence, MoE routing and the row gather/scatter used by the expert FFN. Host entries (checks,
+// Status) are in cuda_ops.cpp and cuda_attention.cpp.
 // Non-obvious choice: the DeltaNet recurrence keeps the state in device memory and gives each thread
 // one dv column of a head's state, so a token's update needs no cross-thread reduction and the state
 // is read and written once per token, which is the whole cost of a decode step.
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/cuda/attention_launch.h"
 #include "ops/cuda/ops_launch.h"
 #include "ops/cuda/quant_decode.cuh"
 
@@ -76,11 +78,13 @@ __global__ void norm_kernel(const float* x, const float* w, float* y, int64_t n,
 }
 
 // Angles in double: positions reach 2^18 and a float angle would be off by up to 1e-2 rad there.
+// d_pos (when not null) adds a position read on the device (rope_neox_at).
 __global__ void rope_kernel(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
-                            double log2_base, int64_t pos0) {
+                            double log2_base, int64_t pos0, const int32_t* d_pos) {
   const int64_t half = n_rot / 2;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tokens * n_head * half) return;
+  if (d_pos) pos0 += *d_pos;
   const int64_t d = i % half, th = i / half, t = th / n_head;
   float* v = x + th * head_dim;
   const double theta = static_cast<double>(pos0 + t) * exp2(-2.0 * static_cast<double>(d) / n_rot * log2_base);
@@ -267,7 +271,16 @@ cudaError_t rope_neox_launch(float* x, int64_t head_dim, int64_t n_head, int64_t
   const int64_t n = n_tokens * n_head * (n_rot / 2);
   if (n <= 0) return cudaSuccess;
   rope_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, head_dim, n_head, n_tokens, n_rot,
-                                                   std::log2(static_cast<double>(base)), pos0);
+                                                   std::log2(static_cast<double>(base)), pos0, nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t rope_neox_at_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
+                                float base, const int32_t* d_pos, cudaStream_t s) {
+  const int64_t n = n_tokens * n_head * (n_rot / 2);
+  if (n <= 0) return cudaSuccess;
+  rope_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, head_dim, n_head, n_tokens, n_rot,
+                                                   std::log2(static_cast<double>(base)), 0, d_pos);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,436 @@
+// Workbench: causal GQA attention over the paged KV cache (ops/cuda/attention.cu), checked against the
+// CPU attention op and timed against the measured streaming-read bandwidth (decode) or as TFLOP/s
+// (prefill, counting 4 * n * n_kv * D * H / 2 FLOPs for the causal half).
+// Build (after the CMake build in build-gpu, for the kernels in libdeltaserve_cuda and the CPU
+// reference in libdeltaserve_lib):
+//   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
+//     kernels/attention_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
+//     -o build-gpu/attention_bench
+// Run: build-gpu/attention_bench [out.tsv]       (about 10-20 s)
+// Versions:
+//   v1 simple: the first production kernel: one CTA per (head, token), its 8 warps stride over the
+//              visible positions with their own online softmax, merged at the end; every query head
+//              re-reads its KV head (no GQA sharing, no split over CTAs). Here with F16 KV.
+//   simt:      production SIMT kernel: CTA per (8 packed (token, head-in-group) rows, KV head, split),
+//              warps stride positions, F32 FMA; split partials merged by a combine kernel.
+//   tc:        production tensor-core kernel: same decomposition with 16/32/64 rows per CTA, K/V tiles
+//              of 64 positions double-buffered by cp.async, mma.sync m16n8k16 for Q K^T and P V.
+// Shape: Qwen3.5 27B full-attention layer: head_dim 256, 24 query heads over 4 KV heads, F16 KV in
+// chunks of 64 positions. Decode at 4K and 32K positions (also with a 32K graph bound at 4K), prefill
+// of 4096 tokens from position 0.
+// Non-obvious choice: timed runs rotate over enough copies of the KV to exceed 4x the L2 size, and each
+// timing replays a CUDA graph of many launches, so the numbers are device time from memory, not
+// launch overhead or L2 hits.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/half.h"
+#include "core/tensor.h"
+#include "ops/attention.h"
+#include "ops/cuda/attention_launch.h"
+
+using namespace ds;
+using ds::cuda::AttnPagedArgs;
+using ds::cuda::AttnPath;
+using ds::cuda::AttnPlan;
+
+#define CK(call)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+namespace {
+
+constexpr int kD = 256, kH = 24, kHkv = 4, kChunk = 64;
+FILE* g_tsv = nullptr;
+bool g_fail = false;
+
+// ---- v1: the first production kernel, with F16 KV ----
+constexpr int kV1Warps = 8;
+constexpr int kV1PerLane = kD / 32;
+
+__global__ void __launch_bounds__(32 * kV1Warps)
+v1_kernel(const float* q, const uint8_t* const* k_base, int64_t k_off, int64_t v_off, int chunk, float* o,
+          int n_head, int n_head_kv, const int32_t* d_pos, float scale) {
+  __shared__ float qs[kD];
+  __shared__ float part_m[kV1Warps], part_l[kV1Warps];
+  __shared__ float part_o[kV1Warps][kD];
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int g = h / (n_head / n_head_kv);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* qr = q + (static_cast<int64_t>(t) * n_head + h) * kD;
+  for (int d = threadIdx.x; d < kD; d += blockDim.x) qs[d] = qr[d] * scale;
+  __syncthreads();
+  float m = -INFINITY, l = 0.0f, acc[kV1PerLane];
+#pragma unroll
+  for (int i = 0; i < kV1PerLane; ++i) acc[i] = 0.0f;
+  const int n_visible = *d_pos + t + 1;
+  for (int j = warp; j < n_visible; j += kV1Warps) {
+    const int c = j / chunk, r = j % chunk;
+    const __half* kr = reinterpret_cast<const __half*>(k_base[c] + k_off) + (static_cast<int64_t>(r) * n_head_kv + g) * kD;
+    const __half* vr = reinterpret_cast<const __half*>(k_base[c] + v_off) + (static_cast<int64_t>(r) * n_head_kv + g) * kD;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kV1PerLane; ++i) s = fmaf(qs[lane + 32 * i], __half2float(kr[lane + 32 * i]), s);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+    const float m_new = fmaxf(m, s);
+    const float corr = __expf(m - m_new), p = __expf(s - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < kV1PerLane; ++i) acc[i] = fmaf(p, __half2float(vr[lane + 32 * i]), acc[i] * corr);
+    m = m_new;
+  }
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kV1PerLane; ++i) part_o[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  float m_all = -INFINITY;
+  for (int w = 0; w < kV1Warps; ++w) m_all = fmaxf(m_all, part_m[w]);
+  float l_all = 0.0f;
+  for (int w = 0; w < kV1Warps; ++w) {
+    if (part_l[w] > 0.0f) l_all += part_l[w] * __expf(part_m[w] - m_all);
+  }
+  float* orow = o + (static_cast<int64_t>(t) * n_head + h) * kD;
+  for (int d = threadIdx.x; d < kD; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kV1Warps; ++w) {
+      if (part_l[w] > 0.0f) sum += part_o[w][d] * __expf(part_m[w] - m_all);
+    }
+    orow[d] = sum / l_all;
+  }
+}
+
+// ---- device limits and data ----
+__global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345679u) atomicAdd(sink, 1ull);  // keeps the loads alive
+}
+
+__global__ void fill_random_half(__half* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32) * 0x85EBCA77u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    p[i] = __float2half_rn(static_cast<float>(h & 0xFFFF) / 32768.0f - 1.0f);
+  }
+}
+
+__global__ void fill_random_float(float* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    p[i] = static_cast<float>(h & 0xFFFF) / 16384.0f - 2.0f;
+  }
+}
+
+float median_ms(const std::function<void()>& launch, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  launch();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    launch();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double measure_read_gbs() {
+  const int64_t bytes = int64_t{4} << 30;
+  uint4* p;
+  unsigned long long* sink;
+  CK(cudaMalloc(&p, bytes));
+  CK(cudaMalloc(&sink, 8));
+  CK(cudaMemset(p, 0x5A, bytes));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const float ms = median_ms([&] { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); }, 10);
+  CK(cudaFree(p));
+  CK(cudaFree(sink));
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
+// One copy of a layer's KV for n_kv positions: chunk c in slot c of one allocation (K then V per slot),
+// and the device slot array.
+struct KvCopy {
+  uint8_t* slots = nullptr;
+  const uint8_t** d_base = nullptr;
+  int64_t n_chunks = 0;
+  static constexpr int64_t kPer = int64_t{kChunk} * kHkv * kD * 2;  // bytes of K (or V) per chunk
+};
+
+KvCopy make_copy(int64_t n_kv, uint32_t seed) {
+  KvCopy c;
+  c.n_chunks = (n_kv + kChunk - 1) / kChunk;
+  CK(cudaMalloc(&c.slots, c.n_chunks * 2 * KvCopy::kPer));
+  fill_random_half<<<1024, 256>>>(reinterpret_cast<__half*>(c.slots), c.n_chunks * KvCopy::kPer, seed);
+  CK(cudaGetLastError());
+  std::vector<const uint8_t*> base(static_cast<size_t>(c.n_chunks));
+  for (int64_t i = 0; i < c.n_chunks; ++i) base[i] = c.slots + i * 2 * KvCopy::kPer;
+  CK(cudaMalloc(&c.d_base, 8 * c.n_chunks));
+  CK(cudaMemcpy(c.d_base, base.data(), 8 * c.n_chunks, cudaMemcpyHostToDevice));
+  return c;
+}
+
+void free_copy(KvCopy& c) {
+  CK(cudaFree(c.slots));
+  CK(cudaFree(c.d_base));
+}
+
+AttnPagedArgs args_for(const KvCopy& c, const float* q, float* o, int n_tokens, const int32_t* d_pos, int64_t max_kv) {
+  AttnPagedArgs a;
+  a.q = q;
+  a.o = o;
+  a.kv.k_base = a.kv.v_base = c.d_base;
+  a.kv.k_offset = 0;
+  a.kv.v_offset = KvCopy::kPer;
+  a.kv.dtype = DType::F16;
+  a.kv.chunk_tokens = kChunk;
+  a.kv.n_head_kv = kHkv;
+  a.kv.head_dim = kD;
+  a.n_head = kH;
+  a.n_tokens = n_tokens;
+  a.d_pos = d_pos;
+  a.max_kv = max_kv;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  return a;
+}
+
+// A launcher of one version for (copy, q, o, n_tokens, d_pos, max_kv); scratch reused across copies.
+struct Version {
+  const char* name;
+  AttnPath path;  // kAuto = v1
+};
+const Version kVersions[] = {{"v1", AttnPath::kAuto}, {"simt", AttnPath::kSimt}, {"tc", AttnPath::kTensorCore}};
+
+struct Runner {
+  float* scratch = nullptr;
+  int64_t scratch_bytes = 0;
+  void launch(const Version& v, const KvCopy& c, const float* q, float* o, int n_tokens, const int32_t* d_pos,
+              int64_t max_kv, cudaStream_t s, AttnPlan* plan_out = nullptr) {
+    AttnPagedArgs a = args_for(c, q, o, n_tokens, d_pos, max_kv);
+    if (v.path == AttnPath::kAuto) {
+      v1_kernel<<<dim3(kH, n_tokens), 32 * kV1Warps, 0, s>>>(q, c.d_base, 0, KvCopy::kPer, kChunk, o, kH, kHkv,
+                                                             d_pos, a.scale);
+      CK(cudaGetLastError());
+      return;
+    }
+    AttnPlan plan;
+    CK(cuda::attention_paged_plan(a, v.path, 0, &plan));
+    if (plan.scratch_bytes > scratch_bytes) {
+      CK(cudaDeviceSynchronize());
+      if (scratch) CK(cudaFree(scratch));
+      CK(cudaMalloc(&scratch, plan.scratch_bytes));
+      scratch_bytes = plan.scratch_bytes;
+    }
+    a.scratch = scratch;
+    CK(cuda::attention_paged_launch(a, plan, s));
+    if (plan_out) *plan_out = plan;
+  }
+};
+
+// ---- correctness against the CPU attention op ----
+void check_versions(Runner& run, cudaStream_t s) {
+  for (auto [pos0, n] : {std::pair<int, int>{1000, 1}, {1000, 7}, {200, 300}}) {
+    const int64_t n_kv = pos0 + n;
+    KvCopy c = make_copy(n_kv, 77u + pos0);
+    std::vector<uint16_t> host(static_cast<size_t>(c.n_chunks * 2 * KvCopy::kPer / 2));
+    CK(cudaMemcpy(host.data(), c.slots, 2 * host.size(), cudaMemcpyDeviceToHost));
+    std::vector<TensorView> kh, vh;
+    for (int64_t i = 0; i < c.n_chunks; ++i) {
+      uint16_t* k = host.data() + i * KvCopy::kPer;  // kPer bytes = kPer / 2 halves, K then V
+      kh.push_back(TensorView::contiguous(k, DType::F16, {kD, kHkv, kChunk}));
+      vh.push_back(TensorView::contiguous(k + KvCopy::kPer / 2, DType::F16, {kD, kHkv, kChunk}));
+    }
+    std::vector<float> q(static_cast<size_t>(kD) * kH * n), ref(q.size()), got(q.size());
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    for (float& x : q) x = u(rng);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    const Status st = attention(OpContext{}, TensorView::contiguous(q.data(), DType::F32, {kD, kH, n}), kh, vh, n_kv,
+                                pos0, scale, TensorView::contiguous(ref.data(), DType::F32, {kD, kH, n}));
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "CPU attention: %s\n", st.to_string().c_str());
+      std::exit(1);
+    }
+    float *dq, *dout;
+    int32_t* d_pos;
+    CK(cudaMalloc(&dq, 4 * q.size()));
+    CK(cudaMalloc(&dout, 4 * q.size()));
+    CK(cudaMalloc(&d_pos, 4));
+    CK(cudaMemcpy(dq, q.data(), 4 * q.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_pos, &pos0, 4, cudaMemcpyHostToDevice));
+    for (const Version& v : kVersions) {
+      CK(cudaMemset(dout, 0xFF, 4 * q.size()));  // NaN
+      run.launch(v, c, dq, dout, n, d_pos, 32768, s);
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemcpy(got.data(), dout, 4 * q.size(), cudaMemcpyDeviceToHost));
+      double mx = 0, err = 0;
+      for (size_t i = 0; i < q.size(); ++i) {
+        mx = std::max(mx, static_cast<double>(std::fabs(ref[i])));
+        err = std::max(err, std::isnan(got[i]) ? INFINITY : static_cast<double>(std::fabs(got[i] - ref[i])));
+      }
+      const double rel = err / mx, tol = v.path == AttnPath::kTensorCore ? 2e-3 : 1e-4;
+      std::printf("check %-5s pos0 %5d n %4d: max err / max|o| = %.2e %s\n", v.name, pos0, n, rel,
+                  rel <= tol ? "ok" : "FAIL");
+      if (!(rel <= tol)) g_fail = true;
+    }
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+    CK(cudaFree(d_pos));
+    free_copy(c);
+  }
+}
+
+// ---- timing ----
+// Times `iters` launches rotating over the copies, captured as one graph; returns us per launch.
+double time_graph(const std::function<void(int, cudaStream_t)>& one, int iters, cudaStream_t s) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < iters; ++i) one(i, s);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  std::vector<float> t;
+  for (int r = 0; r < 5; ++r) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  return 1e3 * t[t.size() / 2] / iters;
+}
+
+void bench_decode(Runner& run, int64_t n_kv, int64_t max_kv, double read_gbs, int64_t l2_bytes, cudaStream_t s) {
+  const int64_t kv_bytes = n_kv * kHkv * kD * 2 * 2;
+  const int n_copies = static_cast<int>(std::max<int64_t>(2, (4 * l2_bytes + kv_bytes - 1) / kv_bytes));
+  std::vector<KvCopy> copies;
+  for (int i = 0; i < n_copies; ++i) copies.push_back(make_copy(n_kv, 1000u + i));
+  float *dq, *dout;
+  int32_t* d_pos;
+  const int pos0 = static_cast<int>(n_kv - 1);
+  CK(cudaMalloc(&dq, 4 * kD * kH));
+  CK(cudaMalloc(&dout, 4 * kD * kH));
+  CK(cudaMalloc(&d_pos, 4));
+  fill_random_float<<<64, 256>>>(dq, kD * kH, 11u);
+  CK(cudaMemcpy(d_pos, &pos0, 4, cudaMemcpyHostToDevice));
+  for (const Version& v : kVersions) {
+    AttnPlan plan;
+    run.launch(v, copies[0], dq, dout, 1, d_pos, max_kv, s, &plan);  // sizes the scratch outside the capture
+    CK(cudaStreamSynchronize(s));
+    const double us = time_graph(
+        [&](int i, cudaStream_t st) { run.launch(v, copies[i % n_copies], dq, dout, 1, d_pos, max_kv, st); }, 40, s);
+    const double gbs = kv_bytes / (us * 1e-6) / 1e9;
+    std::printf("decode %-5s n_kv %6lld bound %6lld: %8.1f us %7.0f GB/s %5.1f%% of read bw  (splits %d)\n", v.name,
+                static_cast<long long>(n_kv), static_cast<long long>(max_kv), us, gbs, 100.0 * gbs / read_gbs,
+                v.path == AttnPath::kAuto ? 1 : plan.n_split);
+    if (g_tsv) {
+      std::fprintf(g_tsv, "decode\t%s\t%lld\t%lld\t%.2f\t%.1f\t%.4f\n", v.name, static_cast<long long>(n_kv),
+                   static_cast<long long>(max_kv), us, gbs, gbs / read_gbs);
+    }
+  }
+  CK(cudaFree(dq));
+  CK(cudaFree(dout));
+  CK(cudaFree(d_pos));
+  for (KvCopy& c : copies) free_copy(c);
+}
+
+void bench_prefill(Runner& run, int n, cudaStream_t s) {
+  KvCopy c = make_copy(n, 9u);
+  float *dq, *dout;
+  int32_t* d_pos;
+  const int pos0 = 0;
+  CK(cudaMalloc(&dq, 4LL * kD * kH * n));
+  CK(cudaMalloc(&dout, 4LL * kD * kH * n));
+  CK(cudaMalloc(&d_pos, 4));
+  fill_random_float<<<1024, 256>>>(dq, static_cast<int64_t>(kD) * kH * n, 3u);
+  CK(cudaMemcpy(d_pos, &pos0, 4, cudaMemcpyHostToDevice));
+  const double flops = 4.0 * n * n * kD * kH / 2;
+  for (const Version& v : kVersions) {
+    AttnPlan plan;
+    run.launch(v, c, dq, dout, n, d_pos, n, s, &plan);
+    CK(cudaStreamSynchronize(s));
+    const double us = time_graph([&](int, cudaStream_t st) { run.launch(v, c, dq, dout, n, d_pos, n, st); }, 3, s);
+    const double tflops = flops / (us * 1e-6) / 1e12;
+    std::printf("prefill %-5s n %5d over n_kv %5d: %9.1f us %7.1f TFLOP/s\n", v.name, n, n, us, tflops);
+    if (g_tsv) std::fprintf(g_tsv, "prefill\t%s\t%d\t%d\t%.2f\t%.2f\n", v.name, n, n, us, tflops);
+  }
+  CK(cudaFree(dq));
+  CK(cudaFree(dout));
+  CK(cudaFree(d_pos));
+  free_copy(c);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) g_tsv = std::fopen(argv[1], "w");
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Runner run;
+  check_versions(run, s);
+  const double read_gbs = measure_read_gbs();
+  std::printf("streaming read: %.0f GB/s\n", read_gbs);
+  bench_decode(run, 4096, 4096, read_gbs, prop.l2CacheSize, s);
+  bench_decode(run, 4096, 32768, read_gbs, prop.l2CacheSize, s);
+  bench_decode(run, 32768, 32768, read_gbs, prop.l2CacheSize, s);
+  bench_prefill(run, 4096, s);
+  if (run.scratch) CK(cudaFree(run.scratch));
+  CK(cudaStreamDestroy(s));
+  if (g_tsv) std::fclose(g_tsv);
+  std::printf("== summary: %s\n", g_fail ? "FAIL" : "all checks ok");
+  return g_fail ? 1 : 0;
+}

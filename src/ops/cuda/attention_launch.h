@@ -1,0 +1,82 @@
+// Launchers of the CUDA kernels of the model's attention path (defined in ops/cuda/attention.cu, and the
+// device-position RoPE in ops/cuda/ops_kernels.cu), called by the host entries in
+// ops/cuda/cuda_attention.cpp and by the workbench kernels/attention_bench.cu. Needs the CUDA runtime
+// headers: include only under DS_HAVE_CUDA. The host entries validate arguments; launchers only check
+// the kernel limits they rely on and return the launch error.
+// Non-obvious choice: paged attention is planned in two steps (attention_paged_plan, then
+// attention_paged_launch) so the caller can allocate the split scratch from its own allocator and the
+// workbench can force a path; the plan depends only on host values (shapes, max_kv, the device), never
+// on the position, so a captured CUDA graph stays valid while those hold.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ds::cuda {
+
+// The KV chunks of one attention layer: logical chunk c holds tokens [c * chunk_tokens, (c + 1) *
+// chunk_tokens); its K rows start at k_base[c] + k_offset, its V rows at v_base[c] + v_offset, each
+// [chunk_tokens, n_head_kv, head_dim] of dtype (F32 or F16). k_base / v_base are device arrays; the
+// KvTable form passes the same slot array for both. Chunk bases must be 16-byte aligned.
+struct PagedKvArgs {
+  const uint8_t* const* k_base = nullptr;
+  const uint8_t* const* v_base = nullptr;
+  int64_t k_offset = 0;  // bytes
+  int64_t v_offset = 0;  // bytes
+  DType dtype = DType::F16;
+  int32_t chunk_tokens = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;
+};
+
+// Causal GQA attention of q [n_tokens, n_head, head_dim] (F32) at positions [pos0, pos0 + n_tokens)
+// over the first pos0 + n_tokens positions of kv; o like q. pos0 = *d_pos when d_pos is not null
+// (read on the device), else pos0_host. Scores are scale * q.k.
+struct AttnPagedArgs {
+  const float* q = nullptr;
+  float* o = nullptr;
+  PagedKvArgs kv;
+  int32_t n_head = 0;
+  int32_t n_tokens = 0;
+  const int32_t* d_pos = nullptr;
+  int32_t pos0_host = 0;
+  int64_t max_kv = 0;        // host bound of pos0 + n_tokens (sizes the split count)
+  float scale = 1.0f;
+  float* scratch = nullptr;  // AttnPlan::scratch_bytes of device memory when n_split > 1
+};
+
+enum class AttnPath : int {
+  kAuto,        // tensor cores when the shape allows, else SIMT
+  kTensorCore,  // F16 KV, head_dim in {32, 64, 128, 256}: mma.sync m16n8k16 flash attention
+  kSimt,        // any dtype (F32 / F16), head_dim <= kAttnMaxHeadDim: F32 FMA
+};
+
+constexpr int kAttnMaxHeadDim = 512;
+
+struct AttnPlan {
+  AttnPath path = AttnPath::kSimt;
+  int rows_per_cta = 0;        // packed (token, head-in-group) rows per CTA
+  int64_t n_row_blocks = 0;    // grid y (x = KV head)
+  int n_split = 1;             // grid z: KV ranges per (row block, kv head), merged by a second kernel
+  int64_t scratch_bytes = 0;   // 0 when n_split == 1
+};
+
+// Chooses the kernel and the split count. cudaErrorInvalidValue: a forced path the shape does not
+// allow, head_dim > kAttnMaxHeadDim, or more than 65535 row blocks (about 500K query tokens).
+cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan);
+// Runs the plan on stream s: the attention kernel, then (n_split > 1) the split combine kernel.
+cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan, cudaStream_t s);
+
+// Writes k, v [n_tokens, n_head_kv, head_dim] (F32, contiguous) at positions [*d_pos, *d_pos + n_tokens)
+// of kv (converted to its dtype, round to nearest even for F16).
+cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& kv, const int32_t* d_pos,
+                             int64_t n_tokens, cudaStream_t s);
+
+// rope_neox_launch (ops_launch.h) with the first token's position read from d_pos on the device.
+cudaError_t rope_neox_at_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
+                                float base, const int32_t* d_pos, cudaStream_t s);
+
+}  // namespace ds::cuda

@@ -1,0 +1,272 @@
+// Host entries of the CUDA attention path (ops/cuda/cuda_ops.h): kv_append, attention_paged,
+// rope_neox_at, get_rows_trusted, and the public attention op over a list of chunks. The model-path
+// entries are called directly (no op dispatcher in front), so they check every shape, dtype and limit
+// here and report a Status naming the op and the shapes; then they launch on the context's stream.
+// Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// Non-obvious choice: attention_paged takes its split scratch from the caching allocator on every
+// call (no host synchronization; after the first call of a shape the block comes from the cache). A
+// CUDA graph captured around it keeps that address, so the graph's owner must keep such blocks from
+// being handed to longer-lived users while the graph can be replayed (see attention_paged below).
+#if DS_HAVE_CUDA
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "ops/cuda/attention_launch.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_matmul.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/ops_launch.h"
+#include "ops/op_check.h"
+#include "ops/op_registry.h"
+
+namespace ds::cuda {
+namespace {
+
+cudaStream_t stream_of(const OpContext& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
+
+// Debug builds: every operand must be device (or managed) memory (as in cuda_ops.cpp).
+Status check_device_memory(const char* op, std::initializer_list<const void*> ptrs) {
+#ifndef NDEBUG
+  for (const void* p : ptrs) {
+    if (p == nullptr) continue;
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (e != cudaSuccess || (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)) {
+      return invalid_argument("{}: operand {} is not device memory", op, p);
+    }
+  }
+#else
+  (void)op;
+  (void)ptrs;
+#endif
+  return Status::ok();
+}
+
+Status check_cuda_ctx(const char* op, const OpContext& ctx) {
+  if (ctx.device.kind != DeviceKind::kCuda) {
+    return invalid_argument("{}: context device {} is not a CUDA device", op, ctx.device.to_string());
+  }
+  return device_status(ctx.device.index);
+}
+
+int64_t kv_elem_bytes(DType t) { return t == DType::F16 ? 2 : 4; }
+
+Status check_table(const char* op, const KvTable& kv) {
+  if (kv.slot_base == nullptr) return invalid_argument("{}: KV table has no slot array", op);
+  if (kv.dtype != DType::F32 && kv.dtype != DType::F16) {
+    return unsupported("{}: KV dtype {} (f32 or f16 only)", op, dtype_name(kv.dtype));
+  }
+  if (kv.chunk_tokens <= 0 || kv.chunk_tokens > INT32_MAX || kv.n_head_kv <= 0 || kv.n_head_kv > 65535 ||
+      kv.head_dim <= 0) {
+    return invalid_argument("{}: KV table chunk_tokens {} n_head_kv {} head_dim {}", op, kv.chunk_tokens,
+                            kv.n_head_kv, kv.head_dim);
+  }
+  if (kv.head_dim > kAttnMaxHeadDim) {
+    return unsupported("{}: head_dim {} > {} on CUDA", op, kv.head_dim, kAttnMaxHeadDim);
+  }
+  const int64_t es = kv_elem_bytes(kv.dtype);
+  if (kv.k_offset < 0 || kv.v_offset < 0 || kv.k_offset % es != 0 || kv.v_offset % es != 0) {
+    return invalid_argument("{}: KV offsets k {} v {} bytes must be non-negative multiples of {}", op, kv.k_offset,
+                            kv.v_offset, es);
+  }
+  return Status::ok();
+}
+
+PagedKvArgs table_args(const KvTable& kv) {
+  PagedKvArgs a;
+  a.k_base = reinterpret_cast<const uint8_t* const*>(kv.slot_base);
+  a.v_base = a.k_base;
+  a.k_offset = kv.k_offset;
+  a.v_offset = kv.v_offset;
+  a.dtype = kv.dtype;
+  a.chunk_tokens = static_cast<int32_t>(kv.chunk_tokens);
+  a.n_head_kv = static_cast<int32_t>(kv.n_head_kv);
+  a.head_dim = static_cast<int32_t>(kv.head_dim);
+  return a;
+}
+
+// q / o [head_dim, n_head, n_tokens] F32, contiguous, same shape, not aliased, n_head a multiple of
+// n_head_kv.
+Status check_q_o(const char* op, const OpContext& ctx, const TensorView& q, const TensorView& o, int64_t head_dim,
+                 int64_t n_head_kv) {
+  DS_TRY(ops::check_contig(op, "q", ctx, q, DType::F32));
+  DS_TRY(ops::check_contig(op, "o", ctx, o, DType::F32));
+  DS_TRY(ops::check_same_shape(op, "q", q, "o", o));
+  if (q.ne[3] != 1 || q.ne[0] != head_dim || q.ne[1] % n_head_kv != 0) {
+    return invalid_argument("{}: q {} does not fit KV heads of head_dim {} x {} (3-D, GQA)", op, q.shape_string(),
+                            head_dim, n_head_kv);
+  }
+  if (q.ne[1] > INT32_MAX / 2 || q.ne[2] > INT32_MAX / 2 || q.ne[1] * q.ne[2] > INT32_MAX / 2) {
+    return invalid_argument("{}: q {} is too large", op, q.shape_string());
+  }
+  if (q.data == o.data && q.n_elements() > 0) return invalid_argument("{}: o must not alias q", op);
+  return Status::ok();
+}
+
+// Plans, takes the split scratch from the caching allocator and launches.
+Status run_paged(const OpContext& ctx, AttnPagedArgs a, AttnPath path, const char* op, const TensorView& q) {
+  AttnPlan plan;
+  DS_CUDA_TRY(attention_paged_plan(a, path, ctx.device.index, &plan), "{} plan q {} head_dim {} {}", op,
+              q.shape_string(), a.kv.head_dim, dtype_name(a.kv.dtype));
+  CudaBuffer scratch;
+  if (plan.scratch_bytes > 0) {
+    DS_ASSIGN_OR_RETURN(scratch, CudaBuffer::allocate(ctx.device.index, plan.scratch_bytes));
+    a.scratch = static_cast<float*>(scratch.data());
+  }
+  DS_CUDA_TRY(attention_paged_launch(a, plan, stream_of(ctx)), "{} q {} KV {} head_dim {} chunk {} splits {}", op,
+              q.shape_string(), dtype_name(a.kv.dtype), a.kv.head_dim, a.kv.chunk_tokens, plan.n_split);
+  // The scratch returns to the cache here; later work on this stream is ordered after the kernels.
+  return Status::ok();
+}
+
+}  // namespace
+
+Status kv_append(const OpContext& ctx, const TensorView& k, const TensorView& v, const KvTable& kv,
+                 const int32_t* d_pos) {
+  constexpr const char* op = "kv_append";
+  DS_TRY(check_cuda_ctx(op, ctx));
+  DS_TRY(check_table(op, kv));
+  DS_TRY(ops::check_contig(op, "k", ctx, k, DType::F32));
+  DS_TRY(ops::check_contig(op, "v", ctx, v, DType::F32));
+  DS_TRY(ops::check_same_shape(op, "k", k, "v", v));
+  if (k.ne[0] != kv.head_dim || k.ne[1] != kv.n_head_kv || k.ne[3] != 1) {
+    return invalid_argument("{}: k {} must be [head_dim {}, n_head_kv {}, n_tokens]", op, k.shape_string(),
+                            kv.head_dim, kv.n_head_kv);
+  }
+  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  if (k.ne[2] == 0) return Status::ok();
+  DS_TRY(check_device_memory(op, {k.data, v.data, d_pos, kv.slot_base}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(kv_append_launch(k.as<float>(), v.as<float>(), table_args(kv), d_pos, k.ne[2], stream_of(ctx)),
+              "{} k {} into {} chunks of {}", op, k.shape_string(), dtype_name(kv.dtype), kv.chunk_tokens);
+  return Status::ok();
+}
+
+// The scratch address of the split partials is part of a captured graph: capture after a warm-up
+// call of the same shapes (so the block comes from the cache, not from cudaMalloc) and keep the
+// allocator's blocks of that size from long-lived owners while the graph is replayed.
+Status attention_paged(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
+                       int64_t max_kv, float scale, const TensorView& o) {
+  constexpr const char* op = "attention_paged";
+  DS_TRY(check_cuda_ctx(op, ctx));
+  DS_TRY(check_table(op, kv));
+  DS_TRY(check_q_o(op, ctx, q, o, kv.head_dim, kv.n_head_kv));
+  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  const int64_t n_tokens = q.ne[2];
+  if (max_kv < n_tokens || max_kv > INT32_MAX) {
+    return invalid_argument("{}: max_kv {} must cover the {} query tokens and fit in 32 bits", op, max_kv, n_tokens);
+  }
+  if (n_tokens == 0) return Status::ok();
+  DS_TRY(check_device_memory(op, {q.data, o.data, d_pos, kv.slot_base}));
+  DeviceGuard guard(ctx.device.index);
+  AttnPagedArgs a;
+  a.q = q.as<float>();
+  a.o = o.as<float>();
+  a.kv = table_args(kv);
+  a.n_head = static_cast<int32_t>(q.ne[1]);
+  a.n_tokens = static_cast<int32_t>(n_tokens);
+  a.d_pos = d_pos;
+  a.max_kv = max_kv;
+  a.scale = scale;
+  return run_paged(ctx, a, AttnPath::kAuto, op, q);
+}
+
+Status rope_neox_at(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, const int32_t* d_pos) {
+  constexpr const char* op = "rope_neox_at";
+  DS_TRY(check_cuda_ctx(op, ctx));
+  DS_TRY(ops::check_contig(op, "x", ctx, x, DType::F32));
+  if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > x.ne[0]) {
+    return invalid_argument("{}: n_rot {} must be even and in (0, head_dim {}]", op, n_rot, x.ne[0]);
+  }
+  if (!(base > 0.0f)) return invalid_argument("{}: base {} must be positive", op, base);
+  if (x.ne[3] != 1) return invalid_argument("{}: x {} must be 3-D", op, x.shape_string());
+  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  if (x.n_elements() == 0) return Status::ok();
+  DS_TRY(check_device_memory(op, {x.data, d_pos}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(rope_neox_at_launch(x.as<float>(), x.ne[0], x.ne[1], x.ne[2], n_rot, base, d_pos, stream_of(ctx)),
+              "{} x {} n_rot {}", op, x.shape_string(), n_rot);
+  return Status::ok();
+}
+
+Status get_rows_trusted(const OpContext& ctx, const TensorView& table, const TensorView& ids, const TensorView& y) {
+  constexpr const char* op = "get_rows_trusted";
+  DS_TRY(check_cuda_ctx(op, ctx));
+  if (!matmul_supported(table.dtype)) {
+    return unsupported("{}: table {}: dtype {} is not supported on CUDA", op, table.shape_string(),
+                       dtype_name(table.dtype));
+  }
+  DS_TRY(ops::check_tensor(op, "table", ctx, table, table.dtype));
+  if (table.ne[2] != 1 || table.ne[3] != 1 || table.nb[0] != dtype_block_bytes(table.dtype)) {
+    return invalid_argument("{}: table {} must be 2-D with contiguous rows", op, table.shape_string());
+  }
+  DS_TRY(ops::check_contig(op, "ids", ctx, ids, DType::I32));
+  DS_TRY(ops::check_contig(op, "y", ctx, y, DType::F32));
+  const int64_t n_tokens = ids.n_elements();
+  DS_TRY(ops::check_shape(op, "y", y, table.ne[0], n_tokens));
+  if (n_tokens == 0) return Status::ok();
+  DS_TRY(check_device_memory(op, {table.data, ids.data, y.data}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(get_rows_launch(table.dtype, table.data, table.nb[1], table.ne[0], ids.as<int32_t>(), n_tokens,
+                              y.as<float>(), stream_of(ctx)),
+              "{} table {} ids {}", op, table.shape_string(), ids.shape_string());
+  return Status::ok();
+}
+
+// The public attention op (checked by its dispatcher): the chunk pointers and pos0 come from the host,
+// so this uploads the pointer lists (not a hot path) and runs the paged kernels on them.
+Status attention(const OpContext& ctx, const TensorView& q, std::span<const TensorView> k_chunks,
+                 std::span<const TensorView> v_chunks, int64_t n_kv, int64_t pos0, float scale,
+                 const TensorView& o) {
+  constexpr const char* op = "attention";
+  DS_TRY(device_status(ctx.device.index));
+  const TensorView& k0 = k_chunks[0];
+  if (q.ne[0] > kAttnMaxHeadDim) {
+    return unsupported("{}: head_dim {} > {} on CUDA (q {})", op, q.ne[0], kAttnMaxHeadDim, q.shape_string());
+  }
+  if (pos0 + q.ne[2] > INT32_MAX || k0.ne[2] > INT32_MAX || q.ne[1] * q.ne[2] > INT32_MAX / 2) {
+    return invalid_argument("{}: q {} at pos0 {} is too large for the CUDA kernels", op, q.shape_string(), pos0);
+  }
+  DS_TRY(check_device_memory(op, {q.data, o.data, k0.data}));
+  DeviceGuard guard(ctx.device.index);
+  const int64_t n_chunks = static_cast<int64_t>(k_chunks.size());
+  std::vector<const void*> ptrs(static_cast<size_t>(2 * n_chunks));
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    ptrs[c] = k_chunks[c].data;
+    ptrs[n_chunks + c] = v_chunks[c].data;
+  }
+  DS_ASSIGN_OR_RETURN(CudaBuffer dptrs, CudaBuffer::allocate(ctx.device.index, 8 * 2 * n_chunks));
+  // From pageable memory: the call returns once the pointers are staged, so `ptrs` may go.
+  DS_CUDA_TRY(cudaMemcpyAsync(dptrs.data(), ptrs.data(), static_cast<size_t>(8 * 2 * n_chunks),
+                              cudaMemcpyHostToDevice, stream_of(ctx)),
+              "{}: {} chunk pointers", op, 2 * n_chunks);
+  const auto* base = static_cast<const uint8_t* const*>(dptrs.data());
+  AttnPagedArgs a;
+  a.q = q.as<float>();
+  a.o = o.as<float>();
+  a.kv.k_base = base;
+  a.kv.v_base = base + n_chunks;
+  a.kv.dtype = k0.dtype;
+  a.kv.chunk_tokens = static_cast<int32_t>(k0.ne[2]);
+  a.kv.n_head_kv = static_cast<int32_t>(k0.ne[1]);
+  a.kv.head_dim = static_cast<int32_t>(k0.ne[0]);
+  // The tensor-core path loads 16-byte pieces of each chunk; a misaligned chunk takes the SIMT path.
+  AttnPath path = AttnPath::kAuto;
+  for (const void* p : ptrs) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) path = AttnPath::kSimt;
+  }
+  a.n_head = static_cast<int32_t>(q.ne[1]);
+  a.n_tokens = static_cast<int32_t>(q.ne[2]);
+  a.pos0_host = static_cast<int32_t>(pos0);
+  a.max_kv = n_kv;
+  a.scale = scale;
+  return run_paged(ctx, a, path, op, q);
+}
+
+}  // namespace ds::cuda
+
+#endif  // DS_HAVE_CUDA

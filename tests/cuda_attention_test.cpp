@@ -1,0 +1,498 @@
+// The CUDA attention path against the CPU ops on the same data. A KV pool and sequence state are built
+// on the CPU with random K/V (positions past the last token hold NaN, so a kernel that reads them fails),
+// their slots are mirrored to device memory in a permuted order behind a device slot array, and
+// attention_paged is compared with the CPU attention op: F32 and F16 KV, head_dim 32..512, GQA ratios
+// 1/4/6/8, 1..300 query tokens, positions 0..5000, chunks of 16 and 64, max_kv bounds far above the
+// need (empty splits). Also: both kernels on the same data, the public attention op on F16 chunks,
+// kv_append (bit-exact against a CPU copy), rope_neox_at, get_rows_trusted, and one decode step
+// captured as a CUDA graph and replayed at several positions. Outputs start as NaN. Skipped without a
+// CUDA build or device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "core/half.h"
+#include "ops_test_util.h"
+
+#if DS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "ops/attention.h"
+#include "ops/cuda/attention_launch.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/get_rows.h"
+#include "ops/rope.h"
+#include "state/kv_pool.h"
+#include "state/sequence_state.h"
+#endif
+
+namespace ds {
+namespace {
+
+#if DS_HAVE_CUDA
+
+using test::Host;
+
+// Tolerances on max |cuda - cpu| relative to max |cpu| over the whole output (stated once):
+//  - F32 arithmetic paths (SIMT kernel, F32 or F16 KV): both sides sum in F32 in different orders.
+//  - tensor-core path: q and the softmax weights are rounded to F16 (2^-12 relative each).
+constexpr double kTolF32Path = 1e-5;
+constexpr double kTolTensorCore = 2e-3;
+
+bool tc_shape(DType t, int64_t D) { return t == DType::F16 && (D == 32 || D == 64 || D == 128 || D == 256); }
+double tol_for(DType t, int64_t D) { return tc_shape(t, D) ? kTolTensorCore : kTolF32Path; }
+
+// Max error relative to max |ref|; reports the first element over the bound as [token, head, dim].
+::testing::AssertionResult close_rel(const std::vector<float>& got, const std::vector<float>& ref, double tol,
+                                     int64_t D, int64_t H) {
+  if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+  double mx = 0.0, err = 0.0;
+  for (float r : ref) mx = std::max(mx, static_cast<double>(std::fabs(r)));
+  if (mx == 0.0) mx = 1.0;
+  int64_t first = -1, n_bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double e = std::isnan(got[i]) || std::isnan(ref[i]) ? INFINITY : std::fabs(got[i] - ref[i]);
+    err = std::max(err, e);
+    if (e > tol * mx) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++n_bad;
+    }
+  }
+  if (first < 0) return ::testing::AssertionSuccess();
+  const int64_t t = first / (D * H), h = (first / D) % H, d = first % D;
+  return ::testing::AssertionFailure() << "max err " << err / mx << " (tol " << tol << ", max|ref| " << mx << "), "
+                                       << n_bad << " bad; first at [token " << t << ", head " << h << ", dim " << d
+                                       << "]: got " << got[first] << " want " << ref[first];
+}
+
+class CudaAttentionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    auto s = cuda::Stream::create(0);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    stream_ = std::move(*s);
+    ctx_.device = Device{DeviceKind::kCuda, 0};
+    ctx_.cuda_stream = stream_.handle();
+  }
+
+  void* dev(int64_t bytes) {
+    auto b = cuda::CudaBuffer::allocate(0, std::max<int64_t>(bytes, 16));
+    EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+    void* p = b->data();
+    bufs_.push_back(std::move(*b));
+    return p;
+  }
+  void* up(const void* host, int64_t bytes) {
+    void* d = dev(bytes);
+    EXPECT_TRUE(cuda::copy_to_device(d, host, bytes, stream_).is_ok());
+    return d;
+  }
+  TensorView up(const Host& h) {
+    TensorView d = h.t;
+    d.data = up(h.v.data(), static_cast<int64_t>(4 * h.v.size()));
+    d.device = ctx_.device;
+    return d;
+  }
+  void down(void* host, const void* d, int64_t bytes) {
+    EXPECT_TRUE(cuda::copy_to_host(host, d, bytes, stream_).is_ok());
+    const Status s = stream_.synchronize();
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+  }
+  std::vector<float> down(const TensorView& d) {
+    std::vector<float> out(static_cast<size_t>(d.n_elements()));
+    down(out.data(), d.data, 4 * d.n_elements());
+    return out;
+  }
+  int32_t* dev_pos(int32_t pos) { return static_cast<int32_t*>(up(&pos, 4)); }
+  void set_pos(int32_t* d_pos, int32_t pos) {
+    ASSERT_TRUE(cuda::copy_to_device(d_pos, &pos, 4, stream_).is_ok());
+    ASSERT_TRUE(stream_.synchronize().is_ok());
+  }
+
+  // A sequence's KV on the CPU (pool + block table, two attention layers; layer 1 is the one under
+  // test) and its device mirror: logical chunk c lives in device slot n_chunks - c.
+  struct Paged {
+    StateLayout layout;
+    std::shared_ptr<KvPool> pool;
+    std::unique_ptr<SequenceState> seq;
+    int64_t n_chunks = 0;
+    uint8_t* d_slots = nullptr;
+    cuda::KvTable table;
+    std::vector<TensorView> kh, vh;  // CPU chunk views of layer 1
+    std::vector<TensorView> kd, vd;  // device chunk views of layer 1
+  };
+  static constexpr int64_t kAttnLayer = 1;
+
+  std::unique_ptr<Paged> make_paged(DType dtype, int64_t D, int64_t Hkv, int64_t chunk, int64_t n_kv) {
+    auto p = std::make_unique<Paged>();
+    StateLayout& l = p->layout;
+    l.kinds = {LayerStateKind::kAttention, LayerStateKind::kAttention};
+    l.n_head_kv = Hkv;
+    l.head_dim = D;
+    l.kv_chunk_tokens = chunk;
+    l.kv_dtype = dtype;
+    l.n_ctx = 1 << 20;
+    p->n_chunks = (n_kv + chunk - 1) / chunk;
+    p->pool = std::make_shared<KvPool>(l, Device{}, p->n_chunks + 1);
+    auto seq = SequenceState::create(p->pool);
+    EXPECT_TRUE(seq.is_ok());
+    p->seq = std::move(*seq);
+    EXPECT_TRUE(p->seq->kv_reserve(n_kv).is_ok());
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const int64_t row = Hkv * D;
+    for (int64_t c = 0; c < p->n_chunks; ++c) {
+      for (int64_t a = 0; a < 2; ++a) {
+        for (const TensorView& v : {p->seq->k_chunk(a, c), p->seq->v_chunk(a, c)}) {
+          for (int64_t i = 0; i < chunk * row; ++i) {
+            const bool live = c * chunk + i / row < n_kv;
+            const float x = live ? u(rng_) : NAN;
+            if (dtype == DType::F16) {
+              v.as<uint16_t>()[i] = f32_to_fp16(x);
+            } else {
+              v.as<float>()[i] = x;
+            }
+          }
+        }
+      }
+    }
+    const int64_t slot_bytes = l.kv_slot_bytes();
+    const int64_t per = chunk * row * dtype_block_bytes(dtype);
+    p->d_slots = static_cast<uint8_t*>(dev((p->n_chunks + 1) * slot_bytes));
+    std::vector<const void*> bases(static_cast<size_t>(p->n_chunks));
+    for (int64_t c = 0; c < p->n_chunks; ++c) {
+      uint8_t* d = p->d_slots + (p->n_chunks - c) * slot_bytes;
+      EXPECT_TRUE(cuda::copy_to_device(d, p->pool->slot_data(p->seq->block_table()[c]), slot_bytes, stream_).is_ok());
+      bases[c] = d;
+      p->kh.push_back(p->seq->k_chunk(kAttnLayer, c));
+      p->vh.push_back(p->seq->v_chunk(kAttnLayer, c));
+      TensorView kd = p->kh.back(), vd = p->vh.back();
+      kd.data = d + 2 * kAttnLayer * per;
+      vd.data = d + (2 * kAttnLayer + 1) * per;
+      kd.device = vd.device = ctx_.device;
+      p->kd.push_back(kd);
+      p->vd.push_back(vd);
+    }
+    p->table.slot_base = static_cast<const void* const*>(up(bases.data(), 8 * p->n_chunks));
+    p->table.k_offset = 2 * kAttnLayer * per;
+    p->table.v_offset = (2 * kAttnLayer + 1) * per;
+    p->table.chunk_tokens = chunk;
+    p->table.n_head_kv = Hkv;
+    p->table.head_dim = D;
+    p->table.dtype = dtype;
+    return p;
+  }
+
+  // attention_paged at pos0 for n tokens against the CPU attention op.
+  void check_paged(DType dtype, int64_t D, int64_t Hkv, int64_t G, int64_t chunk, int64_t pos0, int64_t n,
+                   int64_t max_kv, float q_amp) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D=" << D << " Hkv=" << Hkv << " G=" << G
+                                      << " chunk=" << chunk << " pos0=" << pos0 << " n=" << n
+                                      << " max_kv=" << max_kv << " q_amp=" << q_amp);
+    bufs_.clear();  // the previous case is done (down() synchronized): its device memory may go
+    const int64_t H = Hkv * G, n_kv = pos0 + n;
+    auto p = make_paged(dtype, D, Hkv, chunk, n_kv);
+    Host q({D, H, n}), ref({D, H, n}), out({D, H, n});
+    q.random(rng_, -q_amp, q_amp);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    ASSERT_TRUE(attention(test::fast_ctx(), q.t, p->kh, p->vh, n_kv, pos0, scale, ref.t).is_ok());
+    const TensorView dout = up(out);
+    const Status s = cuda::attention_paged(ctx_, up(q), p->table, dev_pos(static_cast<int32_t>(pos0)), max_kv, scale,
+                                           dout);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    const ::testing::AssertionResult r = close_rel(down(dout), ref.v, tol_for(dtype, D), D, H);
+    EXPECT_TRUE(r);
+    if (!r) ++n_failed_;
+  }
+  // Sweeps stop after a few failing cases: the first ones say enough.
+  bool too_many_failures() const { return HasFatalFailure() || n_failed_ >= 5; }
+  int n_failed_ = 0;
+
+  cuda::Stream stream_;
+  OpContext ctx_;
+  std::vector<cuda::CudaBuffer> bufs_;
+  std::mt19937 rng_{4321};
+};
+
+TEST_F(CudaAttentionTest, PagedMatchesCpuAcrossShapes) {
+  const int64_t kGroups[] = {1, 4, 6, 8};
+  int64_t idx = 0;
+  for (DType dtype : {DType::F32, DType::F16}) {
+    for (int64_t D : {32, 64, 128, 256}) {
+      for (int64_t n : {1, 2, 5, 16, 17, 64, 300}) {
+        for (int64_t pos0 : {0, 1, 63, 64, 1000, 5000}) {
+          const int64_t G = kGroups[idx % 4];
+          const int64_t chunk = (idx / 4) % 2 ? 16 : 64;
+          const int64_t Hkv = idx % 3 == 0 ? 2 : 1;
+          const int64_t n_kv = pos0 + n;
+          const int64_t max_kv = idx % 2 ? n_kv : 4 * n_kv + 1000;  // a loose bound: empty splits
+          const float q_amp = idx % 5 == 0 ? 6.0f : 1.5f;            // sometimes a peaky softmax
+          ++idx;
+          check_paged(dtype, D, Hkv, G, chunk, pos0, n, max_kv, q_amp);
+          if (too_many_failures()) return;
+        }
+      }
+    }
+  }
+}
+
+// Qwen3.5 27B (24 heads over 4 KV heads) and 35B-A3B (16 over 2), head_dim 256, with a graph-sized
+// bound of 32K positions.
+TEST_F(CudaAttentionTest, PagedRealModelShapes) {
+  for (DType dtype : {DType::F16, DType::F32}) {
+    for (auto [H, Hkv] : {std::pair<int64_t, int64_t>{24, 4}, {16, 2}}) {
+      for (int64_t n : {1, 4, 16, 17, 128}) {
+        for (int64_t pos0 : {0, 777, 4096}) {
+          check_paged(dtype, 256, Hkv, H / Hkv, 64, pos0, n, 32768, 3.0f);
+          if (too_many_failures()) return;
+        }
+      }
+    }
+  }
+}
+
+// Head dims the tensor-core kernel does not take run on the SIMT kernel (F16 and F32 KV).
+TEST_F(CudaAttentionTest, PagedOddHeadDims) {
+  for (DType dtype : {DType::F16, DType::F32}) {
+    for (int64_t D : {16, 48, 96, 200, 320, 512}) {
+      for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {70, 3}, {129, 40}}) {
+        check_paged(dtype, D, 2, 3, 16, pos0, n, 4 * (pos0 + n), 2.0f);
+        if (too_many_failures()) return;
+      }
+    }
+  }
+}
+
+// Both kernels through the launcher on the same F16 data, several split counts implied by max_kv.
+TEST_F(CudaAttentionTest, TensorCoreAndSimtAgree) {
+  const int64_t D = 128, Hkv = 2, G = 6, H = Hkv * G, chunk = 64;
+  for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {900, 2}, {300, 33}}) {
+    SCOPED_TRACE(::testing::Message() << "pos0=" << pos0 << " n=" << n);
+    auto p = make_paged(DType::F16, D, Hkv, chunk, pos0 + n);
+    Host q({D, H, n}), ref({D, H, n});
+    q.random(rng_, -3.0f, 3.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    ASSERT_TRUE(attention(test::fast_ctx(), q.t, p->kh, p->vh, pos0 + n, pos0, scale, ref.t).is_ok());
+    const TensorView dq = up(q);
+    const int32_t* d_pos = dev_pos(static_cast<int32_t>(pos0));
+    for (cuda::AttnPath path : {cuda::AttnPath::kTensorCore, cuda::AttnPath::kSimt}) {
+      Host out({D, H, n});
+      const TensorView dout = up(out);
+      cuda::AttnPagedArgs a;
+      a.q = dq.as<float>();
+      a.o = dout.as<float>();
+      a.kv.k_base = a.kv.v_base = reinterpret_cast<const uint8_t* const*>(p->table.slot_base);
+      a.kv.k_offset = p->table.k_offset;
+      a.kv.v_offset = p->table.v_offset;
+      a.kv.dtype = DType::F16;
+      a.kv.chunk_tokens = static_cast<int32_t>(chunk);
+      a.kv.n_head_kv = static_cast<int32_t>(Hkv);
+      a.kv.head_dim = static_cast<int32_t>(D);
+      a.n_head = static_cast<int32_t>(H);
+      a.n_tokens = static_cast<int32_t>(n);
+      a.d_pos = d_pos;
+      a.max_kv = 8192;
+      a.scale = scale;
+      cuda::AttnPlan plan;
+      ASSERT_EQ(cuda::attention_paged_plan(a, path, 0, &plan), cudaSuccess);
+      EXPECT_EQ(plan.path, path);
+      if (plan.scratch_bytes > 0) a.scratch = static_cast<float*>(dev(plan.scratch_bytes));
+      ASSERT_EQ(cuda::attention_paged_launch(a, plan, static_cast<cudaStream_t>(stream_.handle())), cudaSuccess);
+      const double tol = path == cuda::AttnPath::kTensorCore ? kTolTensorCore : kTolF32Path;
+      EXPECT_TRUE(close_rel(down(dout), ref.v, tol, D, H))
+          << (path == cuda::AttnPath::kTensorCore ? "tensor core" : "simt") << " splits " << plan.n_split;
+    }
+  }
+}
+
+// The public op (host pos0, a list of chunks) on F16 chunks goes through the same kernels.
+TEST_F(CudaAttentionTest, PublicAttentionOnF16Chunks) {
+  for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 7}, {37, 1}, {200, 20}}) {
+    const int64_t D = 64, Hkv = 2, H = 8, chunk = 16, n_kv = pos0 + n;
+    auto p = make_paged(DType::F16, D, Hkv, chunk, n_kv);
+    Host q({D, H, n}), ref({D, H, n}), out({D, H, n});
+    q.random(rng_, -2.0f, 2.0f);
+    const float scale = 0.125f;
+    ASSERT_TRUE(attention(test::ref_ctx(), q.t, p->kh, p->vh, n_kv, pos0, scale, ref.t).is_ok());
+    const TensorView dout = up(out);
+    const Status s = attention(ctx_, up(q), p->kd, p->vd, n_kv, pos0, scale, dout);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_TRUE(close_rel(down(dout), ref.v, kTolTensorCore, D, H)) << "pos0=" << pos0 << " n=" << n;
+  }
+}
+
+// kv_append writes exactly the CPU's conversion of k / v at [pos0, pos0 + n) and nothing else.
+TEST_F(CudaAttentionTest, KvAppendMatchesCpuCopy) {
+  for (DType dtype : {DType::F32, DType::F16}) {
+    for (int64_t chunk : {16, 64}) {
+      for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {60, 10}, {63, 1}, {64, 64}, {5, 200}}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " chunk=" << chunk << " pos0=" << pos0
+                                          << " n=" << n);
+        const int64_t D = 96, Hkv = 2, row = D * Hkv;
+        auto p = make_paged(dtype, D, Hkv, chunk, pos0 + n);
+        Host k({D, Hkv, n}), v({D, Hkv, n});
+        k.random(rng_, -70000.0f, 70000.0f);  // F16 overflow to inf included
+        v.random(rng_);
+        for (int64_t t = 0; t < n; ++t) {  // the expected result, on the CPU chunks
+          const int64_t pos = pos0 + t, c = pos / chunk, r = pos % chunk;
+          for (int64_t i = 0; i < row; ++i) {
+            const float kx = k.v[t * row + i], vx = v.v[t * row + i];
+            if (dtype == DType::F16) {
+              p->kh[c].as<uint16_t>()[r * row + i] = f32_to_fp16(kx);
+              p->vh[c].as<uint16_t>()[r * row + i] = f32_to_fp16(vx);
+            } else {
+              p->kh[c].as<float>()[r * row + i] = kx;
+              p->vh[c].as<float>()[r * row + i] = vx;
+            }
+          }
+        }
+        const Status s = cuda::kv_append(ctx_, up(k), up(v), p->table, dev_pos(static_cast<int32_t>(pos0)));
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        const int64_t slot_bytes = p->layout.kv_slot_bytes();
+        std::vector<uint8_t> got(static_cast<size_t>(slot_bytes));
+        for (int64_t c = 0; c < p->n_chunks; ++c) {
+          down(got.data(), p->d_slots + (p->n_chunks - c) * slot_bytes, slot_bytes);
+          const uint8_t* want = p->pool->slot_data(p->seq->block_table()[c]);
+          for (int64_t b = 0; b < slot_bytes; ++b) {
+            if (got[b] != want[b]) {
+              const int64_t es = dtype_block_bytes(dtype), per = chunk * row * es;
+              const int64_t part = b / per, e = (b % per) / es;
+              FAIL() << "chunk " << c << " byte " << b << ": layer " << part / 2 << (part % 2 ? " V" : " K")
+                     << " token " << e / row << " head " << (e % row) / D << " dim " << e % D;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaAttentionTest, RopeAtDevicePosition) {
+  for (int64_t pos0 : {0, 5, 4097, 200000}) {
+    Host x({256, 3, 4});
+    x.random(rng_);
+    const TensorView dx = up(x);
+    ASSERT_TRUE(rope_neox(test::ref_ctx(), x.t, 64, 1e7f, pos0).is_ok());
+    const Status s = cuda::rope_neox_at(ctx_, dx, 64, 1e7f, dev_pos(static_cast<int32_t>(pos0)));
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_LE(test::rel_err(down(dx), x.v), test::kTolF32) << "pos0=" << pos0;
+  }
+}
+
+TEST_F(CudaAttentionTest, GetRowsTrusted) {
+  const int64_t n_embd = 300, n_rows = 50;
+  std::vector<int32_t> ids = {3, 0, 49, 7, 3};
+  const int64_t n = static_cast<int64_t>(ids.size());
+  TensorView ids_h = TensorView::contiguous(ids.data(), DType::I32, {n});
+  TensorView ids_d = ids_h;
+  ids_d.data = up(ids.data(), 4 * n);
+  ids_d.device = ctx_.device;
+  for (DType t : {DType::F32, DType::F16}) {
+    Host src({n_embd, n_rows}), ref({n_embd, n}), out({n_embd, n});
+    src.random(rng_);
+    std::vector<uint16_t> h16(src.v.size());
+    for (size_t i = 0; i < h16.size(); ++i) h16[i] = f32_to_fp16(src.v[i]);
+    TensorView table = t == DType::F16 ? TensorView::contiguous(h16.data(), DType::F16, {n_embd, n_rows}) : src.t;
+    ASSERT_TRUE(get_rows(test::ref_ctx(), table, ids_h, ref.t).is_ok());
+    TensorView table_d = table;
+    table_d.data = up(table.data, table.n_bytes());
+    table_d.device = ctx_.device;
+    const TensorView dout = up(out);
+    const Status s = cuda::get_rows_trusted(ctx_, table_d, ids_d, dout);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(down(dout), ref.v) << dtype_name(t);
+  }
+}
+
+TEST_F(CudaAttentionTest, RejectsBadArguments) {
+  auto p = make_paged(DType::F16, 64, 2, 16, 40);
+  Host q({64, 8, 2}), o({64, 8, 2});
+  const TensorView dq = up(q), dout = up(o);
+  int32_t* d_pos = dev_pos(3);
+  EXPECT_FALSE(cuda::attention_paged(ctx_, dq, p->table, nullptr, 64, 0.125f, dout).is_ok());
+  EXPECT_FALSE(cuda::attention_paged(ctx_, dq, p->table, d_pos, 1, 0.125f, dout).is_ok());  // max_kv < n
+  EXPECT_FALSE(cuda::attention_paged(ctx_, dq, p->table, d_pos, 64, 0.125f, dq).is_ok());   // o aliases q
+  cuda::KvTable bad = p->table;
+  bad.head_dim = 32;
+  EXPECT_FALSE(cuda::attention_paged(ctx_, dq, bad, d_pos, 64, 0.125f, dout).is_ok());
+  bad = p->table;
+  bad.dtype = DType::BF16;
+  EXPECT_FALSE(cuda::attention_paged(ctx_, dq, bad, d_pos, 64, 0.125f, dout).is_ok());
+  bad = p->table;
+  bad.n_head_kv = 3;  // 8 heads are not a multiple of 3
+  EXPECT_FALSE(cuda::attention_paged(ctx_, dq, bad, d_pos, 64, 0.125f, dout).is_ok());
+  EXPECT_FALSE(cuda::kv_append(ctx_, dq, dq, p->table, d_pos).is_ok());  // [64, 8, 2] is not [64, 2, n]
+  EXPECT_FALSE(cuda::rope_neox_at(ctx_, dq, 63, 1e4f, d_pos).is_ok());
+  EXPECT_FALSE(cuda::rope_neox_at(ctx_, dq, 64, 1e4f, nullptr).is_ok());
+  EXPECT_TRUE(stream_.synchronize().is_ok());
+}
+
+// One decode step (kv_append, rope_neox_at, attention_paged) captured once as a CUDA graph, then
+// replayed at several positions set in device memory; each replay is checked against the CPU ops
+// applied to a mirror of the same KV.
+TEST_F(CudaAttentionTest, DecodeStepReplaysAsGraph) {
+  const int64_t D = 128, Hkv = 2, H = 12, chunk = 16, n_rot = 32, max_kv = 512;
+  const float base = 1e6f, scale = 1.0f / std::sqrt(static_cast<float>(D));
+  auto p = make_paged(DType::F16, D, Hkv, chunk, 320);
+  Host q({D, H, 1}), k({D, Hkv, 1}), v({D, Hkv, 1}), out({D, H, 1});
+  const TensorView dq = up(q), dk = up(k), dv = up(v), dout = up(out);
+  int32_t* d_pos = dev_pos(0);
+  auto step = [&]() -> Status {
+    DS_TRY(cuda::kv_append(ctx_, dk, dv, p->table, d_pos));
+    DS_TRY(cuda::rope_neox_at(ctx_, dq, n_rot, base, d_pos));
+    return cuda::attention_paged(ctx_, dq, p->table, d_pos, max_kv, scale, dout);
+  };
+  auto load_inputs = [&](int32_t pos) {
+    q.random(rng_, -3.0f, 3.0f);
+    k.random(rng_);
+    v.random(rng_);
+    ASSERT_TRUE(cuda::copy_to_device(dq.data, q.v.data(), 4 * D * H, stream_).is_ok());
+    ASSERT_TRUE(cuda::copy_to_device(dk.data, k.v.data(), 4 * D * Hkv, stream_).is_ok());
+    ASSERT_TRUE(cuda::copy_to_device(dv.data, v.v.data(), 4 * D * Hkv, stream_).is_ok());
+    set_pos(d_pos, pos);
+  };
+  auto check = [&](int32_t pos, const char* what) {  // the CPU mirror takes the same step
+    const int64_t c = pos / chunk, r = pos % chunk;
+    for (int64_t i = 0; i < D * Hkv; ++i) {
+      p->kh[c].as<uint16_t>()[r * D * Hkv + i] = f32_to_fp16(k.v[i]);
+      p->vh[c].as<uint16_t>()[r * D * Hkv + i] = f32_to_fp16(v.v[i]);
+    }
+    ASSERT_TRUE(rope_neox(test::ref_ctx(), q.t, n_rot, base, pos).is_ok());
+    Host ref({D, H, 1});
+    ASSERT_TRUE(attention(test::fast_ctx(), q.t, p->kh, p->vh, pos + 1, pos, scale, ref.t).is_ok());
+    EXPECT_TRUE(close_rel(down(dout), ref.v, kTolTensorCore, D, H)) << what << " pos " << pos;
+  };
+  // Warm-up outside the capture: the split scratch comes from the cache afterwards.
+  load_inputs(5);
+  Status s = step();
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  check(5, "warm-up");
+
+  const cudaStream_t cs = static_cast<cudaStream_t>(stream_.handle());
+  ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  s = step();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(cs, &graph);
+  ASSERT_TRUE(s.is_ok()) << "during capture: " << s.to_string();
+  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int32_t pos : {0, 17, 63, 64, 200, 319}) {
+    load_inputs(pos);
+    ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+    check(pos, "graph replay");
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+#endif  // DS_HAVE_CUDA
+
+}  // namespace
+}  // namespace ds
