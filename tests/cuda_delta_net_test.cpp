@@ -5,6 +5,7 @@
 // (L2-normalized q/k, log decays in [-5, 0) with values near 0 and near -5, beta in (0, 1)). Outputs
 // start as NaN, so an unwritten element fails. Mismatches print the first offending element with its
 // coordinates and values and the max error. Skipped without a CUDA build or device.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -107,8 +108,7 @@ Inputs make_inputs(std::mt19937& rng, const Shape& s, int64_t n, float g_floor =
   }
   auto coord = [&](size_t i) {
     const int64_t a = static_cast<int64_t>(i);
-    return "[" + std::to_string(a % ne0) + ", " + std::to_string(a / ne0 % ne1) + ", " +
-           std::to_string(a / (ne0 * ne1)) + "]";
+    return fmt::format("[{}, {}, {}]", a % ne0, a / ne0 % ne1, a / (ne0 * ne1));
   };
   double mx = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) {
