@@ -17,6 +17,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_matmul.h"
+#include "ops/cuda/delta_net_launch.h"
 #include "ops/cuda/ops_launch.h"
 #include "ops/op_registry.h"
 
@@ -138,18 +139,36 @@ Status delta_net_gates(const OpContext& ctx, const TensorView& alpha, const Tens
   return Status::ok();
 }
 
-// Both modes run the recurrence on CUDA (a chunked prefill kernel is not written yet); the outputs
-// match the chunked CPU form up to rounding, as the op contract allows.
+// kChunked (or kAuto from kDeltaNetChunkedMinTokens tokens) runs the chunked form where its kernels
+// support the shape (dk 32/64/128, dv % 32, aligned q/k), with window scratch from the caching
+// allocator; everything else runs the recurrence, which allocates nothing and never synchronizes (so a
+// decode step can be graph-captured). Both match the CPU forms up to rounding, as the contract allows.
 Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& g, const TensorView& beta, const TensorView& state,
                  const TensorView& out, DeltaNetMode mode) {
   DS_TRY(device_status(ctx.device.index));
   DS_TRY(check_device_memory("delta_net", {&q, &k, &v, &g, &beta, &state, &out}));
-  if (q.ne[0] > 6144) return unsupported("delta_net: dk {} too large for the CUDA kernel", q.ne[0]);
+  const DeltaNetArgs a{f32(q), f32(k), f32(v), f32(g), f32(beta), f32(state), f32(out),
+                       q.ne[0], q.ne[1], v.ne[0], v.ne[1], q.ne[2]};
+  if (a.nv > kDeltaNetMaxHeads) {
+    return unsupported("delta_net: nv {} > {} on CUDA (v {})", a.nv, kDeltaNetMaxHeads, v.shape_string());
+  }
   DeviceGuard guard(ctx.device.index);
-  DS_CUDA_TRY(delta_net_launch(f32(q), f32(k), f32(v), f32(g), f32(beta), f32(state), f32(out), q.ne[0], q.ne[1],
-                               v.ne[0], v.ne[1], q.ne[2], stream_of(ctx)),
-              "delta_net q {} v {} state {}", q.shape_string(), v.shape_string(), state.shape_string());
+  const bool want_chunked =
+      mode == DeltaNetMode::kChunked || (mode == DeltaNetMode::kAuto && a.n_tokens >= kDeltaNetChunkedMinTokens);
+  if (want_chunked && delta_net_chunked_ok(a)) {
+    DS_ASSIGN_OR_RETURN(CudaBuffer scratch,
+                        CudaBuffer::allocate(ctx.device.index, delta_net_chunked_scratch_bytes(a)));
+    DS_CUDA_TRY(delta_net_chunked_launch(a, static_cast<float*>(scratch.data()), stream_of(ctx)),
+                "delta_net (chunked) q {} v {} state {}", q.shape_string(), v.shape_string(), state.shape_string());
+    // The scratch returns to the cache now; later users on this stream are ordered after the launches.
+    return Status::ok();
+  }
+  if (!delta_net_recurrent_fast(a) && a.dk > kDeltaNetGenericMaxDk) {
+    return unsupported("delta_net: dk {} too large for the CUDA kernel (q {})", a.dk, q.shape_string());
+  }
+  DS_CUDA_TRY(delta_net_recurrent_launch(a, stream_of(ctx)), "delta_net (recurrent) q {} v {} state {}",
+              q.shape_string(), v.shape_string(), state.shape_string());
   return Status::ok();
 }
 

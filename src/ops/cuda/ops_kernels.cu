@@ -1,10 +1,7 @@
 // CUDA kernels and launchers of the non-matrix ops: element-wise family, strided copy, RMS/L2 norm,
-// NeoX RoPE (also at a device-side position), get_rows, causal conv1d with state, DeltaNet gates and
-// recurrence, MoE routing and the row gather/scatter used by the expert FFN. Host entries (checks,
-// Status) are in cuda_ops.cpp and cuda_attention.cpp.
-// Non-obvious choice: the DeltaNet recurrence keeps the state in device memory and gives each thread
-// one dv column of a head's state, so a token's update needs no cross-thread reduction and the state
-// is read and written once per token, which is the whole cost of a decode step.
+// NeoX RoPE (also at a device-side position), get_rows, causal conv1d with state, DeltaNet gates, MoE
+// routing and the row gather/scatter used by the expert FFN (the DeltaNet recurrence itself is in
+// delta_net.cu). Host entries (checks, Status) are in cuda_ops.cpp and cuda_attention.cpp.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -154,41 +151,6 @@ __global__ void gates_kernel(const float* alpha, const float* b, const float* dt
   beta[i] = 1.0f / (1.0f + expf(-b[i]));
 }
 
-// CTA h = v-head; thread j = column j of the head's state S[dk][dv]; q/k rows staged in shared memory.
-__global__ void delta_net_kernel(const float* q, const float* k, const float* v, const float* g,
-                                 const float* beta, float* state, float* out, int64_t dk, int64_t nk, int64_t dv,
-                                 int64_t nv, int64_t n_tokens) {
-  extern __shared__ float qk[];  // [2 * dk]: q then k of the current token
-  const int64_t h = blockIdx.x, hk = h % nk;
-  float* S = state + h * dk * dv;
-  const float scale = rsqrtf(static_cast<float>(dk));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
-      qk[i] = q[(t * nk + hk) * dk + i];
-      qk[dk + i] = k[(t * nk + hk) * dk + i];
-    }
-    __syncthreads();
-    const float decay = expf(g[t * nv + h]), bt = beta[t * nv + h];
-    for (int64_t j = threadIdx.x; j < dv; j += blockDim.x) {
-      float kv = 0.0f;
-      for (int64_t i = 0; i < dk; ++i) {
-        const float s = S[i * dv + j] * decay;
-        S[i * dv + j] = s;
-        kv = fmaf(s, qk[dk + i], kv);
-      }
-      const float d = bt * (v[(t * nv + h) * dv + j] - kv);
-      float o = 0.0f;
-      for (int64_t i = 0; i < dk; ++i) {
-        const float s = fmaf(qk[dk + i], d, S[i * dv + j]);
-        S[i * dv + j] = s;
-        o = fmaf(s, qk[i], o);
-      }
-      out[(t * nv + h) * dv + j] = o * scale;
-    }
-  }
-}
-
 // One thread per token: n_expert is at most a few hundred and k at most kRouteMaxK.
 __global__ void moe_route_kernel(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k,
                                  int32_t* ids, float* weights, float floor) {
@@ -317,17 +279,6 @@ cudaError_t delta_net_gates_launch(const float* alpha, const float* b, const flo
   const int64_t n = nv * rows;
   if (n <= 0) return cudaSuccess;
   gates_kernel<<<blocks_for(n), kThreads, 0, s>>>(alpha, b, dt_bias, ssm_a, g, beta, nv, n);
-  return cudaGetLastError();
-}
-
-cudaError_t delta_net_launch(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                             float* state, float* out, int64_t dk, int64_t nk, int64_t dv, int64_t nv,
-                             int64_t n_tokens, cudaStream_t s) {
-  const int threads = static_cast<int>(std::min<int64_t>(1024, (dv + 31) / 32 * 32));
-  const size_t smem = static_cast<size_t>(2 * dk) * sizeof(float);
-  if (smem > 48 * 1024) return cudaErrorInvalidValue;
-  delta_net_kernel<<<static_cast<unsigned>(nv), threads, smem, s>>>(q, k, v, g, beta, state, out, dk, nk, dv, nv,
-                                                                    n_tokens);
   return cudaGetLastError();
 }
 

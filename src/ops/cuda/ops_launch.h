@@ -39,10 +39,6 @@ cudaError_t conv1d_launch(const float* x, const float* w, float* state, float* y
 // g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(b); rows of nv.
 cudaError_t delta_net_gates_launch(const float* alpha, const float* b, const float* dt_bias, const float* ssm_a,
                                    float* g, float* beta, int64_t nv, int64_t rows, cudaStream_t s);
-// Recurrent gated delta rule (see ops/delta_net.h), one CTA per v-head, one thread per dv column.
-cudaError_t delta_net_launch(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                             float* state, float* out, int64_t dk, int64_t nk, int64_t dv, int64_t nv,
-                             int64_t n_tokens, cudaStream_t s);
 // moe_route for n_tokens rows of n_expert logits; k <= kRouteMaxK.
 constexpr int kRouteMaxK = 32;
 cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,

@@ -1,0 +1,530 @@
+// CUDA kernels and launchers of the gated delta rule (ops/delta_net.h): a chunked form for prefill and
+// a recurrent form for decode, both following ops/cpu/delta_net.cpp. Host entry: cuda_ops.cpp.
+//
+// Chunked form, per v-head h and chunk of 64 tokens (local index t, cumulative log decay G_t, chunk
+// start state S0 [dk, dv], last token L; tokens past the end are padded with k = q = v = g = beta = 0,
+// which leaves every real result unchanged):
+//   A  = strict_lower(beta_t e^{G_t-G_s} k_t.k_s),  T = (I + A)^-1,  Tb = T diag(beta)
+//   D  = Tb (V - diag(e^G) K S0)                                      [64, dv]
+//   O  = scale diag(e^G) Q S0 + QKm D,  QKm = lower(scale e^{G_t-G_s} q_t.k_s)
+//   S  = e^{G_L} S0 + sum_s e^{G_L-G_s} k_s D_s^T
+// (D solves the CPU form's forward substitution (I + A) D = diag(beta)(V - diag(e^G) K S0).)
+// dn_prep_kernel computes Tb, QKm and G for every (chunk, v-head) in parallel (they do not depend on
+// the state); dn_scan_kernel walks the chunks of a head in order with the state slice [dk, 32] of its
+// dv columns in shared memory: the state's dv columns are independent given Tb, QKm and G.
+// Every exponent is <= 0 (G is non-increasing), so exp never overflows; it may underflow to 0.
+//
+// Recurrent form: dn_recurrent_kernel gives a CTA 32 dv columns of one head with the state slice in
+// registers (read and written once per call, 16-byte accesses), so a decode step of nv = 48 heads of
+// 128 x 128 runs on 192 CTAs. dn_generic_kernel (one CTA per head, state in device memory) covers
+// every other shape.
+// Non-obvious choice: F32 CUDA-core arithmetic throughout (no tensor cores) to stay within 1e-4 of the
+// recurrent reference; the chunk matrices are staged in shared memory with rows padded by 4 floats so
+// column-parallel float4 reads are free of bank conflicts.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/cuda/delta_net_launch.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kChunk = static_cast<int>(kDeltaNetChunk);
+constexpr int kBV = 32;             // dv columns per scan / recurrent CTA
+constexpr int kPrepThreads = 256;   // 4 threads per column of T in the triangular solve
+constexpr int kScanThreads = 256;   // 8 row groups x 32 columns
+constexpr int kRecThreads = 128;    // 16 row groups x 8 column quads
+constexpr int kMat = kChunk * kChunk;
+constexpr int64_t kScratchPerHead = 2 * kMat + kChunk;  // Tb, QKm, G (floats) per (chunk, v-head)
+static_assert(kPrepThreads == 4 * kChunk, "the solve maps 4 threads to each column of T");
+static_assert(kScanThreads == 8 * kBV, "the scan maps 8 row groups x kBV columns");
+static_assert(kDeltaNetWindowTokens % kDeltaNetChunk == 0, "windows hold whole chunks");
+
+__device__ __forceinline__ float dot4(const float4 a, const float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+// Stages rows [t0, t0 + 64) of head hk of x [n, nk, DK] into dst[64][DK + 4]; rows past n_in are 0.
+template <int DK>
+__device__ __forceinline__ void stage_rows(const float* __restrict__ x, float* dst, int t0, int n_in, int nk,
+                                           int hk, int tid, int n_threads) {
+  constexpr int kVec = DK / 4, kLd = DK + 4;
+  for (int idx = tid; idx < kChunk * kVec; idx += n_threads) {
+    const int t = idx / kVec, i = (idx % kVec) * 4;
+    float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < n_in) val = __ldg(reinterpret_cast<const float4*>(x + ((static_cast<int64_t>(t0 + t) * nk + hk) * DK + i)));
+    *reinterpret_cast<float4*>(dst + t * kLd + i) = val;
+  }
+}
+
+// ---- chunked form: prep ----
+
+template <int DK>
+struct PrepSmem {
+  static constexpr int kLdk = DK + 4;       // K / Q rows
+  static constexpr int kLda = kChunk + 1;   // A rows (read along rows as broadcasts)
+  static constexpr int kLdt = kChunk + 8;   // T rows: the 4 threads of a column read rows m..m+3
+  static constexpr int kKQ = 2 * kChunk * kLdk;
+  static constexpr int kAT = kChunk * kLda + kChunk * kLdt;
+  static constexpr int kUnion = kKQ > kAT ? kKQ : kAT;  // K, Q, then A, T over them
+  static constexpr int kFloats = kUnion + 2 * kChunk;    // + G, beta
+};
+
+// grid (chunks of the window, nv). Writes, per (chunk c, head h), scratch[(c * nv + h) * kScratchPerHead]:
+// Tb [64][64], QKm [64][64], G [64].
+template <int DK>
+__global__ void __launch_bounds__(kPrepThreads, 2)
+    dn_prep_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ g,
+                   const float* __restrict__ beta, float* __restrict__ scratch, int nk, int nv, int n_tokens,
+                   float scale) {
+  using L = PrepSmem<DK>;
+  extern __shared__ __align__(16) float sm[];
+  float* Ks = sm;
+  float* Qs = sm + kChunk * L::kLdk;
+  float* A = sm;                         // after the dot products
+  float* T = sm + kChunk * L::kLda;
+  float* Gs = sm + L::kUnion;
+  float* Bs = Gs + kChunk;
+  const int c = blockIdx.x, h = blockIdx.y, hk = h % nk, tid = threadIdx.x;
+  const int t0 = c * kChunk, n_in = min(kChunk, n_tokens - t0);
+
+  stage_rows<DK>(k, Ks, t0, n_in, nk, hk, tid, kPrepThreads);
+  stage_rows<DK>(q, Qs, t0, n_in, nk, hk, tid, kPrepThreads);
+  if (tid < kChunk) {
+    const bool in = tid < n_in;
+    const int64_t gi = static_cast<int64_t>(t0 + tid) * nv + h;
+    Gs[tid] = in ? g[gi] : 0.f;
+    Bs[tid] = in ? beta[gi] : 0.f;
+  }
+  __syncthreads();
+  if (tid == 0) {  // G_t = sum_{s<=t} g_s, in token order like the CPU form
+    float acc = 0.f;
+    for (int t = 0; t < kChunk; ++t) Gs[t] = (acc += Gs[t]);
+  }
+
+  // kk = K K^T, qk = Q K^T on a 4 x 4 tile per thread: rows ty + 16a, columns tx + 16b.
+  const int tx = tid & 15, ty = tid >> 4;
+  float kk[4][4], qk[4][4];
+#pragma unroll
+  for (int a = 0; a < 4; ++a) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) kk[a][b] = qk[a][b] = 0.f;
+  }
+#pragma unroll 2
+  for (int i = 0; i < DK; i += 4) {
+    float4 kr[4], qr[4], kc[4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      kr[a] = *reinterpret_cast<const float4*>(Ks + (ty + 16 * a) * L::kLdk + i);
+      qr[a] = *reinterpret_cast<const float4*>(Qs + (ty + 16 * a) * L::kLdk + i);
+      kc[a] = *reinterpret_cast<const float4*>(Ks + (tx + 16 * a) * L::kLdk + i);
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        kk[a][b] = dot4(kr[a], kc[b], kk[a][b]);
+        qk[a][b] = dot4(qr[a], kc[b], qk[a][b]);
+      }
+    }
+  }
+  __syncthreads();  // K and Q reads done (A, T overwrite them); G complete
+
+  float* out = scratch + (static_cast<int64_t>(c) * nv + h) * kScratchPerHead;
+  float* out_tb = out;
+  float* out_qk = out + kMat;
+  float* out_g = out + 2 * kMat;
+#pragma unroll
+  for (int a = 0; a < 4; ++a) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int t = ty + 16 * a, s = tx + 16 * b;
+      const float e = s <= t ? expf(Gs[t] - Gs[s]) : 0.f;  // only exponents <= 0
+      A[t * L::kLda + s] = s < t ? Bs[t] * e * kk[a][b] : 0.f;
+      out_qk[t * kChunk + s] = s <= t ? scale * e * qk[a][b] : 0.f;
+    }
+  }
+  if (tid < kChunk) out_g[tid] = Gs[tid];
+  __syncthreads();
+
+  // T = (I + A)^-1 by forward substitution, row by row: T[i][:] = e_i - sum_{m<i} A[i][m] T[m][:].
+  // Column j belongs to the 4 lanes 4j..4j+3 of one warp, which split the sum over m.
+  {
+    const int j = tid >> 2, sub = tid & 3;
+    for (int i = 0; i < kChunk; ++i) {
+      float acc = 0.f;
+      for (int m = sub; m < i; m += 4) acc = fmaf(A[i * L::kLda + m], T[m * L::kLdt + j], acc);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      if (sub == 0) T[i * L::kLdt + j] = i == j ? 1.f : (i < j ? 0.f : -acc);
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kMat; idx += kPrepThreads) {
+    const int t = idx / kChunk, s = idx % kChunk;
+    out_tb[idx] = T[t * L::kLdt + s] * Bs[s];
+  }
+}
+
+// ---- chunked form: scan ----
+
+template <int DK>
+struct ScanSmem {
+  static constexpr int kLdk = DK + 4;
+  static constexpr int kS = DK * kBV;        // state slice [DK][32]
+  static constexpr int kK = kChunk * kLdk;   // K or Q chunk
+  static constexpr int kX = kChunk * kBV;    // V, then V - e^G K S0, then D
+  static constexpr int kFloats = kS + 2 * kK + kMat + kX + 2 * kChunk;  // + M [64][64], e^G, e^{G_L - G}
+};
+
+// grid (dv / 32, nv); CTA (jb, h) owns state columns [32 jb, 32 jb + 32) of head h for the window.
+// Thread (ty, tx) = (tid / 32, tid % 32) computes rows ty + 8r (r < 8) of column tx of the chunk
+// products and rows [ty DK/8, (ty + 1) DK/8) of column tx of the state update.
+template <int DK>
+__global__ void __launch_bounds__(kScanThreads, 2)
+    dn_scan_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                   const float* __restrict__ scratch, float* __restrict__ state, float* __restrict__ out, int nk,
+                   int nv, int dv, int n_tokens, float scale) {
+  using L = ScanSmem<DK>;
+  constexpr int kRowsUpd = DK / 8;
+  static_assert(kRowsUpd % 4 == 0, "state-update rows are read as float4");
+  extern __shared__ __align__(16) float sm[];
+  float* Ss = sm;
+  float* Ks = Ss + L::kS;
+  float* Qs = Ks + L::kK;
+  float* M = Qs + L::kK;
+  float* X = M + kMat;
+  float* Eg = X + L::kX;
+  float* Wl = Eg + kChunk;
+  const int jb = blockIdx.x, h = blockIdx.y, hk = h % nk, tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
+  const int j0 = jb * kBV;
+  float* Sg = state + static_cast<int64_t>(h) * DK * dv + j0;
+  for (int i = ty; i < DK; i += 8) Ss[i * kBV + tx] = Sg[static_cast<int64_t>(i) * dv + tx];
+
+  const int n_chunks = (n_tokens + kChunk - 1) / kChunk;
+  for (int c = 0; c < n_chunks; ++c) {
+    const int t0 = c * kChunk, n_in = min(kChunk, n_tokens - t0);
+    const float* sc = scratch + (static_cast<int64_t>(c) * nv + h) * kScratchPerHead;
+    __syncthreads();  // the previous chunk is done with Ks, Qs, M, X (and the state load is visible)
+    stage_rows<DK>(k, Ks, t0, n_in, nk, hk, tid, kScanThreads);
+    stage_rows<DK>(q, Qs, t0, n_in, nk, hk, tid, kScanThreads);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int t = ty + 8 * r;
+      X[t * kBV + tx] = t < n_in ? __ldg(v + (static_cast<int64_t>(t0 + t) * nv + h) * dv + j0 + tx) : 0.f;
+    }
+    for (int idx = tid; idx < kMat / 4; idx += kScanThreads) {
+      reinterpret_cast<float4*>(M)[idx] = __ldg(reinterpret_cast<const float4*>(sc) + idx);
+    }
+    if (tid < kChunk) {
+      const float G = sc[2 * kMat + tid], G_last = sc[2 * kMat + kChunk - 1];
+      Eg[tid] = expf(G);
+      Wl[tid] = expf(G_last - G);
+    }
+    __syncthreads();
+
+    // K S0 and Q S0 for this thread's rows; X = V - e^G K S0 (D's right-hand side before Tb).
+    float ak[8], aq[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) ak[r] = aq[r] = 0.f;
+#pragma unroll 2
+    for (int i = 0; i < DK; i += 4) {
+      const float4 s4 = make_float4(Ss[i * kBV + tx], Ss[(i + 1) * kBV + tx], Ss[(i + 2) * kBV + tx],
+                                    Ss[(i + 3) * kBV + tx]);
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const int t = ty + 8 * r;
+        ak[r] = dot4(*reinterpret_cast<const float4*>(Ks + t * L::kLdk + i), s4, ak[r]);
+        aq[r] = dot4(*reinterpret_cast<const float4*>(Qs + t * L::kLdk + i), s4, aq[r]);
+      }
+    }
+    float o[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int t = ty + 8 * r;
+      X[t * kBV + tx] -= Eg[t] * ak[r];
+      o[r] = scale * Eg[t] * aq[r];
+    }
+    __syncthreads();
+
+    // D = Tb X (M holds Tb).
+    float d[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) d[r] = 0.f;
+#pragma unroll 2
+    for (int s = 0; s < kChunk; s += 4) {
+      const float4 x4 = make_float4(X[s * kBV + tx], X[(s + 1) * kBV + tx], X[(s + 2) * kBV + tx],
+                                    X[(s + 3) * kBV + tx]);
+#pragma unroll
+      for (int r = 0; r < 8; ++r) d[r] = dot4(*reinterpret_cast<const float4*>(M + (ty + 8 * r) * kChunk + s), x4, d[r]);
+    }
+    __syncthreads();  // every read of X and M is done
+#pragma unroll
+    for (int r = 0; r < 8; ++r) X[(ty + 8 * r) * kBV + tx] = d[r];
+    for (int idx = tid; idx < kMat / 4; idx += kScanThreads) {
+      reinterpret_cast<float4*>(M)[idx] = __ldg(reinterpret_cast<const float4*>(sc + kMat) + idx);
+    }
+    __syncthreads();
+
+    // O = scale e^G Q S0 + QKm D (M holds QKm, X holds D).
+#pragma unroll 2
+    for (int s = 0; s < kChunk; s += 4) {
+      const float4 x4 = make_float4(X[s * kBV + tx], X[(s + 1) * kBV + tx], X[(s + 2) * kBV + tx],
+                                    X[(s + 3) * kBV + tx]);
+#pragma unroll
+      for (int r = 0; r < 8; ++r) o[r] = dot4(*reinterpret_cast<const float4*>(M + (ty + 8 * r) * kChunk + s), x4, o[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int t = ty + 8 * r;
+      if (t < n_in) out[(static_cast<int64_t>(t0 + t) * nv + h) * dv + j0 + tx] = o[r];
+    }
+
+    // S = e^{G_L} S0 + sum_s K[s]^T (e^{G_L - G_s} D[s]); this thread's rows and column only.
+    const int i0 = ty * kRowsUpd;
+    const float eg_last = Eg[kChunk - 1];
+    float acc[kRowsUpd];
+#pragma unroll
+    for (int m = 0; m < kRowsUpd; ++m) acc[m] = eg_last * Ss[(i0 + m) * kBV + tx];
+#pragma unroll 4
+    for (int s = 0; s < kChunk; ++s) {
+      const float dd = Wl[s] * X[s * kBV + tx];
+#pragma unroll
+      for (int m = 0; m < kRowsUpd; m += 4) {
+        const float4 k4 = *reinterpret_cast<const float4*>(Ks + s * L::kLdk + i0 + m);
+        acc[m] = fmaf(k4.x, dd, acc[m]);
+        acc[m + 1] = fmaf(k4.y, dd, acc[m + 1]);
+        acc[m + 2] = fmaf(k4.z, dd, acc[m + 2]);
+        acc[m + 3] = fmaf(k4.w, dd, acc[m + 3]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kRowsUpd; ++m) Ss[(i0 + m) * kBV + tx] = acc[m];
+  }
+  __syncthreads();
+  for (int i = ty; i < DK; i += 8) Sg[static_cast<int64_t>(i) * dv + tx] = Ss[i * kBV + tx];
+}
+
+// ---- recurrent form ----
+
+__device__ __forceinline__ float4 f4_add(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+// Sums over the 4 row groups of a warp (lanes l, l ^ 8, l ^ 16, l ^ 24 share a column quad).
+__device__ __forceinline__ float4 reduce_row_groups(float4 p) {
+#pragma unroll
+  for (int off = 8; off < 32; off <<= 1) {
+    p.x += __shfl_xor_sync(0xffffffffu, p.x, off);
+    p.y += __shfl_xor_sync(0xffffffffu, p.y, off);
+    p.z += __shfl_xor_sync(0xffffffffu, p.z, off);
+    p.w += __shfl_xor_sync(0xffffffffu, p.w, off);
+  }
+  return p;
+}
+
+// grid (dv / 32, nv). Thread (rg, cq) = (tid / 8, tid % 8) holds state rows rg + 16m (m < DK/16) of
+// columns [32 blockIdx.x + 4cq, +4) in registers for all n_tokens.
+template <int DK>
+__global__ void __launch_bounds__(kRecThreads)
+    dn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                        const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
+                        float* __restrict__ out, int nk, int nv, int dv, int64_t n_tokens, float scale) {
+  constexpr int kRows = DK / 16;
+  constexpr int kWarps = kRecThreads / 32;
+  __shared__ float qs[DK], ks[DK];
+  __shared__ float4 red_k[kWarps][8], red_o[kWarps][8];
+  const int tid = threadIdx.x, cq = tid & 7, rg = tid >> 3, lane = tid & 31, warp = tid >> 5;
+  const int h = blockIdx.y, hk = h % nk, j = blockIdx.x * kBV + cq * 4;
+  float* Sg = state + static_cast<int64_t>(h) * DK * dv + j;
+  float4 st[kRows];
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
+
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    __syncthreads();  // the previous token is done with qs, ks, red_k
+    for (int i = tid; i < DK; i += kRecThreads) {
+      qs[i] = q[(t * nk + hk) * DK + i];
+      ks[i] = k[(t * nk + hk) * DK + i];
+    }
+    __syncthreads();
+    const float decay = expf(g[t * nv + h]), bt = beta[t * nv + h];
+    float4 p = make_float4(0.f, 0.f, 0.f, 0.f);  // partial S_old^T k
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) {
+      const float ki = ks[rg + 16 * m];
+      p.x = fmaf(st[m].x, ki, p.x);
+      p.y = fmaf(st[m].y, ki, p.y);
+      p.z = fmaf(st[m].z, ki, p.z);
+      p.w = fmaf(st[m].w, ki, p.w);
+    }
+    p = reduce_row_groups(p);
+    if (lane < 8) red_k[warp][cq] = p;
+    __syncthreads();
+    float4 kv = red_k[0][cq];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) kv = f4_add(kv, red_k[w][cq]);
+    const int64_t row = (t * nv + h) * dv + j;
+    const float4 vt = *reinterpret_cast<const float4*>(v + row);
+    const float4 d = make_float4(bt * (vt.x - decay * kv.x), bt * (vt.y - decay * kv.y),
+                                 bt * (vt.z - decay * kv.z), bt * (vt.w - decay * kv.w));
+    float4 po = make_float4(0.f, 0.f, 0.f, 0.f);  // partial S_new^T q
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) {
+      const float ki = ks[rg + 16 * m], qi = qs[rg + 16 * m];
+      st[m].x = fmaf(ki, d.x, decay * st[m].x);
+      st[m].y = fmaf(ki, d.y, decay * st[m].y);
+      st[m].z = fmaf(ki, d.z, decay * st[m].z);
+      st[m].w = fmaf(ki, d.w, decay * st[m].w);
+      po.x = fmaf(st[m].x, qi, po.x);
+      po.y = fmaf(st[m].y, qi, po.y);
+      po.z = fmaf(st[m].z, qi, po.z);
+      po.w = fmaf(st[m].w, qi, po.w);
+    }
+    po = reduce_row_groups(po);
+    if (lane < 8) red_o[warp][cq] = po;
+    __syncthreads();
+    if (rg == 0) {
+      float4 o = red_o[0][cq];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) o = f4_add(o, red_o[w][cq]);
+      *reinterpret_cast<float4*>(out + row) = make_float4(o.x * scale, o.y * scale, o.z * scale, o.w * scale);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) *reinterpret_cast<float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv) = st[m];
+}
+
+// Any shape: CTA h = v-head; thread j = column j of the head's state S[dk][dv] in device memory.
+__global__ void dn_generic_kernel(const float* q, const float* k, const float* v, const float* g,
+                                  const float* beta, float* state, float* out, int64_t dk, int64_t nk, int64_t dv,
+                                  int64_t nv, int64_t n_tokens) {
+  extern __shared__ float qk[];  // [2 * dk]: q then k of the current token
+  const int64_t h = blockIdx.x, hk = h % nk;
+  float* S = state + h * dk * dv;
+  const float scale = rsqrtf(static_cast<float>(dk));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+      qk[i] = q[(t * nk + hk) * dk + i];
+      qk[dk + i] = k[(t * nk + hk) * dk + i];
+    }
+    __syncthreads();
+    const float decay = expf(g[t * nv + h]), bt = beta[t * nv + h];
+    for (int64_t j = threadIdx.x; j < dv; j += blockDim.x) {
+      float kv = 0.0f;
+      for (int64_t i = 0; i < dk; ++i) {
+        const float s = S[i * dv + j] * decay;
+        S[i * dv + j] = s;
+        kv = fmaf(s, qk[dk + i], kv);
+      }
+      const float d = bt * (v[(t * nv + h) * dv + j] - kv);
+      float o = 0.0f;
+      for (int64_t i = 0; i < dk; ++i) {
+        const float s = fmaf(qk[dk + i], d, S[i * dv + j]);
+        S[i * dv + j] = s;
+        o = fmaf(s, qk[i], o);
+      }
+      out[(t * nv + h) * dv + j] = o * scale;
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <int DK>
+cudaError_t recurrent_fast(const DeltaNetArgs& a, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(a.dv / kBV), static_cast<unsigned>(a.nv));
+  dn_recurrent_kernel<DK><<<grid, kRecThreads, 0, s>>>(a.q, a.k, a.v, a.g, a.beta, a.state, a.out,
+                                                       static_cast<int>(a.nk), static_cast<int>(a.nv),
+                                                       static_cast<int>(a.dv), a.n_tokens,
+                                                       1.0f / sqrtf(static_cast<float>(DK)));
+  return cudaGetLastError();
+}
+
+template <int DK>
+cudaError_t chunked(const DeltaNetArgs& a, float* scratch, cudaStream_t s) {
+  const size_t prep_smem = sizeof(float) * PrepSmem<DK>::kFloats;
+  const size_t scan_smem = sizeof(float) * ScanSmem<DK>::kFloats;
+  cudaError_t e = cudaFuncSetAttribute(dn_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(prep_smem));
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(dn_scan_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(scan_smem));
+  if (e != cudaSuccess) return e;
+  const float scale = 1.0f / sqrtf(static_cast<float>(DK));
+  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += kDeltaNetWindowTokens) {
+    const int n = static_cast<int>(std::min(kDeltaNetWindowTokens, a.n_tokens - t0));
+    const unsigned n_chunks = static_cast<unsigned>((n + kChunk - 1) / kChunk);
+    const float* q = a.q + t0 * a.nk * DK;
+    const float* k = a.k + t0 * a.nk * DK;
+    const int nk = static_cast<int>(a.nk), nv = static_cast<int>(a.nv), dv = static_cast<int>(a.dv);
+    dn_prep_kernel<DK><<<dim3(n_chunks, static_cast<unsigned>(nv)), kPrepThreads, prep_smem, s>>>(
+        q, k, a.g + t0 * a.nv, a.beta + t0 * a.nv, scratch, nk, nv, n, scale);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    dn_scan_kernel<DK><<<dim3(static_cast<unsigned>(dv / kBV), static_cast<unsigned>(nv)), kScanThreads, scan_smem,
+                         s>>>(q, k, a.v + t0 * a.nv * a.dv, scratch, a.state, a.out + t0 * a.nv * a.dv, nk, nv, dv,
+                              n, scale);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+bool delta_net_recurrent_fast(const DeltaNetArgs& a) {
+  const bool dk_ok = a.dk == 32 || a.dk == 64 || a.dk == 128 || a.dk == 256;
+  return dk_ok && a.dv % kBV == 0 && a.nv <= kDeltaNetMaxHeads && aligned16(a.state) && aligned16(a.v) &&
+         aligned16(a.out);
+}
+
+bool delta_net_chunked_ok(const DeltaNetArgs& a) {
+  const bool dk_ok = a.dk == 32 || a.dk == 64 || a.dk == 128;
+  return dk_ok && a.dv % kBV == 0 && a.nv <= kDeltaNetMaxHeads && aligned16(a.q) && aligned16(a.k);
+}
+
+int64_t delta_net_chunked_scratch_bytes(const DeltaNetArgs& a) {
+  const int64_t window = std::min(a.n_tokens, kDeltaNetWindowTokens);
+  const int64_t n_chunks = (window + kDeltaNetChunk - 1) / kDeltaNetChunk;
+  return static_cast<int64_t>(sizeof(float)) * n_chunks * a.nv * kScratchPerHead;
+}
+
+cudaError_t delta_net_recurrent_launch(const DeltaNetArgs& a, cudaStream_t s) {
+  if (a.n_tokens <= 0) return cudaSuccess;
+  if (a.nv > kDeltaNetMaxHeads) return cudaErrorInvalidValue;
+  if (delta_net_recurrent_fast(a)) {
+    switch (a.dk) {
+      case 32: return recurrent_fast<32>(a, s);
+      case 64: return recurrent_fast<64>(a, s);
+      case 128: return recurrent_fast<128>(a, s);
+      case 256: return recurrent_fast<256>(a, s);
+      default: break;
+    }
+  }
+  if (a.dk > kDeltaNetGenericMaxDk) return cudaErrorInvalidValue;
+  const int threads = static_cast<int>(std::min<int64_t>(1024, (a.dv + 31) / 32 * 32));
+  const size_t smem = static_cast<size_t>(2 * a.dk) * sizeof(float);
+  dn_generic_kernel<<<static_cast<unsigned>(a.nv), threads, smem, s>>>(a.q, a.k, a.v, a.g, a.beta, a.state, a.out,
+                                                                       a.dk, a.nk, a.dv, a.nv, a.n_tokens);
+  return cudaGetLastError();
+}
+
+cudaError_t delta_net_chunked_launch(const DeltaNetArgs& a, float* scratch, cudaStream_t s) {
+  if (a.n_tokens <= 0) return cudaSuccess;
+  if (!delta_net_chunked_ok(a) || !aligned16(scratch)) return cudaErrorInvalidValue;
+  switch (a.dk) {
+    case 32: return chunked<32>(a, scratch, s);
+    case 64: return chunked<64>(a, scratch, s);
+    case 128: return chunked<128>(a, scratch, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace ds::cuda

@@ -1,0 +1,50 @@
+// Launchers of the gated DeltaNet kernels (ops/cuda/delta_net.cu), called by the host entry delta_net in
+// ops/cuda/cuda_ops.cpp after the op dispatcher validated shapes (ops/delta_net.h). Needs the CUDA
+// runtime headers: include only under DS_HAVE_CUDA. Launchers return the launch error only; the
+// *_fast / *_chunked_ok predicates say which kernel a shape and alignment can take.
+// Non-obvious choice: the chunked form runs in windows of kDeltaNetWindowTokens tokens (one prep and
+// one scan launch each), so its scratch is bounded by the window, not by n_tokens.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace ds::cuda {
+
+// One delta_net call: q, k [n_tokens, nk, dk]; v, out [n_tokens, nv, dv]; g, beta [n_tokens, nv];
+// state [nv, dk, dv] read and written. All F32, contiguous, device memory.
+struct DeltaNetArgs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  float* state = nullptr;
+  float* out = nullptr;
+  int64_t dk = 0, nk = 0, dv = 0, nv = 0, n_tokens = 0;
+};
+
+constexpr int64_t kDeltaNetChunk = 64;              // tokens per chunk, as in the CPU chunked form
+constexpr int64_t kDeltaNetWindowTokens = 16 * 64;  // tokens per prep + scan launch pair
+constexpr int64_t kDeltaNetChunkedMinTokens = 16;   // kAuto: chunked from here (the CPU threshold)
+constexpr int64_t kDeltaNetMaxHeads = 65535;        // nv is a grid dimension
+constexpr int64_t kDeltaNetGenericMaxDk = 6144;     // generic recurrent kernel: q and k rows in 48 KB smem
+
+// The recurrent kernel with the state in registers: dk in {32, 64, 128, 256}, dv % 32 == 0, state,
+// v and out 16-byte aligned. Other shapes take the generic recurrent kernel (state in device memory).
+bool delta_net_recurrent_fast(const DeltaNetArgs& a);
+// The chunked kernels: dk in {32, 64, 128}, dv % 32 == 0, q and k 16-byte aligned.
+bool delta_net_chunked_ok(const DeltaNetArgs& a);
+// Scratch of the chunked form (bytes) for this call: per chunk and v-head of one window, T diag(beta)
+// and the masked decayed scale * Q K^T [64 x 64] and the cumulative log decays [64].
+int64_t delta_net_chunked_scratch_bytes(const DeltaNetArgs& a);
+
+// Token-by-token recurrence over all n_tokens (fast or generic kernel). Allocates nothing and never
+// synchronizes: safe inside CUDA graph capture.
+cudaError_t delta_net_recurrent_launch(const DeltaNetArgs& a, cudaStream_t s);
+// Chunked form; requires delta_net_chunked_ok(a) and `scratch` of delta_net_chunked_scratch_bytes(a)
+// bytes, 16-byte aligned, which the launches use in stream order.
+cudaError_t delta_net_chunked_launch(const DeltaNetArgs& a, float* scratch, cudaStream_t s);
+
+}  // namespace ds::cuda

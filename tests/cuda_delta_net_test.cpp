@@ -1,0 +1,299 @@
+// CUDA delta_net (ops/cuda/delta_net.cu: chunked prefill, recurrent decode, generic fallback) against the
+// CPU recurrent reference (double accumulation) and the CPU chunked form, on the same inputs: outputs
+// and final state, real model shapes (dk = dv = 128, nk = 16, nv = 48 / 32) and edge sizes (1 token, one
+// chunk +- 1, several chunks, a partial last chunk), a non-zero initial state, realistic inputs
+// (L2-normalized q/k, log decays in [-5, 0) with values near 0 and near -5, beta in (0, 1)). Outputs
+// start as NaN, so an unwritten element fails. Mismatches print the first offending element with its
+// coordinates and values and the max error. Skipped without a CUDA build or device.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops_test_util.h"
+
+#if DS_HAVE_CUDA
+#include "ops/cuda/cuda_device.h"
+#include "ops/delta_net.h"
+#endif
+
+namespace ds {
+namespace {
+
+#if DS_HAVE_CUDA
+
+using test::Host;
+
+// max |cuda - ref| / max |ref|: F32 sums over dk and over the 64 tokens of a chunk, against a double
+// reference (recurrent) or a differently ordered F32 one (CPU chunked).
+constexpr double kTol = 1e-4;
+
+struct Shape {
+  const char* name;
+  int64_t dk, dv, nk, nv;
+};
+constexpr Shape k27B{"27B", 128, 128, 16, 48};
+constexpr Shape k35B{"35B-A3B", 128, 128, 16, 32};
+constexpr Shape kSmall{"small", 32, 32, 2, 4};
+
+// A fresh Host with the same values (Host's view points into its own vector, so it is not copyable).
+Host clone(const Host& h) {
+  Host c({1});
+  c.v = h.v;
+  c.t = h.t;
+  c.t.data = c.v.data();
+  return c;
+}
+
+// Tokens [t0, t0 + n) of a tensor whose last used dimension (dim `tok_dim`) is the token axis.
+Host token_slice(const Host& h, int tok_dim, int64_t t0, int64_t n) {
+  int64_t row = 1;
+  for (int d = 0; d < tok_dim; ++d) row *= h.t.ne[d];
+  Host s({row * n});
+  std::copy(h.v.begin() + t0 * row, h.v.begin() + (t0 + n) * row, s.v.begin());
+  TensorView t = h.t;
+  t.data = s.v.data();
+  t.ne[tok_dim] = n;
+  for (int d = tok_dim + 1; d < 4; ++d) t.nb[d] = t.nb[tok_dim] * n;
+  s.t = t;
+  return s;
+}
+
+struct Inputs {
+  Host q, k, v, g, beta, state;
+};
+
+// g: a third uniform in [-5, 0), a third in [-1e-3, 0) (decay ~1), a third in [-5, -4) (strong decay;
+// cumulative sums over a chunk underflow exp to 0). g_floor < -5 widens the strong-decay band.
+Inputs make_inputs(std::mt19937& rng, const Shape& s, int64_t n, float g_floor = -5.0f) {
+  Inputs in{Host({s.dk, s.nk, n}), Host({s.dk, s.nk, n}), Host({s.dv, s.nv, n}), Host({s.nv, n}),
+            Host({s.nv, n}),       Host({s.dv, s.dk, s.nv})};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (Host* x : {&in.q, &in.k}) {
+    for (float& e : x->v) e = normal(rng);
+    for (int64_t r = 0; r < s.nk * n; ++r) {  // L2-normalize each head row, as the model does
+      float* row = x->v.data() + r * s.dk;
+      double ss = 0.0;
+      for (int64_t i = 0; i < s.dk; ++i) ss += static_cast<double>(row[i]) * row[i];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss + 1e-6));
+      for (int64_t i = 0; i < s.dk; ++i) row[i] *= inv;
+    }
+  }
+  in.v.random(rng, -1.0f, 1.0f);
+  std::uniform_int_distribution<int> band(0, 2);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  for (float& e : in.g.v) {
+    const float u = u01(rng);
+    switch (band(rng)) {
+      case 0: e = -5.0f * std::max(u, 1e-6f); break;
+      case 1: e = -1e-3f * std::max(u, 1e-6f); break;
+      default: e = -4.0f + (g_floor + 4.0f) * u; break;
+    }
+  }
+  in.beta.random(rng, 0.01f, 0.99f);
+  in.state.random(rng, -0.5f, 0.5f);
+  return in;
+}
+
+// Compares got with ref (same layout, ne0 x ne1 x rest); reports NaNs (unwritten elements), the first
+// element over tolerance and the max error, with coordinates.
+::testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& ref, int64_t ne0,
+                                 int64_t ne1, double tol, const std::string& what) {
+  if (got.size() != ref.size()) {
+    return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << ref.size();
+  }
+  auto coord = [&](size_t i) {
+    const int64_t a = static_cast<int64_t>(i);
+    return fmt::format("[{}, {}, {}]", a % ne0, a / ne0 % ne1, a / (ne0 * ne1));
+  };
+  double mx = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(ref[i])) return ::testing::AssertionFailure() << what << ": reference NaN at " << coord(i);
+    mx = std::max(mx, static_cast<double>(std::fabs(ref[i])));
+  }
+  if (mx == 0.0) mx = 1.0;
+  double err = 0.0;
+  size_t worst = 0, first_bad = ref.size();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      return ::testing::AssertionFailure() << what << ": got " << got[i] << " at " << coord(i) << " (flat " << i
+                                           << "; ref " << ref[i] << "): unwritten or overflowed";
+    }
+    const double e = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (e > err) err = e, worst = i;
+    if (e > tol * mx && first_bad == ref.size()) first_bad = i;
+  }
+  if (first_bad == ref.size()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": max error " << err / mx << " (> " << tol << ") relative to max|ref| "
+                                       << mx << "; first bad " << coord(first_bad) << " got " << got[first_bad]
+                                       << " ref " << ref[first_bad] << "; worst " << coord(worst) << " got "
+                                       << got[worst] << " ref " << ref[worst];
+}
+
+const char* mode_name(DeltaNetMode m) {
+  return m == DeltaNetMode::kChunked ? "chunked" : m == DeltaNetMode::kRecurrent ? "recurrent" : "auto";
+}
+
+class CudaDeltaNetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    auto s = cuda::Stream::create(0);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    stream_ = std::move(*s);
+    ctx_.device = Device{DeviceKind::kCuda, 0};
+    ctx_.cuda_stream = stream_.handle();
+  }
+
+  // A device copy of a host tensor; `offset_floats` shifts the data inside the buffer (misalignment).
+  TensorView up(const Host& h, int64_t offset_floats = 0) {
+    const int64_t bytes = static_cast<int64_t>(4 * h.v.size());
+    auto b = cuda::CudaBuffer::allocate(0, bytes + 4 * offset_floats);
+    EXPECT_TRUE(b.is_ok());
+    float* dst = static_cast<float*>(b->data()) + offset_floats;
+    EXPECT_TRUE(cuda::copy_to_device(dst, h.v.data(), bytes, stream_).is_ok());
+    TensorView d = h.t;
+    d.data = dst;
+    d.device = ctx_.device;
+    bufs_.push_back(std::move(*b));
+    return d;
+  }
+  std::vector<float> down(const TensorView& d) {
+    std::vector<float> out(static_cast<size_t>(d.n_elements()));
+    EXPECT_TRUE(cuda::copy_to_host(out.data(), d.data, 4 * d.n_elements(), stream_).is_ok());
+    const Status s = stream_.synchronize();
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    return out;
+  }
+
+  struct Run {
+    std::vector<float> out, state;
+  };
+  // CPU run (reference or fast context) from a copy of the initial state.
+  static Run run_cpu(const OpContext& ctx, const Inputs& in, int64_t n, DeltaNetMode mode) {
+    Host st = clone(in.state), out({in.v.t.ne[0], in.v.t.ne[1], n});
+    const Status s = delta_net(ctx, in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, st.t, out.t, mode);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    return {out.v, st.v};
+  }
+  // CUDA run from a fresh device copy of the initial state; the output buffer starts as NaN.
+  Run run_cuda(const Inputs& in, int64_t n, DeltaNetMode mode, int64_t misalign_qk = 0) {
+    Host out({in.v.t.ne[0], in.v.t.ne[1], n});
+    const TensorView dst = up(in.state), dout = up(out);
+    const Status s = delta_net(ctx_, up(in.q, misalign_qk), up(in.k, misalign_qk), up(in.v), up(in.g),
+                               up(in.beta), dst, dout, mode);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    Run r{down(dout), down(dst)};
+    bufs_.clear();
+    return r;
+  }
+
+  // Every CUDA mode against the CPU reference, and the chunked mode against the CPU chunked form too.
+  void check_all_modes(const Shape& s, int64_t n, float g_floor = -5.0f) {
+    SCOPED_TRACE(std::string(s.name) + " n=" + std::to_string(n));
+    const Inputs in = make_inputs(rng_, s, n, g_floor);
+    const Run ref = run_cpu(test::ref_ctx(), in, n, DeltaNetMode::kRecurrent);
+    const Run cpu_chunked = run_cpu(test::fast_ctx(), in, n, DeltaNetMode::kChunked);
+    for (DeltaNetMode mode : {DeltaNetMode::kChunked, DeltaNetMode::kRecurrent, DeltaNetMode::kAuto}) {
+      const Run got = run_cuda(in, n, mode);
+      const std::string tag = std::string(mode_name(mode)) + " ";
+      EXPECT_TRUE(close(got.out, ref.out, s.dv, s.nv, kTol, tag + "out [j, h, t] vs reference"));
+      EXPECT_TRUE(close(got.state, ref.state, s.dv, s.dk, kTol, tag + "state [j, i, h] vs reference"));
+      if (mode == DeltaNetMode::kChunked) {
+        EXPECT_TRUE(close(got.out, cpu_chunked.out, s.dv, s.nv, kTol, tag + "out vs CPU chunked"));
+        EXPECT_TRUE(close(got.state, cpu_chunked.state, s.dv, s.dk, kTol, tag + "state vs CPU chunked"));
+      }
+    }
+  }
+
+  cuda::Stream stream_;
+  OpContext ctx_;
+  std::vector<cuda::CudaBuffer> bufs_;
+  std::mt19937 rng_{20240611};
+};
+
+TEST_F(CudaDeltaNetTest, SmallShapeAllModes) {
+  for (int64_t n : {1, 2, 63, 64, 65, 200, 1024}) check_all_modes(kSmall, n);
+}
+
+TEST_F(CudaDeltaNetTest, Qwen27BShapeAllModes) {
+  for (int64_t n : {1, 2, 63, 64, 65, 200, 1024}) check_all_modes(k27B, n);
+}
+
+TEST_F(CudaDeltaNetTest, Qwen35BShapeAllModes) {
+  for (int64_t n : {1, 2, 64, 65, 200}) check_all_modes(k35B, n);
+}
+
+// More than one window of the chunked form (kDeltaNetWindowTokens = 1024) with a partial last chunk.
+TEST_F(CudaDeltaNetTest, SeveralWindows) { check_all_modes(Shape{"small-nv8", 64, 64, 2, 8}, 2 * 1024 + 77); }
+
+// Decays far below the realistic range: exp underflows inside every chunk, nothing may turn NaN.
+TEST_F(CudaDeltaNetTest, ExtremeDecay) {
+  check_all_modes(kSmall, 130, -60.0f);
+  check_all_modes(k27B, 70, -60.0f);
+}
+
+// Shapes the fast kernels do not take: dk = 48 / dv = 40 (generic recurrent kernel for every mode) and
+// dk = 256 (fast recurrent kernel; chunked falls back to it).
+TEST_F(CudaDeltaNetTest, FallbackShapes) {
+  for (int64_t n : {1, 20, 65}) {
+    check_all_modes(Shape{"dk48-dv40", 48, 40, 1, 2}, n);
+    check_all_modes(Shape{"dk256-dv64", 256, 64, 2, 4}, n);
+  }
+}
+
+// q and k 4 bytes off 16-byte alignment: the chunked path must refuse them and fall back correctly.
+TEST_F(CudaDeltaNetTest, MisalignedQkFallsBack) {
+  const int64_t n = 100;
+  const Inputs in = make_inputs(rng_, k27B, n);
+  const Run ref = run_cpu(test::ref_ctx(), in, n, DeltaNetMode::kRecurrent);
+  const Run got = run_cuda(in, n, DeltaNetMode::kChunked, /*misalign_qk=*/1);
+  EXPECT_TRUE(close(got.out, ref.out, k27B.dv, k27B.nv, kTol, "out"));
+  EXPECT_TRUE(close(got.state, ref.state, k27B.dv, k27B.dk, kTol, "state"));
+}
+
+// Prefill with the chunked form, then decode token by token (kAuto, n = 1: the recurrent kernel) on the
+// same device state == the whole sequence through the CPU recurrence.
+TEST_F(CudaDeltaNetTest, ChunkedPrefillThenRecurrentDecode) {
+  const Shape s = k27B;
+  const int64_t n_prefill = 200, n_decode = 4, n = n_prefill + n_decode;
+  const Inputs in = make_inputs(rng_, s, n);
+  const Run ref = run_cpu(test::ref_ctx(), in, n, DeltaNetMode::kRecurrent);
+
+  const TensorView dst = up(in.state);
+  std::vector<float> out_all;
+  auto step = [&](int64_t t0, int64_t len, DeltaNetMode mode) {
+    Host q = token_slice(in.q, 2, t0, len), k = token_slice(in.k, 2, t0, len), v = token_slice(in.v, 2, t0, len);
+    Host g = token_slice(in.g, 1, t0, len), beta = token_slice(in.beta, 1, t0, len);
+    Host out({s.dv, s.nv, len});
+    const TensorView dout = up(out);
+    const Status st = delta_net(ctx_, up(q), up(k), up(v), up(g), up(beta), dst, dout, mode);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    const std::vector<float> o = down(dout);
+    out_all.insert(out_all.end(), o.begin(), o.end());
+  };
+  step(0, n_prefill, DeltaNetMode::kChunked);
+  for (int64_t t = n_prefill; t < n; ++t) step(t, 1, DeltaNetMode::kAuto);
+  EXPECT_TRUE(close(out_all, ref.out, s.dv, s.nv, kTol, "out [j, h, t]"));
+  EXPECT_TRUE(close(down(dst), ref.state, s.dv, s.dk, kTol, "state [j, i, h]"));
+}
+
+// Each form is deterministic for a given n_tokens: two runs agree bit for bit.
+TEST_F(CudaDeltaNetTest, Deterministic) {
+  const int64_t n = 300;
+  const Inputs in = make_inputs(rng_, k27B, n);
+  for (DeltaNetMode mode : {DeltaNetMode::kChunked, DeltaNetMode::kRecurrent}) {
+    const Run a = run_cuda(in, n, mode), b = run_cuda(in, n, mode);
+    EXPECT_TRUE(a.out == b.out) << mode_name(mode) << " out";
+    EXPECT_TRUE(a.state == b.state) << mode_name(mode) << " state";
+  }
+}
+
+#endif  // DS_HAVE_CUDA
+
+}  // namespace
+}  // namespace ds
