@@ -219,7 +219,7 @@ void greedy_lockstep(Model& cpu, Model& gpu, const std::vector<int32_t>& prompt,
     } else {
       EXPECT_LE(d.rms, kTolQuantRms) << label << " step " << step << ": " << d.str();
     }
-    if (!d.finite || HasFailure()) break;
+    if (!d.finite || ::testing::Test::HasFailure()) break;
     const int32_t ta = argmax(la), tb = argmax(lb);
     if (ta != tb) {
       std::vector<float> sorted(la.begin(), la.end());
@@ -342,7 +342,7 @@ TEST(CudaModelGolden, F32MatchesTransformers) {
       for (int64_t i = 0; i < n; ++i) {
         ASSERT_TRUE(m->decode(*st, f.prompt[i]).is_ok());
         check_row(m->logits(*st), i, "token by token");
-        if (HasFailure()) break;
+        if (::testing::Test::HasFailure()) break;
       }
     }
     std::printf("[cuda-golden] %-10s f32 max|diff|/max|logit| = %.3g (bound %.0e)\n", f.name.c_str(), worst, kTolF32);
@@ -380,7 +380,7 @@ TEST(CudaModelGolden, Q4KMMatchesCpu) {
         const Diff d = compare(gpu->logits(*b), cpu->logits(*a));
         worst = std::max(worst, d.rms);
         EXPECT_LE(d.rms, kTolQuantRms) << "token by token, position " << i << ": " << d.str();
-        if (HasFailure()) break;
+        if (::testing::Test::HasFailure()) break;
       }
     }
     std::printf("[cuda-golden] %-10s q4_k_m cuda vs cpu: worst rms %.3g (bound %.2g)\n", f.name.c_str(), worst,
