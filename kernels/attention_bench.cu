@@ -1,6 +1,6 @@
 // Workbench: causal GQA attention over the paged KV cache (ops/cuda/attention.cu), checked against a
-// CPU reference (double precision, plain softmax) and timed against the measured streaming-read bandwidth (decode) or as TFLOP/s
-// (prefill, counting 4 * n * n_kv * D * H / 2 FLOPs for the causal half).
+// CPU reference (double precision, plain softmax) and timed against the measured streaming-read
+// bandwidth (decode) or as TFLOP/s (prefill, counting 4 * n * n_kv * D * H / 2 FLOPs for the causal half).
 // Build (after the CMake build in build-gpu, for the production kernels in libdeltaserve_cuda):
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc kernels/attention_bench.cu \
 //     build-gpu/libdeltaserve_cuda.a -o build-gpu/attention_bench
@@ -77,8 +77,9 @@ v1_kernel(const float* q, const uint8_t* const* k_base, int64_t k_off, int64_t v
   const int n_visible = *d_pos + t + 1;
   for (int j = warp; j < n_visible; j += kV1Warps) {
     const int c = j / chunk, r = j % chunk;
-    const __half* kr = reinterpret_cast<const __half*>(k_base[c] + k_off) + (static_cast<int64_t>(r) * n_head_kv + g) * kD;
-    const __half* vr = reinterpret_cast<const __half*>(k_base[c] + v_off) + (static_cast<int64_t>(r) * n_head_kv + g) * kD;
+    const int64_t row = (static_cast<int64_t>(r) * n_head_kv + g) * kD;
+    const __half* kr = reinterpret_cast<const __half*>(k_base[c] + k_off) + row;
+    const __half* vr = reinterpret_cast<const __half*>(k_base[c] + v_off) + row;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < kV1PerLane; ++i) s = fmaf(qs[lane + 32 * i], __half2float(kr[lane + 32 * i]), s);
