@@ -12,7 +12,8 @@
 //                 cross-row-group reduction by shuffles + shared memory (production decode kernel).
 //   v3 chunked:   64-token chunks: prep kernel (T = (I + A)^-1 diag(beta), masked decayed Q K^T, per
 //                 chunk and head, all in parallel) + scan kernel (per head and 32 dv columns, chunks in
-//                 order, state slice in shared memory), F32 CUDA cores (production prefill kernel).
+//                 order, state slice in shared memory, 4 rows x 2 columns per thread), F32 CUDA cores
+//                 (production prefill kernel).
 // Non-obvious choice: decode runs rotate over enough copies of the state (> 4x the L2 size) that each
 // launch reads its state from device memory, as a real decode step of a many-layer model does.
 #include <cuda_runtime.h>

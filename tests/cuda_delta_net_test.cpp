@@ -237,6 +237,14 @@ TEST_F(CudaDeltaNetTest, ExtremeDecay) {
   check_all_modes(k27B, 70, -60.0f);
 }
 
+// dk != dv on the fast kernels (the state slice is [dk, 32] of a [dk, dv] state).
+TEST_F(CudaDeltaNetTest, UnequalHeadDims) {
+  for (int64_t n : {1, 70}) {
+    check_all_modes(Shape{"dk64-dv128", 64, 128, 1, 2}, n);
+    check_all_modes(Shape{"dk128-dv32", 128, 32, 2, 2}, n);
+  }
+}
+
 // Shapes the fast kernels do not take: dk = 48 / dv = 40 (generic recurrent kernel for every mode) and
 // dk = 256 (fast recurrent kernel; chunked falls back to it).
 TEST_F(CudaDeltaNetTest, FallbackShapes) {

@@ -34,12 +34,12 @@ namespace {
 constexpr int kChunk = static_cast<int>(kDeltaNetChunk);
 constexpr int kBV = 32;             // dv columns per scan / recurrent CTA
 constexpr int kPrepThreads = 256;   // 4 threads per column of T in the triangular solve
-constexpr int kScanThreads = 256;   // 8 row groups x 32 columns
+constexpr int kScanThreads = 256;   // 16 row groups x 16 column pairs
 constexpr int kRecThreads = 128;    // 16 row groups x 8 column quads
 constexpr int kMat = kChunk * kChunk;
 constexpr int64_t kScratchPerHead = 2 * kMat + kChunk;  // Tb, QKm, G (floats) per (chunk, v-head)
 static_assert(kPrepThreads == 4 * kChunk, "the solve maps 4 threads to each column of T");
-static_assert(kScanThreads == 8 * kBV, "the scan maps 8 row groups x kBV columns");
+static_assert(kScanThreads == 16 * (kBV / 2), "the scan maps 16 row groups x kBV / 2 column pairs");
 static_assert(kDeltaNetWindowTokens % kDeltaNetChunk == 0, "windows hold whole chunks");
 
 __device__ __forceinline__ float dot4(const float4 a, const float4 b, float acc) {
@@ -177,35 +177,55 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
 template <int DK>
 struct ScanSmem {
   static constexpr int kLdk = DK + 4;
+  static constexpr int kLdm = kChunk + 4;    // M rows: the two rows a warp reads sit in different banks
   static constexpr int kS = DK * kBV;        // state slice [DK][32]
   static constexpr int kK = kChunk * kLdk;   // K or Q chunk
+  static constexpr int kM = kChunk * kLdm;   // Tb, then QKm
   static constexpr int kX = kChunk * kBV;    // V, then V - e^G K S0, then D
-  static constexpr int kFloats = kS + 2 * kK + kMat + kX + 2 * kChunk;  // + M [64][64], e^G, e^{G_L - G}
+  static constexpr int kFloats = kS + 2 * kK + kM + kX + 2 * kChunk;  // + e^G, e^{G_L - G}
 };
 
+__device__ __forceinline__ float2 lds2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// acc[0..1] += a (row vector of 4) . [b0; b1; b2; b3] (4 rows of 2 columns).
+__device__ __forceinline__ void fma_4x2(const float4 a, const float2 b0, const float2 b1, const float2 b2,
+                                        const float2 b3, float* acc) {
+  acc[0] = fmaf(a.x, b0.x, acc[0]);
+  acc[1] = fmaf(a.x, b0.y, acc[1]);
+  acc[0] = fmaf(a.y, b1.x, acc[0]);
+  acc[1] = fmaf(a.y, b1.y, acc[1]);
+  acc[0] = fmaf(a.z, b2.x, acc[0]);
+  acc[1] = fmaf(a.z, b2.y, acc[1]);
+  acc[0] = fmaf(a.w, b3.x, acc[0]);
+  acc[1] = fmaf(a.w, b3.y, acc[1]);
+}
+
 // grid (dv / 32, nv); CTA (jb, h) owns state columns [32 jb, 32 jb + 32) of head h for the window.
-// Thread (ty, tx) = (tid / 32, tid % 32) computes rows ty + 8r (r < 8) of column tx of the chunk
-// products and rows [ty DK/8, (ty + 1) DK/8) of column tx of the state update.
+// Thread (ty, tx) = (tid / 16, tid % 16) owns columns 2tx, 2tx + 1 of the slice: rows ty + 16r (r < 4)
+// of the chunk products and state rows [ty DK/16, (ty + 1) DK/16) of the state update.
 template <int DK>
 __global__ void __launch_bounds__(kScanThreads, 2)
     dn_scan_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                    const float* __restrict__ scratch, float* __restrict__ state, float* __restrict__ out, int nk,
                    int nv, int dv, int n_tokens, float scale) {
   using L = ScanSmem<DK>;
-  constexpr int kRowsUpd = DK / 8;
-  static_assert(kRowsUpd % 4 == 0, "state-update rows are read as float4");
+  constexpr int kRowsUpd = DK / 16;
+  static_assert(kRowsUpd % 2 == 0, "state-update rows are read in pairs");
   extern __shared__ __align__(16) float sm[];
   float* Ss = sm;
   float* Ks = Ss + L::kS;
   float* Qs = Ks + L::kK;
   float* M = Qs + L::kK;
-  float* X = M + kMat;
+  float* X = M + L::kM;
   float* Eg = X + L::kX;
   float* Wl = Eg + kChunk;
-  const int jb = blockIdx.x, h = blockIdx.y, hk = h % nk, tid = threadIdx.x, tx = tid & 31, ty = tid >> 5;
-  const int j0 = jb * kBV;
+  const int jb = blockIdx.x, h = blockIdx.y, hk = h % nk, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int j0 = jb * kBV, jc = 2 * tx;  // this thread's columns in the slice: jc, jc + 1
   float* Sg = state + static_cast<int64_t>(h) * DK * dv + j0;
-  for (int i = ty; i < DK; i += 8) Ss[i * kBV + tx] = Sg[static_cast<int64_t>(i) * dv + tx];
+  for (int idx = tid; idx < DK * kBV; idx += kScanThreads) {
+    Ss[idx] = Sg[static_cast<int64_t>(idx / kBV) * dv + idx % kBV];
+  }
 
   const int n_chunks = (n_tokens + kChunk - 1) / kChunk;
   for (int c = 0; c < n_chunks; ++c) {
@@ -214,13 +234,13 @@ __global__ void __launch_bounds__(kScanThreads, 2)
     __syncthreads();  // the previous chunk is done with Ks, Qs, M, X (and the state load is visible)
     stage_rows<DK>(k, Ks, t0, n_in, nk, hk, tid, kScanThreads);
     stage_rows<DK>(q, Qs, t0, n_in, nk, hk, tid, kScanThreads);
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const int t = ty + 8 * r;
-      X[t * kBV + tx] = t < n_in ? __ldg(v + (static_cast<int64_t>(t0 + t) * nv + h) * dv + j0 + tx) : 0.f;
+    for (int idx = tid; idx < kChunk * kBV; idx += kScanThreads) {
+      const int t = idx / kBV, jj = idx % kBV;
+      X[idx] = t < n_in ? __ldg(v + (static_cast<int64_t>(t0 + t) * nv + h) * dv + j0 + jj) : 0.f;
     }
-    for (int idx = tid; idx < kMat / 4; idx += kScanThreads) {
-      reinterpret_cast<float4*>(M)[idx] = __ldg(reinterpret_cast<const float4*>(sc) + idx);
+    for (int idx = tid; idx < kMat / 4; idx += kScanThreads) {  // Tb [64][64] -> M [64][kLdm]
+      *reinterpret_cast<float4*>(M + (idx / 16) * L::kLdm + (idx % 16) * 4) =
+          __ldg(reinterpret_cast<const float4*>(sc) + idx);
     }
     if (tid < kChunk) {
       const float G = sc[2 * kMat + tid], G_last = sc[2 * kMat + kChunk - 1];
@@ -229,86 +249,106 @@ __global__ void __launch_bounds__(kScanThreads, 2)
     }
     __syncthreads();
 
-    // K S0 and Q S0 for this thread's rows; X = V - e^G K S0 (D's right-hand side before Tb).
-    float ak[8], aq[8];
+    // K S0 and Q S0 for this thread's rows and columns; X = V - e^G K S0 (D's right-hand side before Tb).
+    float ak[4][2], o[4][2];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) ak[r] = aq[r] = 0.f;
+    for (int r = 0; r < 4; ++r) ak[r][0] = ak[r][1] = o[r][0] = o[r][1] = 0.f;
 #pragma unroll 2
     for (int i = 0; i < DK; i += 4) {
-      const float4 s4 = make_float4(Ss[i * kBV + tx], Ss[(i + 1) * kBV + tx], Ss[(i + 2) * kBV + tx],
-                                    Ss[(i + 3) * kBV + tx]);
+      const float2 s0 = lds2(Ss + i * kBV + jc), s1 = lds2(Ss + (i + 1) * kBV + jc);
+      const float2 s2 = lds2(Ss + (i + 2) * kBV + jc), s3 = lds2(Ss + (i + 3) * kBV + jc);
 #pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const int t = ty + 8 * r;
-        ak[r] = dot4(*reinterpret_cast<const float4*>(Ks + t * L::kLdk + i), s4, ak[r]);
-        aq[r] = dot4(*reinterpret_cast<const float4*>(Qs + t * L::kLdk + i), s4, aq[r]);
+      for (int r = 0; r < 4; ++r) {
+        const int t = ty + 16 * r;
+        fma_4x2(lds4(Ks + t * L::kLdk + i), s0, s1, s2, s3, ak[r]);
+        fma_4x2(lds4(Qs + t * L::kLdk + i), s0, s1, s2, s3, o[r]);
       }
     }
-    float o[8];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const int t = ty + 8 * r;
-      X[t * kBV + tx] -= Eg[t] * ak[r];
-      o[r] = scale * Eg[t] * aq[r];
+    for (int r = 0; r < 4; ++r) {
+      const int t = ty + 16 * r;
+      const float eg = Eg[t];
+      X[t * kBV + jc] -= eg * ak[r][0];
+      X[t * kBV + jc + 1] -= eg * ak[r][1];
+      o[r][0] *= scale * eg;
+      o[r][1] *= scale * eg;
     }
     __syncthreads();
 
     // D = Tb X (M holds Tb).
-    float d[8];
+    float d[4][2];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) d[r] = 0.f;
+    for (int r = 0; r < 4; ++r) d[r][0] = d[r][1] = 0.f;
 #pragma unroll 2
     for (int s = 0; s < kChunk; s += 4) {
-      const float4 x4 = make_float4(X[s * kBV + tx], X[(s + 1) * kBV + tx], X[(s + 2) * kBV + tx],
-                                    X[(s + 3) * kBV + tx]);
+      const float2 x0 = lds2(X + s * kBV + jc), x1 = lds2(X + (s + 1) * kBV + jc);
+      const float2 x2 = lds2(X + (s + 2) * kBV + jc), x3 = lds2(X + (s + 3) * kBV + jc);
 #pragma unroll
-      for (int r = 0; r < 8; ++r) d[r] = dot4(*reinterpret_cast<const float4*>(M + (ty + 8 * r) * kChunk + s), x4, d[r]);
+      for (int r = 0; r < 4; ++r) fma_4x2(lds4(M + (ty + 16 * r) * L::kLdm + s), x0, x1, x2, x3, d[r]);
     }
     __syncthreads();  // every read of X and M is done
 #pragma unroll
-    for (int r = 0; r < 8; ++r) X[(ty + 8 * r) * kBV + tx] = d[r];
-    for (int idx = tid; idx < kMat / 4; idx += kScanThreads) {
-      reinterpret_cast<float4*>(M)[idx] = __ldg(reinterpret_cast<const float4*>(sc + kMat) + idx);
+    for (int r = 0; r < 4; ++r) {
+      X[(ty + 16 * r) * kBV + jc] = d[r][0];
+      X[(ty + 16 * r) * kBV + jc + 1] = d[r][1];
+    }
+    for (int idx = tid; idx < kMat / 4; idx += kScanThreads) {  // QKm -> M
+      *reinterpret_cast<float4*>(M + (idx / 16) * L::kLdm + (idx % 16) * 4) =
+          __ldg(reinterpret_cast<const float4*>(sc + kMat) + idx);
     }
     __syncthreads();
 
     // O = scale e^G Q S0 + QKm D (M holds QKm, X holds D).
 #pragma unroll 2
     for (int s = 0; s < kChunk; s += 4) {
-      const float4 x4 = make_float4(X[s * kBV + tx], X[(s + 1) * kBV + tx], X[(s + 2) * kBV + tx],
-                                    X[(s + 3) * kBV + tx]);
+      const float2 x0 = lds2(X + s * kBV + jc), x1 = lds2(X + (s + 1) * kBV + jc);
+      const float2 x2 = lds2(X + (s + 2) * kBV + jc), x3 = lds2(X + (s + 3) * kBV + jc);
 #pragma unroll
-      for (int r = 0; r < 8; ++r) o[r] = dot4(*reinterpret_cast<const float4*>(M + (ty + 8 * r) * kChunk + s), x4, o[r]);
+      for (int r = 0; r < 4; ++r) fma_4x2(lds4(M + (ty + 16 * r) * L::kLdm + s), x0, x1, x2, x3, o[r]);
     }
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const int t = ty + 8 * r;
-      if (t < n_in) out[(static_cast<int64_t>(t0 + t) * nv + h) * dv + j0 + tx] = o[r];
+    for (int r = 0; r < 4; ++r) {
+      const int t = ty + 16 * r;
+      if (t < n_in) {
+        float* dst = out + (static_cast<int64_t>(t0 + t) * nv + h) * dv + j0 + jc;
+        dst[0] = o[r][0];
+        dst[1] = o[r][1];
+      }
     }
 
-    // S = e^{G_L} S0 + sum_s K[s]^T (e^{G_L - G_s} D[s]); this thread's rows and column only.
+    // S = e^{G_L} S0 + sum_s K[s]^T (e^{G_L - G_s} D[s]); this thread's rows and columns only.
     const int i0 = ty * kRowsUpd;
     const float eg_last = Eg[kChunk - 1];
-    float acc[kRowsUpd];
+    float acc[kRowsUpd][2];
 #pragma unroll
-    for (int m = 0; m < kRowsUpd; ++m) acc[m] = eg_last * Ss[(i0 + m) * kBV + tx];
+    for (int m = 0; m < kRowsUpd; ++m) {
+      const float2 s2 = lds2(Ss + (i0 + m) * kBV + jc);
+      acc[m][0] = eg_last * s2.x;
+      acc[m][1] = eg_last * s2.y;
+    }
 #pragma unroll 4
     for (int s = 0; s < kChunk; ++s) {
-      const float dd = Wl[s] * X[s * kBV + tx];
+      const float w = Wl[s];
+      const float2 x = lds2(X + s * kBV + jc);
+      const float d0 = w * x.x, d1 = w * x.y;
 #pragma unroll
-      for (int m = 0; m < kRowsUpd; m += 4) {
-        const float4 k4 = *reinterpret_cast<const float4*>(Ks + s * L::kLdk + i0 + m);
-        acc[m] = fmaf(k4.x, dd, acc[m]);
-        acc[m + 1] = fmaf(k4.y, dd, acc[m + 1]);
-        acc[m + 2] = fmaf(k4.z, dd, acc[m + 2]);
-        acc[m + 3] = fmaf(k4.w, dd, acc[m + 3]);
+      for (int m = 0; m < kRowsUpd; m += 2) {
+        const float2 k2 = lds2(Ks + s * L::kLdk + i0 + m);
+        acc[m][0] = fmaf(k2.x, d0, acc[m][0]);
+        acc[m][1] = fmaf(k2.x, d1, acc[m][1]);
+        acc[m + 1][0] = fmaf(k2.y, d0, acc[m + 1][0]);
+        acc[m + 1][1] = fmaf(k2.y, d1, acc[m + 1][1]);
       }
     }
 #pragma unroll
-    for (int m = 0; m < kRowsUpd; ++m) Ss[(i0 + m) * kBV + tx] = acc[m];
+    for (int m = 0; m < kRowsUpd; ++m) {
+      *reinterpret_cast<float2*>(Ss + (i0 + m) * kBV + jc) = make_float2(acc[m][0], acc[m][1]);
+    }
   }
   __syncthreads();
-  for (int i = ty; i < DK; i += 8) Sg[static_cast<int64_t>(i) * dv + tx] = Ss[i * kBV + tx];
+  for (int idx = tid; idx < DK * kBV; idx += kScanThreads) {
+    Sg[static_cast<int64_t>(idx / kBV) * dv + idx % kBV] = Ss[idx];
+  }
 }
 
 // ---- recurrent form ----
