@@ -568,12 +568,14 @@ KernelPick pick_tc(int rw) {
   }
 }
 
+// One kernel serves every head_dim of its lane bucket (D <= 32 * E), and configure() sets its shared
+// memory limit once per kernel: size the staging for the bucket's largest D, not for this call's D.
 template <typename T>
 KernelPick pick_simt(int D) {
   switch (simt_lanes(D)) {
 #define X(E)                                                                                  \
   case E:                                                                                     \
-    return {reinterpret_cast<const void*>(attn_simt_kernel<T, E, simt_rows(E)>), simt_smem_bytes(D, simt_rows(E))};
+    return {reinterpret_cast<const void*>(attn_simt_kernel<T, E, simt_rows(E)>), simt_smem_bytes(32 * E, simt_rows(E))};
     X(1) X(2) X(4) X(8) X(16)
 #undef X
     default: return {};
