@@ -1,12 +1,21 @@
-// `deltaserve bench MODEL --pp 512 --tg 128`: prompt and generation tokens/s, stated against the
-// physical limits measured in the same run: decode against (weight bytes read per token / measured
-// read bandwidth), prefill against the FLOPs of the weights (2 x params per token).
+// `deltaserve bench MODEL --pp 512 --tg 128 [--device cuda:0] [--json FILE]`: prompt and generation
+// tokens/s, stated against the physical limits measured in the same run: decode against (weight bytes
+// read per token / measured read bandwidth: the host's on the CPU, the device's on CUDA), prefill
+// against the FLOPs of the weights (2 x params per token): as GFLOP/s on the CPU, as a fraction of the
+// measured BF16 tensor-core peak on CUDA. On CUDA it also reports peak device memory: the caching
+// allocator's high-water mark of reserved bytes and the largest cudaMemGetInfo "used" seen after a run.
+// Non-obvious choices: the device limits are measured before the model is loaded, so their buffers
+// never compete with the model for memory nor show in its peak; the --json file is rewritten after
+// every test, so a run cut short by a timeout still leaves the figures measured so far.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
-#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "engine/local_engine.h"
@@ -14,8 +23,18 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "ops/cpu/membw.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_limits.h"
+#include "ops/device_buffer.h"
 
 namespace {
+
+// Prefill chunk for --prefill-chunk 0 (auto), the same choice ModelOptions makes for 0: small chunks
+// keep the CPU's activations in cache, large ones fill the GPU's tensor cores.
+constexpr int64_t kAutoPrefillChunkCpu = 256;
+constexpr int64_t kAutoPrefillChunkCuda = 1024;
+// Depth prefills (decode at context D) report progress every this many tokens (rounded up to chunks).
+constexpr int64_t kDepthProgressTokens = 8192;
 
 struct Options {
   std::string model;
@@ -25,11 +44,49 @@ struct Options {
   int reps = 2;
   int32_t threads = 0;
   int64_t ctx = 0;
-  int64_t prefill_chunk = 256;
+  int64_t prefill_chunk = 0;   // 0 = auto (kAutoPrefillChunk*)
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  std::string kv_type;         // "f32" / "f16"; empty = f16 on CUDA, f32 on the CPU
+  std::string json_path;       // --json: every figure, for scripts
   std::vector<int64_t> ttft;   // prompt lengths for the time-to-first-token benchmark
   std::string cache_dir;       // disk tier directory for --ttft (a temporary one if empty)
   int64_t tail = 100;          // new tokens after the cached prefix
 };
+
+// "cpu" or "cuda:N" (N a decimal device index).
+ds::Result<ds::Device> parse_device(const std::string& s) {
+  if (s == "cpu") return ds::Device{ds::DeviceKind::kCpu, 0};
+  const std::string prefix = "cuda:";
+  if (s.rfind(prefix, 0) == 0) {
+    const std::string digits = s.substr(prefix.size());
+    const bool all_digits = !digits.empty() && digits.size() <= 3 &&
+                            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (all_digits) return ds::Device{ds::DeviceKind::kCuda, std::stoi(digits)};
+  }
+  return ds::invalid_argument("--device '{}': expected cpu or cuda:N (N = device index, e.g. cuda:0)", s);
+}
+
+ds::Result<ds::DType> parse_kv_type(const std::string& s, ds::Device device) {
+  if (s.empty()) return device.kind == ds::DeviceKind::kCuda ? ds::DType::F16 : ds::DType::F32;
+  if (s == "f32") return ds::DType::F32;
+  if (s == "f16") return ds::DType::F16;
+  return ds::invalid_argument("--kv-type '{}': expected f32 or f16", s);
+}
+
+// A CUDA device must exist in this build and on this machine before anything is loaded.
+ds::Status check_device(ds::Device device) {
+  if (device.kind != ds::DeviceKind::kCuda) return ds::Status::ok();
+#if DS_HAVE_CUDA
+  const int n = ds::cuda::device_count();
+  if (device.index >= n) {
+    return ds::invalid_argument("--device {}: {} CUDA device(s) visible", device.to_string(), n);
+  }
+  return ds::Status::ok();
+#else
+  return ds::unsupported("--device {}: this build has no CUDA backend (configure with -DDELTASERVE_CUDA=ON)",
+                         device.to_string());
+#endif
+}
 
 struct WeightBytes {
   double per_token = 0;  // bytes read per decoded token
@@ -74,7 +131,8 @@ ds::Status run_ttft(const Options& o) {
   ds::EngineOptions eo;
   eo.n_threads = o.threads;
   eo.n_ctx = max_len + o.tail + 16;
-  eo.prefill_chunk = o.prefill_chunk;
+  eo.prefill_chunk = o.prefill_chunk;  // already resolved from 0 (auto)
+  eo.device = o.device;
   eo.kv_cache_dir = dir;
   eo.cache_ram_bytes = int64_t{16} << 30;
   eo.checkpoint_every = 0;  // only the turn boundary below is saved
@@ -130,22 +188,154 @@ ds::Status run_ttft(const Options& o) {
   return ds::Status::ok();
 }
 
-ds::Status run(const Options& o) {
-  if (!o.ttft.empty()) return run_ttft(o);
+// The device limits the speeds are stated against; NaN where the device has none.
+struct Limits {
+  double read_gbps = 0;                          // streaming read bandwidth, GB/s
+  double bf16_tflops = std::nan("");             // BF16 tensor-core GEMM peak, TFLOP/s (CUDA)
+  std::string device_name = "cpu";
+  int sm_count = 0;
+};
+
+// Peak memory figures, sampled after every run while its state is alive.
+struct MemoryFigures {
+  int64_t allocator_peak_reserved = 0;  // CUDA caching allocator: high-water mark of cudaMalloc'd bytes
+  int64_t allocator_peak_in_use = 0;    // ... and of bytes handed out
+  int64_t device_used_max = 0;          // largest cudaMemGetInfo total - free seen
+  int64_t device_total = 0;
+  int64_t host_alloc_peak = 0;          // host tensor allocator high-water mark
+};
+
+void sample_memory(ds::Device device, MemoryFigures& m) {
+  m.host_alloc_peak = ds::allocator_stats(ds::Device{}).peak_bytes;
+#if DS_HAVE_CUDA
+  if (device.kind == ds::DeviceKind::kCuda) {
+    const auto s = ds::cuda::DeviceAllocator::for_device(device.index).stats();
+    m.allocator_peak_reserved = s.peak_reserved_bytes;
+    m.allocator_peak_in_use = s.peak_in_use_bytes;
+    auto used = ds::cuda::device_memory_used(device.index);
+    if (used.is_ok()) {
+      m.device_used_max = std::max(m.device_used_max, used->first);
+      m.device_total = used->second;
+    }
+  }
+#endif
+}
+
+// Reads a logit so that a backend that finishes lazily has finished before the clock stops.
+float touch_logits(const ds::Model& model, const ds::SequenceState& state) {
+  const auto logits = model.logits(state);
+  return logits.empty() ? 0.0f : logits[0];
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); }
+
+nlohmann::json num_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+// The --json document, rewritten (write to a temporary name, then rename) after every test.
+class JsonReport {
+ public:
+  explicit JsonReport(std::string path) : path_(std::move(path)) { doc_["tests"] = nlohmann::json::array(); }
+  nlohmann::json& doc() { return doc_; }
+  void set_memory(const MemoryFigures& m) {
+    doc_["memory"] = {{"allocator_peak_reserved_bytes", m.allocator_peak_reserved},
+                      {"allocator_peak_in_use_bytes", m.allocator_peak_in_use},
+                      {"device_used_bytes", m.device_used_max},
+                      {"device_total_bytes", m.device_total},
+                      {"host_alloc_peak_bytes", m.host_alloc_peak}};
+  }
+  ds::Status write() const {
+    if (path_.empty()) return ds::Status::ok();
+    const std::string tmp = path_ + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << doc_.dump(2) << "\n";
+      f.flush();
+      if (!f) return ds::io_error("--json {}: cannot write {}", path_, tmp);
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path_, ec);
+    if (ec) return ds::io_error("--json {}: rename from {}: {}", path_, tmp, ec.message());
+    return ds::Status::ok();
+  }
+
+ private:
+  std::string path_;
+  nlohmann::json doc_;
+};
+
+Limits measure_cpu_limits() {
+  Limits l;
+  const int threads = ds::ThreadPool::global().n_threads();
+  std::fprintf(stderr, "measuring memory read bandwidth (%d threads)\n", threads);
+  l.read_gbps = ds::cpu::measure_read_bandwidth_gbps(threads, int64_t{1} << 30);
+  return l;
+}
+
+ds::Result<Limits> measure_cuda_limits(ds::Device device) {
+#if DS_HAVE_CUDA
+  Limits l;
+  DS_ASSIGN_OR_RETURN(auto info, ds::cuda::device_info(device.index));
+  l.device_name = info.name;
+  l.sm_count = info.sm_count;
+  std::fprintf(stderr, "measuring device read bandwidth on %s (%s)\n", device.to_string().c_str(), info.name.c_str());
+  DS_ASSIGN_OR_RETURN(l.read_gbps, ds::cuda::measure_read_bandwidth_gbps(device.index));
+  std::fprintf(stderr, "measuring BF16 tensor-core peak (cuBLAS 8192^3)\n");
+  DS_ASSIGN_OR_RETURN(l.bf16_tflops, ds::cuda::measure_bf16_peak_tflops(device.index));
+  return l;
+#else
+  return ds::unsupported("{}: this build has no CUDA backend", device.to_string());
+#endif
+}
+
+// Prefills `tokens` from position 0 in pieces of whole prefill chunks (bit-identical to one call),
+// with a progress line on stderr after each piece.
+ds::Status prefill_with_progress(ds::Model& model, ds::SequenceState& state, std::span<const int32_t> tokens,
+                                 const char* label) {
+  const int64_t chunk = std::max<int64_t>(1, model.options().prefill_chunk);
+  const int64_t step = (kDepthProgressTokens + chunk - 1) / chunk * chunk;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const double t0 = now_s();
+  for (int64_t done = 0; done < n;) {
+    const int64_t len = std::min(step, n - done);
+    DS_TRY(model.prefill(state, tokens.subspan(static_cast<size_t>(done), static_cast<size_t>(len))));
+    done += len;
+    if (n > step || done == n) {
+      (void)touch_logits(model, state);
+      std::fprintf(stderr, "  %s: prefilled %lld/%lld tokens, %.1f tok/s\n", label, static_cast<long long>(done),
+                   static_cast<long long>(n), done / std::max(1e-9, now_s() - t0));
+    }
+  }
+  return ds::Status::ok();
+}
+
+ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, JsonReport& report) {
+  const bool cuda = device.kind == ds::DeviceKind::kCuda;
   ds::ModelOptions mo;
   mo.n_threads = o.threads;
   mo.n_ctx = o.ctx;
   mo.prefill_chunk = o.prefill_chunk;
+  mo.kv_dtype = kv_dtype;
+  mo.device = device;
   const int64_t max_pp = *std::max_element(o.pp.begin(), o.pp.end());
   const int64_t max_depth = *std::max_element(o.depth.begin(), o.depth.end());
   if (mo.n_ctx == 0) mo.n_ctx = std::max<int64_t>(max_pp, max_depth + o.tg) + 16;
-  std::fprintf(stderr, "loading %s\n", o.model.c_str());
+  Limits lim;
+  if (cuda) {
+    // Before the load: the measurement buffers (4 GiB) must not compete with the model's memory.
+    DS_ASSIGN_OR_RETURN(lim, measure_cuda_limits(device));
+  }
+  std::fprintf(stderr, "loading %s%s%s\n", o.model.c_str(), cuda ? " on " : "", cuda ? device.to_string().c_str() : "");
+  const double t_load = now_s();
   DS_ASSIGN_OR_RETURN(auto model, ds::Model::load(o.model, mo));
+  if (cuda) std::fprintf(stderr, "loaded in %.1f s\n", now_s() - t_load);
   const auto& cfg = model->config();
   const WeightBytes wb = weight_bytes(*model->gguf(), cfg);
   const int threads = ds::ThreadPool::global().n_threads();
-  std::fprintf(stderr, "measuring memory read bandwidth (%d threads)\n", threads);
-  const double bw = ds::cpu::measure_read_bandwidth_gbps(threads, int64_t{1} << 30);
+  if (!cuda) lim = measure_cpu_limits();
+  const double bw = lim.read_gbps;
+  const double peak_flops = lim.bf16_tflops * 1e12;  // NaN on the CPU
+  MemoryFigures mem;
+  sample_memory(device, mem);
   std::mt19937 rng(1234);
   auto random_tokens = [&](int64_t n) {
     std::vector<int32_t> t(n);
@@ -153,40 +343,158 @@ ds::Status run(const Options& o) {
     return t;
   };
 
-  std::printf("model: %s (%s), %.2f GB weights read per token, %.2f B params per token, %d threads\n",
-              o.model.c_str(), ds::model_arch_name(cfg.arch), wb.per_token / 1e9, wb.params / 1e9, threads);
-  std::printf("measured read bandwidth: %.1f GB/s -> decode bound %.2f tok/s\n", bw, bw * 1e9 / wb.per_token);
+  auto& doc = report.doc();
+  doc["model"] = o.model;
+  doc["arch"] = ds::model_arch_name(cfg.arch);
+  doc["device"] = device.to_string();
+  doc["device_name"] = lim.device_name;
+  doc["sm_count"] = lim.sm_count;
+  doc["threads"] = threads;
+  doc["n_ctx"] = model->n_ctx();
+  doc["prefill_chunk"] = model->options().prefill_chunk;
+  doc["kv_type"] = kv_dtype == ds::DType::F16 ? "f16" : "f32";
+  doc["reps"] = o.reps;
+  doc["weight_bytes_per_token"] = wb.per_token;
+  doc["params_per_token"] = wb.params;
+  doc["limits"] = {{"read_bandwidth_gbps", bw},
+                   {"decode_bound_tok_s", bw * 1e9 / wb.per_token},
+                   {"bf16_peak_tflops", num_or_null(lim.bf16_tflops)},
+                   {"prefill_bound_tok_s", num_or_null(peak_flops / (2 * wb.params))}};
+  report.set_memory(mem);
+  DS_TRY(report.write());
+
+  if (cuda) {
+    std::printf("model: %s (%s), %.2f GB weights read per token, %.2f B params per token, %s (%s, %d SMs), "
+                "prefill chunk %lld, kv %s\n",
+                o.model.c_str(), ds::model_arch_name(cfg.arch), wb.per_token / 1e9, wb.params / 1e9,
+                device.to_string().c_str(), lim.device_name.c_str(), lim.sm_count,
+                static_cast<long long>(model->options().prefill_chunk), kv_dtype == ds::DType::F16 ? "f16" : "f32");
+    std::printf("measured read bandwidth: %.1f GB/s -> decode bound %.2f tok/s\n", bw, bw * 1e9 / wb.per_token);
+    std::printf("measured BF16 tensor-core peak: %.1f TFLOP/s -> prefill bound %.1f tok/s\n", lim.bf16_tflops,
+                peak_flops / (2 * wb.params));
+  } else {
+    std::printf("model: %s (%s), %.2f GB weights read per token, %.2f B params per token, %d threads\n",
+                o.model.c_str(), ds::model_arch_name(cfg.arch), wb.per_token / 1e9, wb.params / 1e9, threads);
+    std::printf("measured read bandwidth: %.1f GB/s -> decode bound %.2f tok/s\n", bw, bw * 1e9 / wb.per_token);
+  }
   std::printf("%-10s %8s %12s %14s\n", "test", "depth", "tok/s", "of limit");
+  std::fflush(stdout);
+
   for (int64_t pp : o.pp) {
     double best = 0;
+    std::vector<double> reps;
     for (int r = 0; r < o.reps; ++r) {
       DS_ASSIGN_OR_RETURN(auto state, model->new_state());
       auto toks = random_tokens(pp);
       const double t0 = now_s();
       DS_TRY(model->prefill(*state, toks));
-      best = std::max(best, pp / (now_s() - t0));
-      std::fprintf(stderr, "  pp%lld rep %d: %.1f tok/s\n", static_cast<long long>(pp), r, pp / (now_s() - t0));
+      (void)touch_logits(*model, *state);
+      const double tps = pp / (now_s() - t0);
+      best = std::max(best, tps);
+      reps.push_back(tps);
+      sample_memory(device, mem);
+      std::fprintf(stderr, "  pp%lld rep %d: %.1f tok/s\n", static_cast<long long>(pp), r, tps);
     }
-    const double gflops = best * 2 * wb.params / 1e9;
-    std::printf("pp%-8lld %8d %12.2f %11.1f GFLOP/s\n", static_cast<long long>(pp), 0, best, gflops);
+    const double flops = best * 2 * wb.params;
+    const double frac = flops / peak_flops;  // NaN on the CPU
+    if (cuda) {
+      std::printf("pp%-8lld %8d %12.2f %13.1f%%  (%.1f TFLOP/s of BF16 peak)\n", static_cast<long long>(pp), 0, best,
+                  100 * frac, flops / 1e12);
+    } else {
+      std::printf("pp%-8lld %8d %12.2f %11.1f GFLOP/s\n", static_cast<long long>(pp), 0, best, flops / 1e9);
+    }
+    std::fflush(stdout);
+    doc["tests"].push_back({{"test", fmt::format("pp{}", pp)},
+                            {"kind", "prefill"},
+                            {"n_tokens", pp},
+                            {"depth", 0},
+                            {"tok_s", best},
+                            {"rep_tok_s", reps},
+                            {"tflops", flops / 1e12},
+                            {"limit", cuda ? "bf16_peak" : "none"},
+                            {"fraction_of_limit", num_or_null(frac)}});
+    report.set_memory(mem);
+    DS_TRY(report.write());
   }
   for (int64_t depth : o.depth) {
     double best = 0;
+    std::vector<double> reps;
+    const std::string label = fmt::format("tg{}@{}", o.tg, depth);
     for (int r = 0; r < o.reps; ++r) {
       DS_ASSIGN_OR_RETURN(auto state, model->new_state());
-      DS_TRY(model->prefill(*state, random_tokens(std::max<int64_t>(depth, 1))));
+      const auto ctx_toks = random_tokens(std::max<int64_t>(depth, 1));
+      DS_TRY(prefill_with_progress(*model, *state, ctx_toks, fmt::format("{} rep {} context", label, r).c_str()));
       auto toks = random_tokens(o.tg);
       const double t0 = now_s();
-      for (int64_t i = 0; i < o.tg; ++i) DS_TRY(model->decode(*state, toks[i]));
-      best = std::max(best, o.tg / (now_s() - t0));
+      for (int64_t i = 0; i < o.tg; ++i) {
+        DS_TRY(model->decode(*state, toks[i]));
+        (void)touch_logits(*model, *state);
+      }
+      const double tps = o.tg / (now_s() - t0);
+      best = std::max(best, tps);
+      reps.push_back(tps);
+      sample_memory(device, mem);
       std::fprintf(stderr, "  tg%lld@%lld rep %d: %.2f tok/s\n", static_cast<long long>(o.tg),
-                   static_cast<long long>(depth), r, o.tg / (now_s() - t0));
+                   static_cast<long long>(depth), r, tps);
     }
     const double frac = best * wb.per_token / (bw * 1e9);
     std::printf("tg%-8lld %8lld %12.2f %13.0f%%\n", static_cast<long long>(o.tg), static_cast<long long>(depth), best,
                 100 * frac);
+    std::fflush(stdout);
+    doc["tests"].push_back({{"test", fmt::format("tg{}", o.tg)},
+                            {"kind", "decode"},
+                            {"n_tokens", o.tg},
+                            {"depth", depth},
+                            {"tok_s", best},
+                            {"rep_tok_s", reps},
+                            {"limit", "read_bandwidth"},
+                            {"fraction_of_limit", num_or_null(frac)}});
+    report.set_memory(mem);
+    DS_TRY(report.write());
+  }
+  if (cuda) {
+    std::printf("peak device memory: allocator reserved %.2f GiB (in use %.2f GiB); device used %.2f GiB of %.2f GiB "
+                "(cudaMemGetInfo, context included)\n",
+                gib(mem.allocator_peak_reserved), gib(mem.allocator_peak_in_use), gib(mem.device_used_max),
+                gib(mem.device_total));
   }
   return ds::Status::ok();
+}
+
+ds::Status check_lengths(const Options& o) {
+  if (o.reps < 1) return ds::invalid_argument("--reps {}: must be at least 1", o.reps);
+  if (o.tg < 1) return ds::invalid_argument("--tg {}: must be at least 1", o.tg);
+  if (o.pp.empty()) return ds::invalid_argument("--pp: give at least one prompt length");
+  for (int64_t pp : o.pp) {
+    if (pp < 1) return ds::invalid_argument("--pp {}: prompt lengths must be at least 1", pp);
+  }
+  if (o.depth.empty()) return ds::invalid_argument("--depth: give at least one context depth");
+  for (int64_t d : o.depth) {
+    if (d < 0) return ds::invalid_argument("--depth {}: depths must be at least 0", d);
+  }
+  return ds::Status::ok();
+}
+
+ds::Status run(Options o) {
+  DS_ASSIGN_OR_RETURN(const ds::Device device, parse_device(o.device));
+  DS_ASSIGN_OR_RETURN(const ds::DType kv_dtype, parse_kv_type(o.kv_type, device));
+  if (o.prefill_chunk < 0) return ds::invalid_argument("--prefill-chunk {}: must be 0 (auto) or positive", o.prefill_chunk);
+  DS_TRY(check_device(device));
+  if (o.prefill_chunk == 0) {
+    o.prefill_chunk = device.kind == ds::DeviceKind::kCuda ? kAutoPrefillChunkCuda : kAutoPrefillChunkCpu;
+  }
+  if (!o.ttft.empty()) {
+    if (!o.json_path.empty()) return ds::invalid_argument("--json is not supported with --ttft");
+    return run_ttft(o);
+  }
+  DS_TRY(check_lengths(o));
+  JsonReport report(o.json_path);
+  const ds::Status status = run_speed(o, device, kv_dtype, report);
+  // The report says whether every test ran; a failure keeps the figures measured before it.
+  report.doc()["complete"] = status.is_ok();
+  if (!status.is_ok()) report.doc()["error"] = status.to_string();
+  const ds::Status written = report.write();
+  return status.is_ok() ? written : status;
 }
 
 void setup(CLI::App& app, int& exit_code) {
@@ -198,7 +506,11 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_option("--reps", o->reps, "Repetitions (best is reported)")->capture_default_str();
   app.add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)");
   app.add_option("-c,--ctx-size", o->ctx, "Context size (0 = enough for the test)");
-  app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill chunk in tokens")->capture_default_str();
+  app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill chunk in tokens (0 = auto: 256 on the CPU, 1024 on CUDA)")
+      ->capture_default_str();
+  app.add_option("--device", o->device, "cpu or cuda:N")->capture_default_str();
+  app.add_option("--kv-type", o->kv_type, "Attention KV cache type: f32 or f16 (default f16 on CUDA, f32 on the CPU)");
+  app.add_option("--json", o->json_path, "Also write every figure (limits, tok/s, fractions, peak memory) to this file");
   app.add_option("--ttft", o->ttft, "Instead: time to first token for these prompt lengths, cold / RAM hit / disk hit")
       ->delimiter(',');
   app.add_option("--kv-cache-dir", o->cache_dir, "With --ttft: snapshot directory (default: a temporary one)");

@@ -1,0 +1,165 @@
+// `deltaserve bench` run as a process on the CPU: the --json document (every figure present and
+// plausible, CPU defaults recorded) on a generated tiny model, and clear errors for bad --device,
+// --kv-type and --prefill-chunk values. The CUDA run of the same command is in cuda_limits_test.cpp.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#if DS_HAVE_CUDA
+#include "ops/cuda/cuda_device.h"
+#endif
+
+namespace ds {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the build tree, removed at the end of the test.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag)
+      : path_(std::string(DS_BINARY_DIR) + "/bench_" + tag + "_" + std::to_string(::getpid())) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+RunResult run_exe(const std::string& args, const std::string& dir) {
+  const std::string log = dir + "/out.txt";
+  const std::string cmd = std::string(DS_EXE) + " " + args + " > " + log + " 2>&1";
+  RunResult r;
+  const int status = std::system(cmd.c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.output = ss.str();
+  return r;
+}
+
+std::string make_tiny_model(const TempDir& dir) {
+  const std::string path = dir.path() + "/tiny.gguf";
+  const RunResult r = run_exe("make-test-model " + path + " --preset tiny --quiet", dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return path;
+}
+
+TEST(BenchCli, JsonHasEveryFigureOnTheCpu) {
+  TempDir dir("json");
+  const std::string model = make_tiny_model(dir);
+  const std::string json_path = dir.path() + "/bench.json";
+  const RunResult r =
+      run_exe("bench " + model + " --pp 16,40 --tg 4 --depth 0,20 --reps 1 -t 2 --json " + json_path, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The CPU table keeps its form.
+  EXPECT_NE(r.output.find("measured read bandwidth:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("GFLOP/s"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("peak device memory"), std::string::npos) << r.output;
+
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in.good()) << "no " << json_path << "\n" << r.output;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << "bench.json does not parse";
+  EXPECT_EQ(j.value("complete", false), true) << j.dump(2);
+  EXPECT_EQ(j.value("device", ""), "cpu");
+  EXPECT_EQ(j.value("kv_type", ""), "f32");      // the CPU default
+  EXPECT_EQ(j.value("prefill_chunk", 0), 256);   // --prefill-chunk 0 (auto) on the CPU
+  EXPECT_EQ(j.value("threads", 0), 2);
+  EXPECT_EQ(j.value("model", ""), model);
+  EXPECT_GE(j.value("n_ctx", 0), 40);
+  EXPECT_GT(j.value("weight_bytes_per_token", 0.0), 0.0);
+  EXPECT_GT(j.value("params_per_token", 0.0), 0.0);
+  ASSERT_TRUE(j.contains("limits")) << j.dump(2);
+  EXPECT_GT(j["limits"].value("read_bandwidth_gbps", 0.0), 0.0);
+  EXPECT_GT(j["limits"].value("decode_bound_tok_s", 0.0), 0.0);
+  EXPECT_TRUE(j["limits"]["bf16_peak_tflops"].is_null());
+  ASSERT_TRUE(j.contains("memory"));
+  EXPECT_GT(j["memory"].value("host_alloc_peak_bytes", int64_t{0}), 0);
+  EXPECT_EQ(j["memory"].value("allocator_peak_reserved_bytes", int64_t{-1}), 0);
+
+  ASSERT_TRUE(j["tests"].is_array());
+  ASSERT_EQ(j["tests"].size(), 4u) << j["tests"].dump(2);
+  const char* names[] = {"pp16", "pp40", "tg4", "tg4"};
+  const char* kinds[] = {"prefill", "prefill", "decode", "decode"};
+  const int64_t depths[] = {0, 0, 0, 20};
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& t = j["tests"][i];
+    SCOPED_TRACE(t.dump());
+    EXPECT_EQ(t.value("test", ""), names[i]);
+    EXPECT_EQ(t.value("kind", ""), kinds[i]);
+    EXPECT_EQ(t.value("depth", int64_t{-1}), depths[i]);
+    EXPECT_GT(t.value("tok_s", 0.0), 0.0);
+    ASSERT_TRUE(t["rep_tok_s"].is_array());
+    EXPECT_EQ(t["rep_tok_s"].size(), 1u);
+    if (i < 2) {
+      EXPECT_TRUE(t["fraction_of_limit"].is_null());  // no measured FLOP peak on the CPU
+      EXPECT_GT(t.value("tflops", 0.0), 0.0);
+    } else {
+      EXPECT_EQ(t.value("limit", ""), "read_bandwidth");
+      EXPECT_GT(t.value("fraction_of_limit", 0.0), 0.0);
+    }
+  }
+  EXPECT_FALSE(fs::exists(json_path + ".tmp"));
+}
+
+TEST(BenchCli, RejectsBadArgumentsClearly) {
+  TempDir dir("args");
+  const std::string model = make_tiny_model(dir);
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"--device gpu0", "--device 'gpu0': expected cpu or cuda:N"},
+      {"--device cuda:", "--device 'cuda:': expected cpu or cuda:N"},
+      {"--device cuda:x1", "--device 'cuda:x1': expected cpu or cuda:N"},
+      {"--device cuda:-1", "--device 'cuda:-1': expected cpu or cuda:N"},
+      {"--kv-type q8_0", "--kv-type 'q8_0': expected f32 or f16"},
+      {"--prefill-chunk -4", "--prefill-chunk -4: must be 0 (auto) or positive"},
+      {"--reps 0", "--reps 0: must be at least 1"},
+      {"--pp 0", "--pp 0: prompt lengths must be at least 1"},
+      {"--ttft 16 --json x.json", "--json is not supported with --ttft"},
+  };
+  for (const Case& c : cases) {
+    const RunResult r = run_exe("bench " + model + " " + c.args, dir.path());
+    EXPECT_EQ(r.exit_code, 1) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+TEST(BenchCli, CudaDeviceWithoutOneIsAClearError) {
+#if DS_HAVE_CUDA
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is present (CudaLimits.BenchJsonOnTinyModel runs it)";
+  const std::string expected = "--device cuda:0: 0 CUDA device(s) visible";
+#else
+  const std::string expected = "--device cuda:0: this build has no CUDA backend";
+#endif
+  TempDir dir("nocuda");
+  const std::string model = make_tiny_model(dir);
+  const RunResult r = run_exe("bench " + model + " --device cuda:0 --pp 8 --tg 2 --reps 1", dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace ds
