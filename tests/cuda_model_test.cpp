@@ -219,7 +219,7 @@ void greedy_lockstep(Model& cpu, Model& gpu, const std::vector<int32_t>& prompt,
     } else {
       EXPECT_LE(d.rms, kTolQuantRms) << label << " step " << step << ": " << d.str();
     }
-    if (!d.finite || HasFailure()) break;
+    if (!d.finite || ::testing::Test::HasFailure()) break;
     const int32_t ta = argmax(la), tb = argmax(lb);
     if (ta != tb) {
       std::vector<float> sorted(la.begin(), la.end());
