@@ -273,7 +273,9 @@ double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
   std::vector<float> y(static_cast<size_t>(y_elems));
   EXPECT_TRUE(cuda::copy_to_host(y.data(), yd->data(), 4 * y_elems, *stream).is_ok());
   std::vector<uint8_t> scratch_host(static_cast<size_t>(q8 ? scratch_bytes : 0));
-  if (q8) EXPECT_TRUE(cuda::copy_to_host(scratch_host.data(), scratch.data(), scratch_bytes, *stream).is_ok());
+  if (q8) {
+    EXPECT_TRUE(cuda::copy_to_host(scratch_host.data(), scratch.data(), scratch_bytes, *stream).is_ok());
+  }
   const Status sync = stream->synchronize();
   EXPECT_TRUE(sync.is_ok()) << where << ": " << sync.to_string();
   if (!s.is_ok() || !sync.is_ok()) return INFINITY;
@@ -435,30 +437,44 @@ TEST_P(CudaMatmulTest, RealModelShapes) {
   run_shapes(t, 17408, 5120, {1, 16}, {MatmulPath::kMatvecF32});
 }
 
+INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulTest, ::testing::ValuesIn(kTypes),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
 // Which kernel runs where: the q8 kernel for quantized weights at 1..8 tokens on aligned rows; the
-// F32-activation kernels for float weights, 9..16 tokens, and the F32 path.
-TEST_P(CudaMatmulTest, KernelChoice) {
-  const DType t = GetParam();
+// F32-activation kernels for float weights, 9..16 tokens, and the F32 path. Host logic only: runs
+// without a device.
+TEST(CudaMatmulKernelChoice, ByTypeTokensAndPath) {
   const Device d{DeviceKind::kCuda, 0};
   alignas(16) static uint8_t fake[16];  // never dereferenced: matmul_kernel only looks at addresses
   const int64_t k = 1024;
-  const TensorView wv = TensorView::contiguous(fake, t, {k, 64}, d);
-  for (int64_t nt : {1, 8, 9, 16}) {
-    const TensorView xv = TensorView::contiguous(fake, DType::F32, {k, nt}, d);
-    const TensorView yv = TensorView::contiguous(fake, DType::F32, {64, nt}, d);
-    const MatmulKernel want = is_quant(t) && nt <= 8 ? MatmulKernel::kMatvecQ8 : MatmulKernel::kMatvecStaged;
-    EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvec), want) << dtype_name(t) << " tokens " << nt;
-    EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvecF32), MatmulKernel::kMatvecStaged);
-    EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kGeneric), MatmulKernel::kMatvecGeneric);
-    EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kAuto),
-              nt < cuda::kMatmulGemmMinTokens ? want : MatmulKernel::kGemm);
+  for (DType t : kTypes) {
+    const TensorView wv = TensorView::contiguous(fake, t, {k, 64}, d);
+    for (int64_t nt : {1, 8, 9, 16}) {
+      const TensorView xv = TensorView::contiguous(fake, DType::F32, {k, nt}, d);
+      const TensorView yv = TensorView::contiguous(fake, DType::F32, {64, nt}, d);
+      const MatmulKernel want = is_quant(t) && nt <= 8 ? MatmulKernel::kMatvecQ8 : MatmulKernel::kMatvecStaged;
+      const std::string what = fmt::format("{} tokens {}", dtype_name(t), nt);
+      EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvec), want) << what;
+      EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvecF32), MatmulKernel::kMatvecStaged) << what;
+      EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kGeneric), MatmulKernel::kMatvecGeneric) << what;
+      EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kAuto),
+                nt < cuda::kMatmulGemmMinTokens ? want : MatmulKernel::kGemm)
+          << what;
+    }
+    EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 4) > 0, is_quant(t)) << dtype_name(t);
+    EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 9), 0) << dtype_name(t);
+    // 2 bytes off alignment: never q8.
+    const TensorView w_off = TensorView::contiguous(fake + 2, t, {k, 64}, d);
+    const TensorView x1 = TensorView::contiguous(fake, DType::F32, {k, 1}, d);
+    const TensorView y1 = TensorView::contiguous(fake, DType::F32, {64, 1}, d);
+    EXPECT_NE(cuda::matmul_kernel(w_off, x1, y1, MatmulPath::kMatvec), MatmulKernel::kMatvecQ8) << dtype_name(t);
+    // Activations off alignment: the q8 kernel still applies (it reads x one float at a time).
+    const TensorView x_off = TensorView::contiguous(reinterpret_cast<float*>(fake) + 1, DType::F32, {k, 1}, d);
+    EXPECT_EQ(cuda::matmul_kernel(wv, x_off, y1, MatmulPath::kMatvec),
+              is_quant(t) ? MatmulKernel::kMatvecQ8 : MatmulKernel::kMatvecGeneric)
+        << dtype_name(t);
   }
-  EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 4) > 0, is_quant(t));
-  EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 9), 0);
 }
-
-INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulTest, ::testing::ValuesIn(kTypes),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
 TEST(CudaMatmulErrors, ShapesTypesAndDevicesAreChecked) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

@@ -236,22 +236,42 @@ TEST_F(CudaMoeTest, OutOfRangeIdsAreUnusedSlots) {
   run({DType::F32, DType::F32, DType::F32, true, 64, 32, 4, 2}, 5, true);
 }
 
-TEST_F(CudaMoeTest, TooManySlotsIsInvalidArgument) {
+// Argument checks happen before any device work: runs without a device (the pointers are never used).
+TEST(CudaMoeGathered, TooManySlotsAndBadShapesAreInvalidArgument) {
   const int64_t E = 64, F = 32, X = 16, k = 8, n_tokens = cuda::kMoeGatheredMaxSlots / k + 1;
-  auto buf = cuda::CudaBuffer::allocate(0, 1 << 20);
-  ASSERT_TRUE(buf.is_ok());
-  const Device d = ctx_.device;
-  auto* base = static_cast<uint8_t*>(buf->data());
+  OpContext ctx;
+  ctx.device = Device{DeviceKind::kCuda, 0};
+  alignas(16) static uint8_t fake[16];
+  const Device d = ctx.device;
   MoeExperts e;
-  e.gate_up = TensorView::contiguous(base, DType::F32, {E, 2 * F, X}, d);
-  e.down = TensorView::contiguous(base, DType::F32, {F, E, X}, d);
-  const TensorView x = TensorView::contiguous(base, DType::F32, {E, n_tokens}, d);
-  const TensorView y = TensorView::contiguous(base + 4 * E * n_tokens, DType::F32, {E, n_tokens}, d);
-  const TensorView ids = TensorView::contiguous(base, DType::I32, {k, n_tokens}, d);
-  const TensorView w = TensorView::contiguous(base, DType::F32, {k, n_tokens}, d);
-  const Status s = cuda::moe_ffn_gathered(ctx_, x, e, ids, w, y);
+  e.gate_up = TensorView::contiguous(fake, DType::F32, {E, 2 * F, X}, d);
+  e.down = TensorView::contiguous(fake, DType::F32, {F, E, X}, d);
+  const TensorView x = TensorView::contiguous(fake, DType::F32, {E, n_tokens}, d);
+  const TensorView y = TensorView::contiguous(fake + 4, DType::F32, {E, n_tokens}, d);
+  const TensorView ids = TensorView::contiguous(fake, DType::I32, {k, n_tokens}, d);
+  const TensorView w = TensorView::contiguous(fake, DType::F32, {k, n_tokens}, d);
+  Status s = cuda::moe_ffn_gathered(ctx, x, e, ids, w, y);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_NE(s.message().find("slots"), std::string::npos) << s.message();
+
+  const TensorView ids_bad = TensorView::contiguous(fake, DType::I32, {k + 1, n_tokens}, d);
+  s = cuda::moe_ffn_gathered(ctx, x, e, ids_bad, w, y);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  MoeExperts e_bad = e;
+  e_bad.down = TensorView::contiguous(fake, DType::F32, {F + 1, E, X}, d);
+  const TensorView x1 = TensorView::contiguous(fake, DType::F32, {E, 1}, d);
+  const TensorView y1 = TensorView::contiguous(fake + 4, DType::F32, {E, 1}, d);
+  const TensorView ids1 = TensorView::contiguous(fake, DType::I32, {k, 1}, d);
+  const TensorView w1 = TensorView::contiguous(fake, DType::F32, {k, 1}, d);
+  s = cuda::moe_ffn_gathered(ctx, x1, e_bad, ids1, w1, y1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  MoeExperts e_q51 = e;
+  e_q51.gate_up = TensorView::contiguous(fake, DType::Q5_1, {E, 2 * F, X}, d);
+  s = cuda::moe_ffn_gathered(ctx, x1, e_q51, ids1, w1, y1);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+  OpContext cpu;
+  s = cuda::moe_ffn_gathered(cpu, x1, e, ids1, w1, y1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
 }
 
 #else  // !DS_HAVE_CUDA

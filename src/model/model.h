@@ -66,7 +66,7 @@ constexpr int64_t kPrefillChunkCuda = 1024;
 
 // Decode-step graph counters of a CUDA model (all zero on the CPU or with cuda_graphs off).
 struct CudaGraphStats {
-  int64_t captures = 0;  // graphs captured and instantiated
+  int64_t captures = 0;  // graphs captured (then instantiated, or updated into the existing executable)
   int64_t replays = 0;   // decode steps run by launching a captured graph (the capture's own run included)
   int64_t uncaptured = 0;  // single-token steps run op by op while warming up a new graph key
 };

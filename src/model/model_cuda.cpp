@@ -8,7 +8,10 @@
 //    key changes. Everything else a step reads that changes per token (position, token id, block
 //    table entries) is read from device memory at run time.
 //  - A new key first runs one ordinary step (warm-up), so that any allocation the step makes
-//    happens outside the capture; only a step whose key survived its own warm-up is captured.
+//    happens outside the capture; only a step whose key survived its own warm-up is captured. A
+//    new capture updates the executable graph in place when the topology allows. A capture that
+//    fails (an op on the path synchronizes, say) turns graphs off for the model with a warning
+//    instead of failing the decode.
 //  - Weights are uploaded into one device allocation (256-byte aligned tensors) through two pinned
 //    staging buffers, so a copy overlaps the next host read; pages of the GGUF mapping are released
 //    once uploaded (the mapping itself stays: tokenizer and metadata live there).
@@ -81,6 +84,7 @@ struct ModelCuda {
   GraphKey graph_key;
   bool warm = false;                // warm_key holds the key an uncaptured step ended with
   GraphKey warm_key;
+  bool graphs_failed = false;       // a capture failed: decode op by op from then on
   CudaGraphStats stats;
 
   ~ModelCuda() {
@@ -256,7 +260,9 @@ Status Model::cuda_finish_logits(float* logits) {
 
 Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size()), E = config_.n_embd;
-  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_) return cuda_decode_graph(state, tokens[0]);
+  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_ && !cuda_->graphs_failed) {
+    return cuda_decode_graph(state, tokens[0]);
+  }
   const TensorView hidden = hidden_buf_.view(DType::F32, {E, n});
   DS_TRY(cuda_stage(state.pos(), tokens));
   DS_TRY(cuda_embed_staged(n, hidden));
@@ -313,23 +319,41 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     cudaGraph_t g = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &g);
     if (!queued.is_ok() || ended != cudaSuccess) {
+      // An op that cannot be captured (it synchronizes or copies from pageable memory) or a real
+      // error: either way nothing ran. Decode op by op from now on; a real error shows up again below.
       if (g != nullptr) (void)cudaGraphDestroy(g);
-      if (!queued.is_ok()) return queued.with_context("decode graph capture");
-      DS_CUDA_TRY(ended, "decode graph capture at position {}", pos);
-    }
-    if (scratch_->generation != key.scratch_generation) {
+      (void)cudaGetLastError();
+      c.graphs_failed = true;
+      DS_LOG_WARN("model: decode graph capture at position {} failed ({}); CUDA graphs are off for this model", pos,
+                  !queued.is_ok() ? queued.to_string() : std::string(cudaGetErrorString(ended)));
+    } else if (scratch_->generation != key.scratch_generation) {
       // The step allocated scratch while capturing: the graph would hold a stale block. Drop it and
       // run this step op by op; the next step warms up the new key.
       DS_LOG_WARN("model: decode graph capture at position {} allocated scratch; retrying after warm-up", pos);
       (void)cudaGraphDestroy(g);
       c.warm = false;
     } else {
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+      // Same topology, new addresses (another sequence, the next max_kv bucket): updating the
+      // executable graph in place is much cheaper than instantiating; fall back when refused.
+      bool updated = false;
+      if (c.graph != nullptr) {
+        cudaGraphExecUpdateResultInfo info{};
+        updated = cudaGraphExecUpdate(c.graph, g, &info) == cudaSuccess;
+        if (!updated) {
+          (void)cudaGetLastError();  // the refusal is not sticky; clear it
+          (void)cudaGraphExecDestroy(c.graph);
+          c.graph = nullptr;
+        }
+      }
+      if (!updated) {
+        const cudaError_t inst = cudaGraphInstantiate(&c.graph, g, 0);
+        if (inst != cudaSuccess) {
+          (void)cudaGraphDestroy(g);
+          c.graph = nullptr;
+          DS_CUDA_TRY(inst, "decode graph instantiate at position {}", pos);
+        }
+      }
       (void)cudaGraphDestroy(g);
-      DS_CUDA_TRY(inst, "decode graph instantiate at position {}", pos);
-      if (c.graph != nullptr) (void)cudaGraphExecDestroy(c.graph);
-      c.graph = exec;
       c.graph_key = key;
       c.stats.captures++;
       DS_CUDA_TRY(cudaGraphLaunch(c.graph, stream), "decode graph launch at position {}", pos);

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/matvec_cp_async.cuh"
 #include "ops/cuda/matvec_kernels.cuh"
 #include "ops/cuda/quant_decode.cuh"
 
@@ -128,16 +129,6 @@ struct MatvecQ8Args {
   int n_expert = 0;
   int x_div = 1;                 // gathered: slot s multiplies activation row s / x_div, writes y row s
 };
-
-__device__ __forceinline__ void cp_async16(void* smem, uintptr_t gmem, uint32_t src_bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // Shared-memory shape of matvec_q8<T, *, kRows> (host code uses it to check the static limit).
 template <DType T, int kRows>
