@@ -45,6 +45,7 @@ struct Options {
   int32_t threads = 0;
   int64_t ctx = 0;
   int64_t prefill_chunk = 0;   // 0 = auto (kAutoPrefillChunk*)
+  bool no_cuda_graph = false;  // CUDA: run every decode step as separate launches
   std::string device = "cpu";  // "cpu" or "cuda:N"
   std::string kv_type;         // "f32" / "f16"; empty = f16 on CUDA, f32 on the CPU
   std::string json_path;       // --json: every figure, for scripts
@@ -316,6 +317,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
   mo.prefill_chunk = o.prefill_chunk;
   mo.kv_dtype = kv_dtype;
   mo.device = device;
+  mo.cuda_graphs = !o.no_cuda_graph;
   const int64_t max_pp = *std::max_element(o.pp.begin(), o.pp.end());
   const int64_t max_depth = *std::max_element(o.depth.begin(), o.depth.end());
   if (mo.n_ctx == 0) mo.n_ctx = std::max<int64_t>(max_pp, max_depth + o.tg) + 16;
@@ -506,6 +508,7 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_option("--reps", o->reps, "Repetitions (best is reported)")->capture_default_str();
   app.add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)");
   app.add_option("-c,--ctx-size", o->ctx, "Context size (0 = enough for the test)");
+  app.add_flag("--no-cuda-graph", o->no_cuda_graph, "CUDA: launch every decode step op by op (no graph replay)");
   app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill chunk in tokens (0 = auto: 256 on the CPU, 1024 on CUDA)")
       ->capture_default_str();
   app.add_option("--device", o->device, "cpu or cuda:N")->capture_default_str();
