@@ -76,6 +76,11 @@ TEST(CudaModelSetup, MissingDeviceOrBackendIsAClearError) {
 
 constexpr double kTolF32 = 1e-3;
 constexpr double kTolQuantRms = 0.11;
+// MoE models: the router's top-k is discontinuous, so activation rounding next to a near-tie swaps an
+// expert and moves that step's logits by more than rounding alone would (measured on the H100: dense
+// worst 0.109, MoE 0.10-0.21 on the tiny / 256 models while the F32 MoE models agree to 1e-6).
+constexpr double kTolQuantRmsMoe = 0.25;
+double quant_rms_bound(const Model& m) { return m.config().is_moe() ? kTolQuantRmsMoe : kTolQuantRms; }
 constexpr double kFloatOrderMargin = 1e-3;
 const Device kGpu{DeviceKind::kCuda, 0};
 
@@ -217,7 +222,7 @@ void greedy_lockstep(Model& cpu, Model& gpu, const std::vector<int32_t>& prompt,
     if (f32_weights) {
       EXPECT_LE(d.rel, kTolF32) << label << " step " << step << ": " << d.str();
     } else {
-      EXPECT_LE(d.rms, kTolQuantRms) << label << " step " << step << ": " << d.str();
+      EXPECT_LE(d.rms, quant_rms_bound(gpu)) << label << " step " << step << ": " << d.str();
     }
     if (!d.finite || ::testing::Test::HasFailure()) break;
     const int32_t ta = argmax(la), tb = argmax(lb);
@@ -369,7 +374,7 @@ TEST(CudaModelGolden, Q4KMMatchesCpu) {
       ASSERT_TRUE(gpu->prefill(*b, prompt).is_ok());
       const Diff d = compare(gpu->logits(*b), cpu->logits(*a));
       worst = std::max(worst, d.rms);
-      EXPECT_LE(d.rms, kTolQuantRms) << "prefill: " << d.str();
+      EXPECT_LE(d.rms, quant_rms_bound(*gpu)) << "prefill: " << d.str();
     }
     {
       auto a = std::move(cpu->new_state()).value();
@@ -379,12 +384,12 @@ TEST(CudaModelGolden, Q4KMMatchesCpu) {
         ASSERT_TRUE(gpu->decode(*b, f.prompt[i]).is_ok());
         const Diff d = compare(gpu->logits(*b), cpu->logits(*a));
         worst = std::max(worst, d.rms);
-        EXPECT_LE(d.rms, kTolQuantRms) << "token by token, position " << i << ": " << d.str();
+        EXPECT_LE(d.rms, quant_rms_bound(*gpu)) << "token by token, position " << i << ": " << d.str();
         if (::testing::Test::HasFailure()) break;
       }
     }
     std::printf("[cuda-golden] %-10s q4_k_m cuda vs cpu: worst rms %.3g (bound %.2g)\n", f.name.c_str(), worst,
-                kTolQuantRms);
+                quant_rms_bound(*gpu));
     fs::remove(path);
   }
 }
