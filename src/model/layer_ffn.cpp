@@ -51,6 +51,7 @@ Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const Tens
 #else
   DS_TRY(moe_ffn(ctx, x_norm, experts, ids, weights, out));
 #endif
+  call.dump("moe.routed", out);
 
   // Shared expert, scaled by sigmoid(shexp_gate . x) per token.
   const int64_t S_ff = c.n_ff_shexp;
