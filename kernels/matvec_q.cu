@@ -14,6 +14,15 @@
 //   v3 staged:  production kernel (ops/cuda/matvec_kernels.cuh): v2 with codes turned into floats by
 //               PRMT + FADD (2^23 trick) instead of I2F, which runs at a quarter of the FMA rate.
 //   v3r1/v3r2/v3r8: v3 with 1, 2 or 8 rows per CTA (activation reuse vs. CTA count).
+//   v4 q8:      production kernel for quantized weights at 1..8 tokens (ops/cuda/matvec_q8.cuh): the
+//               activations are quantized to int8 blocks of 32 by a small kernel, then each warp owns
+//               4 rows, stages them through its own shared-memory ring with cp.async 16-byte copies
+//               (a ring of 3 steps of 1024 elements; 2 for q8_0) and dots the weight codes with the int8
+//               activations by __dp4a, applying the float scales once per 32 elements. Timed as the
+//               pair (quantize + product, what production runs) and as the product alone (v4k).
+//               Checked against the reference on the device-quantized activations (kernel error) and
+//               on the original ones (end to end, bound 1e-2 of sum|w x|).
+//   v4r2:       v4 with 2 rows per warp.
 //   gemm:       dequantize to BF16 tiles + cublasGemmEx (BF16 in, F32 accumulate), for prefill.
 // Non-obvious choice: timed runs rotate over enough copies of the weights to exceed 4x the L2 size, so
 // small matrices are timed from device memory, not from the 50 MB L2.
@@ -31,6 +40,7 @@
 #include "core/half.h"
 #include "core/thread_pool.h"
 #include "ops/cuda/matvec_kernels.cuh"
+#include "ops/cuda/matvec_q8.cuh"
 #include "quant/quant.h"
 
 using namespace ds;
@@ -166,14 +176,45 @@ std::vector<uint8_t> random_weights(DType t, int64_t n_rows, int64_t k, uint32_t
 }
 
 // ---- versions ----
-enum class Version { kV1, kV2, kV2R1, kV2R2, kV2R8 };
+enum class Version { kV1, kV2, kV2R1, kV2R2, kV2R8, kV4, kV4R2 };
 const char* version_name(Version v) {
   switch (v) {
     case Version::kV1: return "v1";
     case Version::kV2: return "v3";
     case Version::kV2R1: return "v3r1";
     case Version::kV2R2: return "v3r2";
-    default: return "v3r8";
+    case Version::kV2R8: return "v3r8";
+    case Version::kV4: return "v4";
+    default: return "v4r2";
+  }
+}
+bool is_v4(Version v) { return v == Version::kV4 || v == Version::kV4R2; }
+bool q8_type(DType t) { return ds::cuda::qdec::q8_supported(t); }
+
+// ---- v4: int8 activations ----
+// The activations x [nt, k] into the q8 scratch `act` (q8_act_bytes(k, nt) layout).
+void quantize(const float* x, int64_t k, int nt, uint8_t* act, cudaStream_t s) {
+  using namespace ds::cuda::kern;
+  QuantizeQ8Args a{x, k, nullptr, nt, k, reinterpret_cast<int8_t*>(act),
+                   reinterpret_cast<float2*>(act + q8_ds_offset(k, nt)), nullptr, 0};
+  const int64_t threads = nt * (k / kQ8Block) * 8;
+  quantize_q8<false><<<static_cast<unsigned>((threads + kQuantThreads - 1) / kQuantThreads), kQuantThreads, 0, s>>>(a);
+}
+
+template <DType T, int kRows>
+void launch_q8(const MatvecArgs& m, const uint8_t* act, cudaStream_t s) {
+  using namespace ds::cuda::kern;
+  if constexpr (ds::cuda::qdec::q8_supported(T)) {
+    const MatvecQ8Args a{m.w, m.w_stride, reinterpret_cast<const int8_t*>(act),
+                         reinterpret_cast<const float2*>(act + q8_ds_offset(m.k, m.n_tokens)), m.y, m.y_stride,
+                         m.n_rows, m.k, m.n_tokens};
+    const unsigned grid = static_cast<unsigned>((m.n_rows + kQ8Warps * kRows - 1) / (kQ8Warps * kRows));
+    if (m.n_tokens <= 1) matvec_q8<T, 1, kRows><<<grid, kQ8Threads, 0, s>>>(a);
+    else if (m.n_tokens <= 2) matvec_q8<T, 2, kRows><<<grid, kQ8Threads, 0, s>>>(a);
+    else if (m.n_tokens <= 4) matvec_q8<T, 4, kRows><<<grid, kQ8Threads, 0, s>>>(a);
+    else matvec_q8<T, 8, kRows><<<grid, kQ8Threads, 0, s>>>(a);
+  } else {
+    std::abort();
   }
 }
 
@@ -188,8 +229,9 @@ void launch_staged(const MatvecArgs& a, cudaStream_t s) {
   else matvec_staged<T, 16, kRows><<<grid, kStagedThreads, 0, s>>>(a);
 }
 
+// v4 versions expect the activations already quantized into `act` (see quantize).
 template <DType T>
-void launch_version(Version v, const MatvecArgs& a, cudaStream_t s) {
+void launch_version(Version v, const MatvecArgs& a, const uint8_t* act, cudaStream_t s) {
   switch (v) {
     case Version::kV1: {
       const dim3 grid(static_cast<unsigned>((a.n_rows + 3) / 4), static_cast<unsigned>(a.n_tokens));
@@ -200,12 +242,14 @@ void launch_version(Version v, const MatvecArgs& a, cudaStream_t s) {
     case Version::kV2R1: launch_staged<T, 1>(a, s); break;
     case Version::kV2R2: launch_staged<T, 2>(a, s); break;
     case Version::kV2R8: launch_staged<T, 8>(a, s); break;
+    case Version::kV4: launch_q8<T, 4>(a, act, s); break;
+    case Version::kV4R2: launch_q8<T, 2>(a, act, s); break;
   }
 }
 
-void launch(DType t, Version v, const MatvecArgs& a, cudaStream_t s) {
+void launch(DType t, Version v, const MatvecArgs& a, const uint8_t* act, cudaStream_t s) {
   switch (t) {
-#define X(name) case DType::name: launch_version<DType::name>(v, a, s); break;
+#define X(name) case DType::name: launch_version<DType::name>(v, a, act, s); break;
     X(F32) X(F16) X(BF16) X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
 #undef X
     default: std::abort();
@@ -264,6 +308,29 @@ double check(const Problem& p, const std::vector<float>& x, const std::vector<fl
   return *std::max_element(worst.begin(), worst.end());
 }
 
+// The activations as the v4 kernel sees them: q * d per block, from the device scratch of nt rows.
+std::vector<float> dequantized_act(const uint8_t* dact, int64_t k, int nt) {
+  const int64_t bytes = ds::cuda::kern::q8_act_bytes(k, nt);
+  std::vector<uint8_t> h(static_cast<size_t>(bytes));
+  CK(cudaMemcpy(h.data(), dact, bytes, cudaMemcpyDeviceToHost));
+  const int64_t ds_off = ds::cuda::kern::q8_ds_offset(k, nt);
+  std::vector<float> x(static_cast<size_t>(nt * k));
+  for (int64_t t = 0; t < nt; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      float d;
+      std::memcpy(&d, h.data() + ds_off + 8 * (t * (k / 32) + j / 32), 4);
+      x[static_cast<size_t>(t * k + j)] = static_cast<float>(static_cast<int8_t>(h[static_cast<size_t>(t * k + j)])) * d;
+    }
+  }
+  return x;
+}
+
+struct V4Summary {
+  std::string type;
+  double v3_gbs = 0, v4_gbs = 0, v4k_gbs = 0, v4k_us = 0;
+  double us[9] = {};  // v4 (quantize + product) by token count
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -285,9 +352,11 @@ int main(int argc, char** argv) {
   struct Shape { int64_t k, n_rows; };
   const Shape shapes[] = {{5120, 17408}, {17408, 5120}, {2048, 512}, {1280, 33}};
   const int token_counts[] = {1, 2, 4, 8, 16};
-  const Version versions[] = {Version::kV1, Version::kV2, Version::kV2R1, Version::kV2R2, Version::kV2R8};
+  const Version versions[] = {Version::kV1,   Version::kV2,   Version::kV2R1, Version::kV2R2,
+                              Version::kV2R8, Version::kV4,   Version::kV4R2};
   int failures = 0;
   std::vector<std::string> summary;
+  std::vector<V4Summary> v4_summary;
 
   for (DType t : kTypes) {
     for (const Shape& sh : shapes) {
@@ -295,42 +364,82 @@ int main(int argc, char** argv) {
       setup(p, prop.l2CacheSize);
       const int64_t cs = copy_stride(p);
       float *dx, *dy;
+      uint8_t* dact;
       CK(cudaMalloc(&dx, 4 * 16 * p.k));
       CK(cudaMalloc(&dy, 4 * 16 * p.n_rows));
+      CK(cudaMalloc(&dact, ds::cuda::kern::q8_act_bytes(p.k, 16)));
       std::vector<float> x(static_cast<size_t>(16 * p.k));
       std::mt19937 rng(7);
       std::normal_distribution<float> nd;
       for (auto& v : x) v = nd(rng);
       CK(cudaMemcpy(dx, x.data(), 4 * x.size(), cudaMemcpyHostToDevice));
       double t1_v2_gbs = 0;
+      V4Summary v4s{dtype_name(t)};
       for (int nt : token_counts) {
         for (Version v : versions) {
           if (v == Version::kV1 && nt > 1) continue;  // v1 is the fallback; timed at one token only
+          if (is_v4(v) && (!q8_type(t) || nt > ds::cuda::kern::kQ8MaxTokens)) continue;
           MatvecArgs a{p.dw, dtype_row_bytes(t, p.k), dx, p.k, dy, p.n_rows, p.n_rows, p.k, nt};
           CK(cudaMemset(dy, 0xFF, 4 * 16 * p.n_rows));
-          launch(t, v, a, s);
+          if (is_v4(v)) quantize(dx, p.k, nt, dact, s);
+          launch(t, v, a, dact, s);
           CK(cudaGetLastError());
           CK(cudaDeviceSynchronize());
           std::vector<float> y(static_cast<size_t>(nt * p.n_rows));
           CK(cudaMemcpy(y.data(), dy, 4 * y.size(), cudaMemcpyDeviceToHost));
-          const bool check_it = nt == 1 || nt == 16 || p.k * p.n_rows <= 2048 * 512;
-          const double err = check_it ? check(p, x, y, nt) : 0.0;
-          const bool ok = err <= 2e-5;
+          const bool check_it = nt == 1 || nt == 16 || (is_v4(v) && nt == 8) || p.k * p.n_rows <= 2048 * 512;
+          // v4: kernel error against the device-quantized activations (bound 5e-5 of sum|w x'|) and end
+          // to end against the original ones (bound 1e-2 of sum|w x|); others: 2e-5 end to end.
+          double err = check_it ? check(p, x, y, nt) : 0.0;
+          bool ok = err <= (is_v4(v) ? 1e-2 : 2e-5);
+          double err_q = 0.0;
+          if (check_it && is_v4(v)) {
+            err_q = check(p, dequantized_act(dact, p.k, nt), y, nt);
+            ok = ok && err_q <= 5e-5;
+          }
           if (!ok) failures++;
           const float ms = median_ms([&](int i) {
             MatvecArgs b = a;
             b.w = p.dw + (i % p.copies) * cs;
-            launch(t, v, b, s);
+            if (is_v4(v)) quantize(dx, p.k, nt, dact, s);
+            launch(t, v, b, dact, s);
           }, 20);
           const double bytes = p.bytes + 4.0 * nt * (p.k + p.n_rows);
           const double gbs = bytes / (ms * 1e-3) / 1e9;
           if (v == Version::kV2 && nt == 1) t1_v2_gbs = gbs;
-          std::printf("%-5s k=%-6lld rows=%-6lld t=%-2d %-5s %8.2f us %7.0f GB/s %5.1f%% of read  err %.1e %s\n",
+          std::printf("%-5s k=%-6lld rows=%-6lld t=%-2d %-5s %8.2f us %7.0f GB/s %5.1f%% of read  err %.1e %s",
                       dtype_name(t), (long long)p.k, (long long)p.n_rows, nt, version_name(v), ms * 1e3, gbs,
                       100 * gbs / read_gbs, err, ok ? (check_it ? "ok" : "-") : "FAIL");
           std::fprintf(g_tsv, "matvec\t%s\t%lld\t%lld\t%d\t%s\t%.3f\t%.1f\t%.4f\t%.2e\n", dtype_name(t),
                        (long long)p.k, (long long)p.n_rows, nt, version_name(v), ms * 1e3, gbs, gbs / read_gbs, err);
+          if (is_v4(v)) {
+            // The product alone, on the activations quantized above.
+            const float ms_k = median_ms([&](int i) {
+              MatvecArgs b = a;
+              b.w = p.dw + (i % p.copies) * cs;
+              launch(t, v, b, dact, s);
+            }, 20);
+            const double gbs_k = bytes / (ms_k * 1e-3) / 1e9;
+            std::printf("  | product alone %8.2f us %7.0f GB/s %5.1f%%  kernel err %.1e", ms_k * 1e3, gbs_k,
+                        100 * gbs_k / read_gbs, err_q);
+            std::fprintf(g_tsv, "matvec\t%s\t%lld\t%lld\t%d\t%sk\t%.3f\t%.1f\t%.4f\t%.2e\n", dtype_name(t),
+                         (long long)p.k, (long long)p.n_rows, nt, version_name(v), ms_k * 1e3, gbs_k,
+                         gbs_k / read_gbs, err_q);
+            if (v == Version::kV4 && sh.k == 5120 && sh.n_rows == 17408) {
+              v4s.us[nt] = ms * 1e3;
+              if (nt == 1) {
+                v4s.v4_gbs = gbs;
+                v4s.v4k_gbs = gbs_k;
+                v4s.v4k_us = ms_k * 1e3;
+              }
+            }
+          }
+          std::printf("\n");
         }
+      }
+      if (q8_type(t) && sh.k == 5120 && sh.n_rows == 17408) {
+        v4s.v3_gbs = t1_v2_gbs;
+        v4_summary.push_back(v4s);
       }
       // Prefill path: dequantize tiles + cuBLAS, on the big up-projection shape only.
       if (sh.k == 5120 && sh.n_rows == 17408) {
@@ -369,6 +478,7 @@ int main(int argc, char** argv) {
       }
       CK(cudaFree(dx));
       CK(cudaFree(dy));
+      CK(cudaFree(dact));
       CK(cudaFree(p.dw));
     }
   }
@@ -380,6 +490,14 @@ int main(int argc, char** argv) {
     std::sscanf(line.c_str(), "%15s %lf %lf", name, &gbs, &tf);
     std::printf("%-5s %6.0f GB/s (%4.1f%% of read)   %6.1f TFLOP/s (%4.1f%% of bf16 peak)\n", name, gbs,
                 100 * gbs / read_gbs, tf, 100 * tf / peak_tf);
+  }
+  std::printf("\n== v4 (q8 activations, dp4a), k=5120 rows=17408: GB/s at 1 token (quantize + product, and the "
+              "product alone), us by tokens ==\n");
+  for (const V4Summary& v : v4_summary) {
+    std::printf("%-5s t=1 %6.0f GB/s (%4.1f%%; v3 %4.1f%%)  product alone %6.0f GB/s (%4.1f%%, %5.1f us)  "
+                "t=2 %6.1f us  t=4 %6.1f us  t=8 %6.1f us\n",
+                v.type.c_str(), v.v4_gbs, 100 * v.v4_gbs / read_gbs, 100 * v.v3_gbs / read_gbs, v.v4k_gbs,
+                100 * v.v4k_gbs / read_gbs, v.v4k_us, v.us[2], v.us[4], v.us[8]);
   }
   std::printf("check failures: %d\n", failures);
   std::fclose(g_tsv);

@@ -5,8 +5,9 @@
 //    read once), then every thread decodes 8-element units for all kRows rows and multiplies them with
 //    the matching activations, which it loads once for kRows rows. Needs qdec::traits(T).row_align.
 //  - matvec_generic: one warp per (row, token), byte loads, any alignment (fallback and workbench v1).
-//  Both have a gathered mode (MoE, MatvecArgs::ids set, n_tokens = 1): blockIdx.y is a slot whose expert
-//  id is read on the device and offsets the weight base; slots with invalid ids are skipped.
+//    matvec_staged and matvec_generic have a gathered mode (MoE: MatvecArgs::ids set, n_tokens = 1):
+//    blockIdx.y is a slot whose expert id is read on the device and offsets the weight base; slots with
+//    invalid ids are skipped.
 //  - dequant_bf16 / f32_to_bf16: prefill path, weight tiles and activations to BF16 for cuBLAS.
 // Non-obvious choice: staging through shared memory is what allows 16-byte loads for types whose
 // blocks (18, 34, 210 bytes) are not 16-byte aligned; shared memory keeps each byte's address mod 16.
