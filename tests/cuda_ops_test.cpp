@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <tuple>
 #include <random>
 #include <vector>
 
@@ -174,7 +175,8 @@ TEST_F(CudaOpsTest, GetRowsDequantizesAndChecksIds) {
 }
 
 TEST_F(CudaOpsTest, Conv1dCarriesState) {
-  for (int64_t n_tokens : {1, 5}) {
+  // 1 and 2 tokens shift the carried state; 33 and 100 span several token tiles of the kernel.
+  for (int64_t n_tokens : {1, 2, 5, 33, 100}) {
     Host x({300, n_tokens}), w({4, 300}), st({300, 3}), ref({300, n_tokens}), out({300, n_tokens});
     x.random(rng_);
     w.random(rng_);
@@ -242,6 +244,30 @@ TEST_F(CudaOpsTest, AttentionOverChunksWithGqa) {
     const TensorView dout = up(out);
     ASSERT_TRUE(attention(ctx_, up(q), kd, vd, n_kv, pos0, scale, dout).is_ok());
     EXPECT_LE(test::rel_err(down(dout, D * n_head * n_tokens), ref.v), kTolLong) << "pos0=" << pos0;
+  }
+}
+
+// The real routers: 256 experts, top 8 (35B-A3B) and 128/8, with ties broken towards the lowest id.
+TEST_F(CudaOpsTest, MoeRouteRealExpertCounts) {
+  for (auto [n_expert, k, n_tokens] : {std::tuple<int64_t, int64_t, int64_t>{256, 8, 1}, {256, 8, 37}, {128, 8, 3},
+                                       {64, 4, 2}}) {
+    SCOPED_TRACE(::testing::Message() << n_expert << " experts, k " << k << ", " << n_tokens << " tokens");
+    Host logits({n_expert, n_tokens});
+    logits.random(rng_, -3, 3);
+    for (int64_t t = 0; t < n_tokens; ++t) logits.v[static_cast<size_t>(t * n_expert + 40)] = logits.v[static_cast<size_t>(t * n_expert + 7)];
+    std::vector<int32_t> ids_ref(static_cast<size_t>(k * n_tokens));
+    Host w_ref({k, n_tokens}), w_out({k, n_tokens});
+    TensorView ids_ref_t = TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens});
+    ASSERT_TRUE(moe_route(test::ref_ctx(), logits.t, k, ids_ref_t, w_ref.t).is_ok());
+    std::vector<int32_t> ids_out(ids_ref.size(), -7);
+    const TensorView dids = up(TensorView::contiguous(ids_out.data(), DType::I32, {k, n_tokens}), 4 * k * n_tokens);
+    const TensorView dw = up(w_out);
+    ASSERT_TRUE(moe_route(ctx_, up(logits), k, dids, dw).is_ok());
+    EXPECT_LE(test::rel_err(down(dw, k * n_tokens), w_ref.v), kTol);
+    std::vector<int32_t> got(ids_ref.size());
+    ASSERT_TRUE(cuda::copy_to_host(got.data(), dids.data, 4 * k * n_tokens, stream_).is_ok());
+    ASSERT_TRUE(stream_.synchronize().is_ok());
+    EXPECT_EQ(got, ids_ref);
   }
 }
 

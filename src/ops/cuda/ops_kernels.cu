@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -103,18 +104,30 @@ __global__ void get_rows_kernel(const uint8_t* table, int64_t row_stride, int64_
   }
 }
 
-__global__ void conv1d_kernel(const float* x, const float* w, float* state, float* y, int64_t n_ch,
+// One thread per (channel, tile of kConvTileTokens tokens): y[t] depends only on inputs, so tiles are
+// independent; a tile reads the kernel-1 inputs before it from x (or from the carried state for the
+// first tokens). The tile holding the last token writes the new state after every tile has read the
+// old one (a second launch, conv1d_state_kernel).
+constexpr int kConvTileTokens = 32;
+
+__global__ void conv1d_kernel(const float* x, const float* w, const float* state, float* y, int64_t n_ch,
                               int64_t n_tokens, int kernel) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n_ch) return;
-  float win[kConvMaxKernel];  // the last kernel-1 inputs, oldest first, then the current one
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kConvTileTokens;
+  float win[kConvMaxKernel];  // inputs t-kernel+1 .. t-1 of the current token, oldest first
   float taps[kConvMaxKernel];
 #pragma unroll
   for (int i = 0; i < kConvMaxKernel; ++i) {
-    win[i] = i < kernel - 1 ? state[i * n_ch + c] : 0.0f;
     taps[i] = i < kernel ? w[c * kernel + i] : 0.0f;
+    win[i] = 0.0f;
+    if (i < kernel - 1) {
+      const int64_t t = t0 - (kernel - 1) + i;  // absolute index of this window entry (negative: state)
+      win[i] = t >= 0 ? x[t * n_ch + c] : state[(t + kernel - 1) * n_ch + c];
+    }
   }
-  for (int64_t t = 0; t < n_tokens; ++t) {
+  const int64_t t_end = t0 + kConvTileTokens < n_tokens ? t0 + kConvTileTokens : n_tokens;
+  for (int64_t t = t0; t < t_end; ++t) {
     const float cur = x[t * n_ch + c];
     float acc = 0.0f;
 #pragma unroll
@@ -132,6 +145,21 @@ __global__ void conv1d_kernel(const float* x, const float* w, float* state, floa
     for (int i = 0; i + 1 < kConvMaxKernel; ++i) {
       if (i < kernel - 2) win[i] = win[i + 1];
       else if (i == kernel - 2) win[i] = cur;
+    }
+  }
+}
+
+// New state = the last kernel-1 inputs of (old state ++ x).
+__global__ void conv1d_state_kernel(const float* x, float* state, int64_t n_ch, int64_t n_tokens, int kernel) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= n_ch) return;
+  float win[kConvMaxKernel];
+#pragma unroll
+  for (int i = 0; i < kConvMaxKernel; ++i) {
+    win[i] = 0.0f;
+    if (i < kernel - 1) {
+      const int64_t t = n_tokens - (kernel - 1) + i;
+      win[i] = t >= 0 ? x[t * n_ch + c] : state[(t + kernel - 1) * n_ch + c];
     }
   }
 #pragma unroll
@@ -152,32 +180,62 @@ __global__ void gates_kernel(const float* alpha, const float* b, const float* dt
 }
 
 // One thread per token: n_expert is at most a few hundred and k at most kRouteMaxK.
+// One warp per token: lane j holds experts j, j+32, ...; softmax statistics by warp reductions (in
+// double, as the CPU reference), then k rounds of a warp-wide argmax (ties: the lowest expert id, as
+// the CPU's first-maximum scan). Taken experts are remembered in a per-lane bit mask.
+constexpr int kRouteMaxExpertsPerLane = 64;  // n_expert <= 2048
+
 __global__ void moe_route_kernel(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k,
                                  int32_t* ids, float* weights, float floor) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
   if (t >= n_tokens) return;
   const float* l = logits + t * n_expert;
-  double mx = -INFINITY, sum = 0.0;
-  for (int64_t e = 0; e < n_expert; ++e) mx = fmax(mx, static_cast<double>(l[e]));
-  for (int64_t e = 0; e < n_expert; ++e) sum += exp(static_cast<double>(l[e]) - mx);
-  int32_t sel[kRouteMaxK];
-  double p[kRouteMaxK];
+  double mx = -INFINITY;
+  for (int64_t e = lane; e < n_expert; e += 32) mx = fmax(mx, static_cast<double>(l[e]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+  double sum = 0.0;
+  for (int64_t e = lane; e < n_expert; e += 32) sum += exp(static_cast<double>(l[e]) - mx);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  uint64_t taken = 0;  // bit i: expert lane + 32 i is selected
   double sel_sum = 0.0;
   for (int64_t j = 0; j < k; ++j) {
-    int32_t best = -1;
-    for (int64_t e = 0; e < n_expert; ++e) {
-      bool taken = false;
-      for (int64_t q = 0; q < j; ++q) taken |= sel[q] == e;
-      if (!taken && (best < 0 || l[e] > l[best])) best = static_cast<int32_t>(e);
+    float best_v = -INFINITY;
+    int best_e = INT_MAX;
+    int i = 0;
+    for (int64_t e = lane; e < n_expert; e += 32, ++i) {
+      if ((taken >> i) & 1u) continue;
+      const float v = l[e];
+      if (best_e == INT_MAX || v > best_v) {  // ascending e per lane: strict > keeps the lowest id
+        best_v = v;
+        best_e = static_cast<int>(e);
+      }
     }
-    sel[j] = best;
-    p[j] = exp(static_cast<double>(l[best]) - mx) / sum;
-    sel_sum += p[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xFFFFFFFFu, best_v, o);
+      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, o);
+      if (oe != INT_MAX && (best_e == INT_MAX || ov > best_v || (ov == best_v && oe < best_e))) {
+        best_v = ov;
+        best_e = oe;
+      }
+    }
+    if (best_e % 32 == lane) taken |= uint64_t{1} << (best_e / 32);
+    const double p = exp(static_cast<double>(best_v) - mx) / sum;
+    sel_sum += p;
+    if (lane == 0) {
+      ids[t * k + j] = best_e;
+      weights[t * k + j] = static_cast<float>(p);  // divided by the selected sum below
+    }
   }
+  __syncwarp();
   const double denom = fmax(sel_sum, static_cast<double>(floor));
-  for (int64_t j = 0; j < k; ++j) {
-    ids[t * k + j] = sel[j];
-    weights[t * k + j] = static_cast<float>(p[j] / denom);
+  if (lane == 0) {
+    for (int64_t j = 0; j < k; ++j) {
+      weights[t * k + j] = static_cast<float>(static_cast<double>(weights[t * k + j]) / denom);
+    }
   }
 }
 
@@ -270,7 +328,11 @@ cudaError_t get_rows_launch(DType t, const void* table, int64_t row_stride, int6
 cudaError_t conv1d_launch(const float* x, const float* w, float* state, float* y, int64_t n_ch, int64_t n_tokens,
                           int64_t kernel, cudaStream_t s) {
   if (kernel < 1 || kernel > kConvMaxKernel) return cudaErrorInvalidValue;
-  conv1d_kernel<<<blocks_for(n_ch, 128), 128, 0, s>>>(x, w, state, y, n_ch, n_tokens, static_cast<int>(kernel));
+  const int64_t tiles = (n_tokens + kConvTileTokens - 1) / kConvTileTokens;
+  if (tiles > kMaxGridY) return cudaErrorInvalidValue;
+  const dim3 grid(blocks_for(n_ch, 128), static_cast<unsigned>(tiles));
+  conv1d_kernel<<<grid, 128, 0, s>>>(x, w, state, y, n_ch, n_tokens, static_cast<int>(kernel));
+  conv1d_state_kernel<<<blocks_for(n_ch, 128), 128, 0, s>>>(x, state, n_ch, n_tokens, static_cast<int>(kernel));
   return cudaGetLastError();
 }
 
@@ -285,7 +347,10 @@ cudaError_t delta_net_gates_launch(const float* alpha, const float* b, const flo
 cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,
                              float* weights, float floor, cudaStream_t s) {
   if (k < 1 || k > kRouteMaxK || k > n_expert) return cudaErrorInvalidValue;
-  moe_route_kernel<<<blocks_for(n_tokens, 64), 64, 0, s>>>(logits, n_expert, n_tokens, k, ids, weights, floor);
+  if (n_expert > 32 * kRouteMaxExpertsPerLane) return cudaErrorInvalidValue;
+  constexpr int kWarpsPerBlock = 4;
+  const unsigned blocks = static_cast<unsigned>((n_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  moe_route_kernel<<<blocks, 32 * kWarpsPerBlock, 0, s>>>(logits, n_expert, n_tokens, k, ids, weights, floor);
   return cudaGetLastError();
 }
 
