@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "model/model_internal.h"
 #include "model_test_util.h"
 
 namespace ds {
@@ -200,6 +201,33 @@ TEST(ModelWeights, ValidateNamesTheTensor) {
   t = test::tiny_model(false);
   t.weights.output = TensorView{};
   EXPECT_TRUE(model_weights_validate(t.weights, t.config).is_ok());
+}
+
+}  // namespace
+}  // namespace ds
+
+namespace ds {
+namespace {
+
+// A segment that spills into new scratch blocks inside a layer must release them at the layer's
+// rollback: otherwise every layer keeps its own blocks and the merged arena grows to the sum.
+TEST(ModelScratchTest, RollbackReleasesSpilledBlocks) {
+  ModelScratch s(Device{});
+  auto a = s.f32({1024});  // first block (4 MiB minimum)
+  ASSERT_TRUE(a.is_ok());
+  const ModelScratch::Mark m = s.mark();
+  for (int layer = 0; layer < 8; ++layer) {
+    auto big = s.f32({int64_t{3} << 20});  // 12 MiB: a new block every layer
+    ASSERT_TRUE(big.is_ok());
+    s.rollback(m);
+    EXPECT_EQ(s.blocks.size(), 1u) << "layer " << layer;
+  }
+  EXPECT_LE(s.peak, (int64_t{3} << 22) + 4096 + 64) << "peak is the live high-water, not the sum";
+  s.reset();
+  ASSERT_EQ(s.blocks.size(), 1u);
+  auto again = s.f32({int64_t{3} << 20});
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(s.blocks.size(), 1u) << "after the merge a layer's intermediates fit the one block";
 }
 
 }  // namespace

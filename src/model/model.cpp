@@ -50,13 +50,19 @@ Result<TensorView> ModelScratch::i32(std::initializer_list<int64_t> ne) {
 ModelScratch::Mark ModelScratch::mark() const { return {blocks.size(), offset, used_total}; }
 
 void ModelScratch::rollback(const Mark& m) {
-  if (blocks.size() != m.n_blocks) return;  // spilled into a new block: keep it until reset merges
+  // Blocks added since the mark hold only released intermediates: free them, so a first segment that
+  // spills in every layer does not keep every layer's blocks (and `peak` stays the live high-water).
+  // On CUDA the freed blocks go back to the device cache; later work is ordered on the same stream.
+  if (blocks.size() > m.n_blocks) {
+    blocks.resize(m.n_blocks);
+    ++generation;
+  }
   offset = m.offset;
   used_total = m.used_total;
 }
 
 void ModelScratch::reset() {
-  if (blocks.size() > 1) {
+  if (blocks.size() > 1 || (blocks.size() == 1 && blocks[0].bytes() < peak)) {
     const int64_t want = peak;
     blocks.clear();
     auto b = DeviceBuffer::alloc(device, want);

@@ -11,9 +11,9 @@
 
 namespace ds {
 
-// Bump allocator for one segment's activations. Non-obvious choice: it grows by adding blocks and,
-// at the next reset, merges them into one block of the high-water size, so steady state is a single
-// allocation reused by every segment. `generation` changes whenever a block is allocated: a captured
+// Bump allocator for one segment's activations. Non-obvious choice: it grows by adding blocks (freed
+// again by the layer's rollback) and, at the next reset, merges into one block of the live high-water
+// size, so steady state is a single allocation reused by every segment and layer. `generation` changes whenever a block is allocated: a captured
 // CUDA graph holds the addresses it handed out and is valid only while the generation is unchanged.
 struct ModelScratch {
   explicit ModelScratch(Device d) : device(d) {}
