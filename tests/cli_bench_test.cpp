@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_test_util.h"
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_device.h"
 #endif
@@ -21,41 +22,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the build tree, removed at the end of the test.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag)
-      : path_(std::string(DS_BINARY_DIR) + "/bench_" + tag + "_" + std::to_string(::getpid())) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+using test::RunResult;
+using test::run_exe;
+struct TempDir : test::CliTempDir {
+  explicit TempDir(const std::string& tag) : test::CliTempDir("bench_" + tag) {}
 };
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-RunResult run_exe(const std::string& args, const std::string& dir) {
-  const std::string log = dir + "/out.txt";
-  const std::string cmd = std::string(DS_EXE) + " " + args + " > " + log + " 2>&1";
-  RunResult r;
-  const int status = std::system(cmd.c_str());
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
-  return r;
-}
 
 std::string make_tiny_model(const TempDir& dir) {
   const std::string path = dir.path() + "/tiny.gguf";

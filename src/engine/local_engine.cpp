@@ -56,12 +56,12 @@ Result<Device> engine_parse_device(const std::string& text) {
     }
   }
   if (index < 0) {
-    return invalid_argument("device '{}': expected cpu or cuda:N (N = the CUDA device index, e.g. cuda:0)", text);
+    return invalid_argument("--device '{}': expected cpu or cuda:N (N = the CUDA device index, e.g. cuda:0)", text);
   }
 #if DS_HAVE_CUDA
   return Device{DeviceKind::kCuda, static_cast<int>(index)};
 #else
-  return unsupported("device '{}': this build has no CUDA backend (rebuild with -DDELTASERVE_CUDA=ON), use --device cpu",
+  return unsupported("--device {}: this build has no CUDA backend (rebuild with -DDELTASERVE_CUDA=ON), use --device cpu",
                      text);
 #endif
 }

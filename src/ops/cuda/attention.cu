@@ -700,16 +700,12 @@ cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan,
   if (k.fn == nullptr || (plan.n_split > 1 && a.scratch == nullptr) || plan.n_row_blocks > 65535) {
     return cudaErrorInvalidValue;
   }
-  int device = 0, slots = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  e = configure(k, device, &slots);
-  if (e != cudaSuccess) return e;
+  // attention_paged_plan configured k's shared-memory limit on this device (once per kernel).
   KParams p = make_params(a, plan);
   void* args[] = {&p};
   const dim3 grid(static_cast<unsigned>(a.kv.n_head_kv), static_cast<unsigned>(plan.n_row_blocks),
                   static_cast<unsigned>(plan.n_split));
-  e = cudaLaunchKernel(k.fn, grid, dim3(kThreads), args, k.smem, s);
+  cudaError_t e = cudaLaunchKernel(k.fn, grid, dim3(kThreads), args, k.smem, s);
   if (e != cudaSuccess) return e;
   if (plan.n_split > 1) {
     e = cudaLaunchKernel(reinterpret_cast<const void*>(attn_combine_kernel), dim3(static_cast<unsigned>(p.RT)),

@@ -67,7 +67,8 @@ struct AttnPlan {
 // Chooses the kernel and the split count. cudaErrorInvalidValue: a forced path the shape does not
 // allow, head_dim > kAttnMaxHeadDim, or more than 65535 row blocks (about 500K query tokens).
 cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan);
-// Runs the plan on stream s: the attention kernel, then (n_split > 1) the split combine kernel.
+// Runs the plan on stream s (a plan made on the same device: planning configures the kernel): the
+// attention kernel, then (n_split > 1) the split combine kernel.
 cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan, cudaStream_t s);
 
 // Writes k, v [n_tokens, n_head_kv, head_dim] (F32, contiguous) at positions [*d_pos, *d_pos + n_tokens)

@@ -1,6 +1,6 @@
-// Launchers of the CUDA kernels for the non-matrix ops (defined in ops/cuda/ops_kernels.cu and
-// ops/cuda/attention.cu), called by the host entries in ops/cuda/cuda_ops.cpp. Needs the CUDA runtime
-// headers: include only under DS_HAVE_CUDA. Arguments are validated by the op dispatchers and
+// Launchers of the CUDA kernels for the non-matrix ops (defined in ops/cuda/ops_kernels.cu), called by
+// the host entries in ops/cuda/cuda_ops.cpp. Needs the CUDA runtime headers: include only under
+// DS_HAVE_CUDA. Arguments are validated by the op dispatchers and
 // cuda_ops.cpp before these run; launchers only return the launch error.
 #pragma once
 
@@ -49,10 +49,5 @@ cudaError_t scatter_add_rows_launch(const float* x, const int32_t* dst_rows, con
 // y[i, :] = x[src_rows[i], :].
 cudaError_t gather_rows_launch(const float* x, const int32_t* src_rows, float* y, int64_t n, int64_t n_embd,
                                cudaStream_t s);
-
-// Attention over a chunked KV cache (ops/attention.h): k_ptrs / v_ptrs are device arrays of chunk bases.
-cudaError_t attention_launch(const float* q, const float* const* k_ptrs, const float* const* v_ptrs,
-                             int64_t chunk_tokens, float* o, int64_t head_dim, int64_t n_head, int64_t n_head_kv,
-                             int64_t n_tokens, int64_t pos0, float scale, cudaStream_t s);
 
 }  // namespace ds::cuda
