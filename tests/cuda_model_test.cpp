@@ -30,6 +30,7 @@
 #include <random>
 
 #include "engine/local_engine.h"
+#include "golden_fixture.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "ops/device_buffer.h"
@@ -273,48 +274,11 @@ void greedy_lockstep(Model& cpu, Model& gpu, const std::vector<int32_t>& prompt,
 
 // ---- golden fixtures (tests/fixtures/golden, see model_golden_test.cpp) ----
 
-struct Fixture {
-  std::string name;
-  fs::path dir;
-  std::vector<int32_t> prompt, greedy;
-  int64_t vocab = 0;
-  std::vector<float> logits;  // [prompt + n_decode, vocab]
-  std::span<const float> row(int64_t i) const {
-    return {logits.data() + i * vocab, static_cast<size_t>(vocab)};
-  }
-};
-
-Fixture load_fixture(const fs::path& dir) {
-  Fixture f;
-  f.name = dir.filename().string();
-  f.dir = dir;
-  std::ifstream js(dir / "golden.json");
-  const auto j = nlohmann::json::parse(js);
-  f.prompt = j["prompt"].get<std::vector<int32_t>>();
-  f.greedy = j["greedy"].get<std::vector<int32_t>>();
-  f.vocab = j["vocab_size"].get<int64_t>();
-  f.logits.resize(static_cast<size_t>((f.prompt.size() + f.greedy.size()) * f.vocab));
-  std::ifstream lb(dir / "logits.bin", std::ios::binary);
-  lb.read(reinterpret_cast<char*>(f.logits.data()), static_cast<std::streamsize>(f.logits.size() * 4));
-  EXPECT_EQ(lb.gcount(), static_cast<std::streamsize>(f.logits.size() * 4)) << dir;
-  return f;
-}
-
-std::vector<fs::path> fixture_dirs() {
-  std::vector<fs::path> dirs;
-  for (const auto& de : fs::directory_iterator(fs::path(DS_SOURCE_DIR) / "tests/fixtures/golden")) {
-    if (fs::exists(de.path() / "golden.json")) dirs.push_back(de.path());
-  }
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
-
+using Fixture = test::GoldenFixture;
+Fixture load_fixture(const fs::path& dir) { return test::load_golden_fixture(dir); }
+std::vector<fs::path> fixture_dirs() { return test::golden_fixture_dirs(); }
 std::string convert(const Fixture& f, const std::string& type) {
-  const fs::path out = fs::temp_directory_path() / fmt::format("ds-cuda-golden-{}-{}-{}.gguf", ::getpid(), f.name, type);
-  const std::string cmd =
-      fmt::format("{} convert {} {} --type {} >/dev/null 2>&1", DS_EXE, f.dir.string(), out.string(), type);
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  return out.string();
+  return test::convert_golden_fixture(f, type, "ds-cuda-golden");
 }
 
 ModelOptions golden_options() {
@@ -339,7 +303,7 @@ TEST(CudaModelGolden, F32MatchesTransformers) {
     const std::span<const int32_t> prompt(f.prompt);
     double worst = 0;
     auto check_row = [&](std::span<const float> got, int64_t row, const char* what) {
-      const Diff d = compare(got, f.row(row));
+      const Diff d = compare(got, f.row_span(row));
       worst = std::max(worst, d.rel);
       EXPECT_LE(d.rel, kTolF32) << what << " row " << row << ": " << d.str();
     };

@@ -11,54 +11,17 @@
 #include <filesystem>
 #include <fstream>
 
+#include "golden_fixture.h"
 #include "model/model.h"
 
 namespace ds {
 namespace {
 namespace fs = std::filesystem;
 
-struct Fixture {
-  std::string name;
-  fs::path dir;
-  std::vector<int32_t> prompt, greedy;
-  int64_t vocab = 0;
-  std::vector<float> logits;  // [prompt + n_decode, vocab]
-  const float* row(int64_t i) const { return logits.data() + i * vocab; }
-};
-
-Fixture load_fixture(const fs::path& dir) {
-  Fixture f;
-  f.name = dir.filename().string();
-  f.dir = dir;
-  std::ifstream js(dir / "golden.json");
-  const auto j = nlohmann::json::parse(js);
-  f.prompt = j["prompt"].get<std::vector<int32_t>>();
-  f.greedy = j["greedy"].get<std::vector<int32_t>>();
-  f.vocab = j["vocab_size"].get<int64_t>();
-  const int64_t rows = static_cast<int64_t>(f.prompt.size() + f.greedy.size());
-  f.logits.resize(rows * f.vocab);
-  std::ifstream lb(dir / "logits.bin", std::ios::binary);
-  lb.read(reinterpret_cast<char*>(f.logits.data()), static_cast<std::streamsize>(f.logits.size() * 4));
-  EXPECT_EQ(lb.gcount(), static_cast<std::streamsize>(f.logits.size() * 4)) << dir;
-  return f;
-}
-
-std::vector<fs::path> fixture_dirs() {
-  std::vector<fs::path> dirs;
-  const fs::path root = fs::path(DS_SOURCE_DIR) / "tests/fixtures/golden";
-  for (const auto& de : fs::directory_iterator(root)) {
-    if (fs::exists(de.path() / "golden.json")) dirs.push_back(de.path());
-  }
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
-
-std::string convert(const Fixture& f, const std::string& type) {
-  const fs::path out = fs::temp_directory_path() / fmt::format("ds-golden-{}-{}-{}.gguf", ::getpid(), f.name, type);
-  const std::string cmd = fmt::format("{} convert {} {} --type {} >/dev/null 2>&1", DS_EXE, f.dir.string(), out.string(), type);
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  return out.string();
-}
+using Fixture = test::GoldenFixture;
+Fixture load_fixture(const fs::path& dir) { return test::load_golden_fixture(dir); }
+std::vector<fs::path> fixture_dirs() { return test::golden_fixture_dirs(); }
+std::string convert(const Fixture& f, const std::string& type) { return test::convert_golden_fixture(f, type, "ds-golden"); }
 
 int32_t argmax(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
