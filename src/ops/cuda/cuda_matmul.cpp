@@ -19,6 +19,7 @@ namespace ds::cuda {
 namespace {
 
 constexpr int64_t kTileBytes = int64_t{64} << 20;  // BF16 weight tile budget per GEMM call
+constexpr int64_t kTileRowAlign = 256;              // tile row counts are multiples of this
 
 struct BlasHandle {
   // Guards the handle's stream binding during a call. The handle's internal workspace is shared, so
@@ -105,7 +106,11 @@ Status matmul_gemm(const TensorView& w, const TensorView& x, const TensorView& y
                   "{}", shapes(w, x, y));
     return Status::ok();
   }
-  const int64_t tile_rows = std::max<int64_t>(1, std::min<int64_t>(n_rows, kTileBytes / (2 * k)));
+  // Tiles start at multiples of kTileRowAlign rows, so every tile's column block of y keeps y's
+  // alignment: cuBLAS falls back to its slow unaligned (align1) kernels for an output pointer that is
+  // not 16-byte aligned.
+  const int64_t tile_rows =
+      std::min(n_rows, std::max(kTileRowAlign, kTileBytes / (2 * k) / kTileRowAlign * kTileRowAlign));
   DS_ASSIGN_OR_RETURN(CudaBuffer wb, CudaBuffer::allocate(device, 2 * k * tile_rows));
   for (int64_t r0 = 0; r0 < n_rows; r0 += tile_rows) {
     const int64_t rows = std::min(tile_rows, n_rows - r0);

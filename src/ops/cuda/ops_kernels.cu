@@ -44,12 +44,26 @@ __global__ void eltwise_kernel(EltKind kind, const float* a, const float* b, flo
   y[i] = r;
 }
 
+// One block per (row, tile of kCopyTile elements): a lone long row (a decode step's one token) still
+// spreads over many blocks, and each thread's kCopyTile / kThreads loads are independent.
+constexpr int kCopyTile = 4 * kThreads;
 __global__ void copy_kernel(const uint8_t* src, uint8_t* dst, CopyShape sh) {
   const int64_t r = blockIdx.x;
   const int64_t i1 = r % sh.ne[1], i2 = (r / sh.ne[1]) % sh.ne[2], i3 = r / (sh.ne[1] * sh.ne[2]);
   const float* s = reinterpret_cast<const float*>(src + i1 * sh.src_nb[1] + i2 * sh.src_nb[2] + i3 * sh.src_nb[3]);
   float* d = reinterpret_cast<float*>(dst + i1 * sh.dst_nb[1] + i2 * sh.dst_nb[2] + i3 * sh.dst_nb[3]);
-  for (int64_t i = threadIdx.x; i < sh.ne[0]; i += blockDim.x) d[i] = s[i];
+  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kCopyTile + threadIdx.x;
+  float v[kCopyTile / kThreads];
+#pragma unroll
+  for (int j = 0; j < kCopyTile / kThreads; ++j) {
+    const int64_t i = i0 + j * kThreads;
+    v[j] = i < sh.ne[0] ? s[i] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kCopyTile / kThreads; ++j) {
+    const int64_t i = i0 + j * kThreads;
+    if (i < sh.ne[0]) d[i] = v[j];
+  }
 }
 
 __device__ float block_sum(float v) {
@@ -65,14 +79,39 @@ __device__ float block_sum(float v) {
   return s;
 }
 
+// One block per row, sized to the row (norm_threads): a thread keeps its kNormPer elements in registers
+// between the sum and the scaling, so the row is read once and all its loads are in flight together.
+constexpr int kNormPer = 8;
 __global__ void norm_kernel(const float* x, const float* w, float* y, int64_t n, float eps, bool l2) {
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
+  float v[kNormPer];
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    v[j] = i < n ? xr[i] : 0.0f;
+    ss = fmaf(v[j], v[j], ss);
+  }
+  for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
+    ss = fmaf(xr[i], xr[i], ss);  // rows longer than kNormPer * 1024
+  }
   ss = block_sum(ss);
   const float inv = l2 ? rsqrtf(ss + eps) : rsqrtf(ss / static_cast<float>(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (i < n) yr[i] = w ? v[j] * inv * w[i] : v[j] * inv;
+  }
+  for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
+    yr[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+  }
+}
+
+// Threads for a row of n: a multiple of 32 covering n in kNormPer elements each, 32 .. 1024.
+int norm_threads(int64_t n) {
+  const int64_t t = (n + kNormPer - 1) / kNormPer;
+  return static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (t + 31) / 32 * 32)));
 }
 
 // Angles in double: positions reach 2^18 and a float angle would be off by up to 1e-2 rad there.
@@ -274,7 +313,10 @@ cudaError_t eltwise_launch(EltKind kind, const float* a, const float* b, float* 
 cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cudaStream_t s) {
   const int64_t rows = shape.ne[1] * shape.ne[2] * shape.ne[3];
   if (rows <= 0 || shape.ne[0] <= 0) return cudaSuccess;
-  copy_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(static_cast<const uint8_t*>(src),
+  const int64_t tiles = (shape.ne[0] + kCopyTile - 1) / kCopyTile;
+  if (tiles > kMaxGridY) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(tiles));
+  copy_kernel<<<grid, kThreads, 0, s>>>(static_cast<const uint8_t*>(src),
                                                                static_cast<uint8_t*>(dst), shape);
   return cudaGetLastError();
 }
@@ -282,7 +324,7 @@ cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cuda
 cudaError_t norm_launch(const float* x, const float* w, float* y, int64_t n, int64_t rows, float eps, bool l2,
                         cudaStream_t s) {
   if (rows <= 0) return cudaSuccess;
-  norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, n, eps, l2);
+  norm_kernel<<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, w, y, n, eps, l2);
   return cudaGetLastError();
 }
 
