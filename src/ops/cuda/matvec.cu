@@ -12,12 +12,10 @@ namespace {
 
 static_assert(kern::kQ8MaxTokens == kMatvecQ8MaxTokens, "q8 token limit");
 
-// Quantizes x, then runs matvec_q8; matvec_q8_ok(T, l) holds.
+// Runs matvec_q8 on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
 template <DType T>
-cudaError_t launch_q8(const MatvecLaunch& l, cudaStream_t stream) {
+cudaError_t launch_q8_product(const MatvecLaunch& l, cudaStream_t stream) {
   auto* act = static_cast<uint8_t*>(l.act);
-  const cudaError_t e = quantize_q8_launch(l.x, l.x_stride, nullptr, l.n_tokens, l.k, act, nullptr, 0, stream);
-  if (e != cudaSuccess) return e;
   const kern::MatvecQ8Args a{static_cast<const uint8_t*>(l.w),
                              l.w_stride,
                              reinterpret_cast<const int8_t*>(act),
@@ -39,6 +37,13 @@ cudaError_t launch_q8(const MatvecLaunch& l, cudaStream_t stream) {
     kern::matvec_q8<T, 8><<<grid, kern::kQ8Threads, 0, stream>>>(a);
   }
   return cudaGetLastError();
+}
+
+// Quantizes x, then runs matvec_q8; matvec_q8_ok(T, l) holds.
+template <DType T>
+cudaError_t launch_q8(const MatvecLaunch& l, cudaStream_t stream) {
+  const cudaError_t e = quantize_q8_launch(l.x, l.x_stride, nullptr, l.n_tokens, l.k, l.act, nullptr, 0, stream);
+  return e != cudaSuccess ? e : launch_q8_product<T>(l, stream);
 }
 
 template <DType T>
@@ -157,6 +162,19 @@ cudaError_t matvec_launch(DType t, const MatvecLaunch& a, MatvecKernel fastest, 
 #define X(name) \
   case DType::name: return launch_typed<DType::name>(a, fastest, stream);
     DS_MATVEC_TYPES(X)
+#undef X
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream) {
+  if (a.n_rows <= 0 || a.n_tokens <= 0) return cudaSuccess;
+  if (!matvec_q8_ok(t, a)) return cudaErrorInvalidValue;
+  switch (t) {
+#define X(name) \
+  case DType::name: return launch_q8_product<DType::name>(a, stream);
+    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
 #undef X
     default:
       return cudaErrorInvalidValue;

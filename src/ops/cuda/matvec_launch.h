@@ -63,6 +63,10 @@ inline cudaError_t matvec_launch(DType t, const MatvecLaunch& a, bool force_gene
   return matvec_launch(t, a, force_generic ? MatvecKernel::kGeneric : MatvecKernel::kStaged, stream);
 }
 
+// The q8 product alone: `a.act` already holds x quantized by quantize_q8_launch (same k, n_tokens), so
+// several weights that share an input quantize it once. cudaErrorInvalidValue unless matvec_q8_ok.
+cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream);
+
 // q8 activation blocks of rows [0, n_rows) of x (k % 32 == 0, row stride x_stride elements) into `act`
 // (layout of matvec_q8_act_bytes). SwiGLU mode when `up` is set: the values are silu(x) * up (up rows at
 // the same stride). With `ids`, row r is zeros when ids[r] is outside [0, n_expert).
