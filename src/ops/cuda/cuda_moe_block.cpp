@@ -64,12 +64,15 @@ struct Plan {
 Status check_rows(const TensorView& t, const char* name, int64_t ne0, int64_t ne1, int64_t ne2) {
   if (t.data == nullptr) return unsupported("{}: {} is missing", kOp, name);
   DS_TRY(ops::check_shape(kOp, name, t, ne0, ne1, ne2));
-  if (t.nb[0] != dtype_block_bytes(t.dtype) || t.nb[1] < t.row_bytes() || (ne2 > 1 && t.nb[2] < t.nb[1] * ne1)) {
-    return invalid_argument("{}: {} {} has overlapping rows", kOp, name, t.shape_string());
-  }
   if (!matvec_q8_supports(t.dtype)) {
     return unsupported("{}: {} {}: dtype {} has no int8-activation kernel", kOp, name, t.shape_string(),
                        dtype_name(t.dtype));
+  }
+  if (ne0 % dtype_block_size(t.dtype) != 0) {
+    return unsupported("{}: {} {}: rows are not whole {} blocks", kOp, name, t.shape_string(), dtype_name(t.dtype));
+  }
+  if (t.nb[0] != dtype_block_bytes(t.dtype) || t.nb[1] < t.row_bytes() || (ne2 > 1 && t.nb[2] < t.nb[1] * ne1)) {
+    return invalid_argument("{}: {} {} has overlapping rows", kOp, name, t.shape_string());
   }
   return Status::ok();
 }

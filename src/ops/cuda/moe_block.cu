@@ -134,6 +134,13 @@ __device__ void router_row(const MoeRouteFusedLaunch& a, int row, bool vec4) {
   }
 }
 
+// An unsigned key whose order is the order of the float values (-0 and +0 equal, as they compare);
+// nonzero for every non-NaN value. (NaN logits, from NaN activations only, may rank differently.)
+__device__ __forceinline__ unsigned order_key(float v) {
+  const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
+}
+
 __device__ __forceinline__ void write_sel(int32_t* const* sel, int64_t slot, const MoeWeightSel& w, int32_t e) {
   const int32_t v = static_cast<int32_t>(w.base_units + static_cast<int64_t>(e) * w.expert_units);
   sel[0][slot] = w.group == 0 ? v : -1;
@@ -169,15 +176,11 @@ __device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l, int32
         best_e = e;
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xFFFFFFFFu, best_v, o);
-      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, o);
-      if (oe != INT_MAX && (best_e == INT_MAX || ov > best_v || (ov == best_v && oe < best_e))) {
-        best_v = ov;
-        best_e = oe;
-      }
-    }
+    // Warp arg-max, ties to the lower id: the largest order key, then the lowest id holding it.
+    const unsigned key = best_e == INT_MAX ? 0u : order_key(best_v);
+    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, key);
+    best_e = static_cast<int>(__reduce_min_sync(0xFFFFFFFFu, key == top ? static_cast<unsigned>(best_e) : UINT_MAX));
+    best_v = l[best_e];
     if (best_e % 32 == lane) taken |= uint64_t{1} << (best_e / 32);
     sel_sum += exp(static_cast<double>(best_v) - mx) / sum;
     if (lane == 0) picked[j] = best_e;
