@@ -23,6 +23,7 @@ namespace {
 constexpr int kRouteWarps = 4;
 constexpr int kRouteThreads = 32 * kRouteWarps;
 constexpr int kRouteTokenGroup = 8;  // accumulators per lane in the router dot products
+constexpr int kRouteUnroll = 8;      // float4 loads of a router row in flight per lane
 
 __device__ __forceinline__ float route_warp_sum(float v) {
 #pragma unroll
@@ -99,15 +100,25 @@ __device__ void router_row(const MoeRouteFusedLaunch& a, int row, bool vec4) {
     float acc[kRouteTokenGroup];
 #pragma unroll
     for (int t = 0; t < kRouteTokenGroup; ++t) acc[t] = 0.0f;
-    if (vec4) {
-#pragma unroll 4
-      for (int64_t i = 4 * lane; i < a.n_embd; i += 128) {
-        const float4 wv = __ldg(reinterpret_cast<const float4*>(w + i));
+    if (vec4) {  // kRouteUnroll float4 of the row in flight per lane, then the tokens' products
+      for (int64_t base = 4 * lane; base < a.n_embd; base += 128 * kRouteUnroll) {
+        float4 wv[kRouteUnroll];
+#pragma unroll
+        for (int u = 0; u < kRouteUnroll; ++u) {
+          const int64_t i = base + 128 * u;
+          wv[u] = i < a.n_embd ? __ldg(reinterpret_cast<const float4*>(w + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
 #pragma unroll
         for (int t = 0; t < kRouteTokenGroup; ++t) {
-          if (t0 + t < a.n_tokens) {
-            const float4 xv = __ldg(reinterpret_cast<const float4*>(a.x + (t0 + t) * a.n_embd + i));
-            acc[t] = fmaf(wv.x, xv.x, fmaf(wv.y, xv.y, fmaf(wv.z, xv.z, fmaf(wv.w, xv.w, acc[t]))));
+          if (t0 + t >= a.n_tokens) break;
+          const float* xt = a.x + (t0 + t) * a.n_embd;
+#pragma unroll
+          for (int u = 0; u < kRouteUnroll; ++u) {
+            const int64_t i = base + 128 * u;
+            if (i < a.n_embd) {
+              const float4 xv = __ldg(reinterpret_cast<const float4*>(xt + i));
+              acc[t] = fmaf(wv[u].x, xv.x, fmaf(wv[u].y, xv.y, fmaf(wv[u].z, xv.z, fmaf(wv[u].w, xv.w, acc[t]))));
+            }
           }
         }
       }
