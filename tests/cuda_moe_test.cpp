@@ -381,10 +381,11 @@ struct BlockCase {
 };
 
 std::string describe(const BlockCase& c, int64_t n_tokens, bool ties) {
-  return fmt::format("gate/up {} down {} fused {} shared gate/up {} down {} n_embd {} n_ff {} experts {} k {} "
-                     "tokens {} ties {}",
-                     dtype_name(c.gate_up), dtype_name(c.down), c.fused, dtype_name(c.sh_gate_up),
-                     dtype_name(c.sh_down), c.n_embd, c.n_ff, c.n_expert, c.k, n_tokens, ties);
+  return fmt::format(
+      "gate/up {} down {} fused {} shared gate/up {} down {} n_embd {} n_ff {} experts {} k {} "
+      "tokens {} ties {}",
+      dtype_name(c.gate_up), dtype_name(c.down), c.fused, dtype_name(c.sh_gate_up), dtype_name(c.sh_down), c.n_embd,
+      c.n_ff, c.n_expert, c.k, n_tokens, ties);
 }
 
 // Rows [r0, r0 + n) of a row-major stack of rows of `cols` elements, dequantized.
@@ -395,8 +396,8 @@ std::vector<float> rows_of(DType t, const std::vector<uint8_t>& b, int64_t r0, i
 }
 
 // down(silu(gate x) * up x) in float64 on int8-rounded x (xq) and h; gate / up [F][E], down [E][F].
-std::vector<double> ffn_q8(const std::vector<float>& gate, const std::vector<float>& up,
-                           const std::vector<float>& down, const std::vector<double>& xq, int64_t E, int64_t F) {
+std::vector<double> ffn_q8(const std::vector<float>& gate, const std::vector<float>& up, const std::vector<float>& down,
+                           const std::vector<double>& xq, int64_t E, int64_t F) {
   std::vector<double> h(static_cast<size_t>(F)), o(static_cast<size_t>(E));
   for (int64_t r = 0; r < F; ++r) {
     double g = 0.0, u = 0.0;
@@ -409,7 +410,8 @@ std::vector<double> ffn_q8(const std::vector<float>& gate, const std::vector<flo
   q8_round_trip(h);
   for (int64_t c = 0; c < E; ++c) {
     double acc = 0.0;
-    for (int64_t r = 0; r < F; ++r) acc += static_cast<double>(down[static_cast<size_t>(c * F + r)]) * h[static_cast<size_t>(r)];
+    for (int64_t r = 0; r < F; ++r)
+      acc += static_cast<double>(down[static_cast<size_t>(c * F + r)]) * h[static_cast<size_t>(r)];
     o[static_cast<size_t>(c)] = acc;
   }
   return o;
@@ -450,10 +452,12 @@ class CudaMoeBlockTest : public CudaMoeTest {
       for (float& v : dir) v = (rng_() & 1) ? 1.0f : -1.0f;
       for (int64_t i = 0; i <= k; ++i) tied.push_back(static_cast<int32_t>(i * X / (k + 1)));
       for (int32_t e : tied) {
-        for (int64_t col = 0; col < E; ++col) router[static_cast<size_t>(e * E + col)] = 0.05f * dir[static_cast<size_t>(col)];
+        for (int64_t col = 0; col < E; ++col)
+          router[static_cast<size_t>(e * E + col)] = 0.05f * dir[static_cast<size_t>(col)];
       }
       for (int64_t t = 0; t < T; ++t) {
-        for (int64_t col = 0; col < E; ++col) x.v[static_cast<size_t>(t * E + col)] += 0.5f * dir[static_cast<size_t>(col)];
+        for (int64_t col = 0; col < E; ++col)
+          x.v[static_cast<size_t>(t * E + col)] += 0.5f * dir[static_cast<size_t>(col)];
       }
     }
     std::vector<uint8_t> gu_b, gate_b, up_b, down_b;
@@ -464,7 +468,8 @@ class CudaMoeBlockTest : public CudaMoeTest {
       up_b = random_rows(c.gate_up, F * X, E, rng_);
     }
     down_b = random_rows(c.down, E * X, F, rng_);
-    const std::vector<uint8_t> sg_b = random_rows(c.sh_gate_up, F, E, rng_), su_b = random_rows(c.sh_gate_up, F, E, rng_);
+    const std::vector<uint8_t> sg_b = random_rows(c.sh_gate_up, F, E, rng_),
+                               su_b = random_rows(c.sh_gate_up, F, E, rng_);
     const std::vector<uint8_t> sd_b = random_rows(c.sh_down, E, F, rng_);
 
     // Host views (CPU chain) and device copies.
@@ -481,13 +486,11 @@ class CudaMoeBlockTest : public CudaMoeTest {
     hw.gate_shexp = TensorView::contiguous(const_cast<uint8_t*>(sg_b.data()), c.sh_gate_up, {E, F});
     hw.up_shexp = TensorView::contiguous(const_cast<uint8_t*>(su_b.data()), c.sh_gate_up, {E, F});
     hw.down_shexp = TensorView::contiguous(const_cast<uint8_t*>(sd_b.data()), c.sh_down, {F, E});
-    const auto upv = [&](const TensorView& h) {
-      return h.data == nullptr ? TensorView{} : up(h, h.data, h.n_bytes());
-    };
-    cuda::MoeBlockWeights dw{upv(hw.router),     {upv(hw.experts.gate), upv(hw.experts.up), upv(hw.experts.gate_up),
-                                                  upv(hw.experts.down)},
-                             upv(hw.shexp_gate), upv(hw.gate_shexp),
-                             upv(hw.up_shexp),   upv(hw.down_shexp)};
+    const auto upv = [&](const TensorView& h) { return h.data == nullptr ? TensorView{} : up(h, h.data, h.n_bytes()); };
+    cuda::MoeBlockWeights dw{
+        upv(hw.router),     {upv(hw.experts.gate), upv(hw.experts.up), upv(hw.experts.gate_up), upv(hw.experts.down)},
+        upv(hw.shexp_gate), upv(hw.gate_shexp),
+        upv(hw.up_shexp),   upv(hw.down_shexp)};
     const Status ok = cuda::moe_block_decode_check(dw, T, k);
     ASSERT_TRUE(ok.is_ok()) << where << ": " << ok.to_string();
     const TensorView dx = up(x.t, x.v.data(), 4 * E * T);
@@ -516,7 +519,8 @@ class CudaMoeBlockTest : public CudaMoeTest {
         ld[static_cast<size_t>(t * X + e)] = a;
       }
       double a = 0.0;
-      for (int64_t col = 0; col < E; ++col) a += static_cast<double>(sgate[static_cast<size_t>(col)]) * x.v[static_cast<size_t>(t * E + col)];
+      for (int64_t col = 0; col < E; ++col)
+        a += static_cast<double>(sgate[static_cast<size_t>(col)]) * x.v[static_cast<size_t>(t * E + col)];
       sg_logit[static_cast<size_t>(t)] = a;
     }
     std::vector<float> lf(ld.begin(), ld.end());
@@ -537,11 +541,11 @@ class CudaMoeBlockTest : public CudaMoeTest {
         }
         if (ids[i] == ids_ref[i]) continue;
         const double lg = ld[static_cast<size_t>(t * X + ids[i])], lr = ld[static_cast<size_t>(t * X + ids_ref[i])];
-        ASSERT_NE(lg, lr) << where << ": token " << t << " slot " << j << ": tie between experts " << ids[i]
-                          << " and " << ids_ref[i] << " went to the higher id";
+        ASSERT_NE(lg, lr) << where << ": token " << t << " slot " << j << ": tie between experts " << ids[i] << " and "
+                          << ids_ref[i] << " went to the higher id";
         ASSERT_LE(std::fabs(lg - lr), 1e-4 * std::max(1.0, std::fabs(lr)))
-            << where << ": token " << t << " slot " << j << ": expert " << ids[i] << " (logit " << lg
-            << ") instead of " << ids_ref[i] << " (logit " << lr << ")";
+            << where << ": token " << t << " slot " << j << ": expert " << ids[i] << " (logit " << lg << ") instead of "
+            << ids_ref[i] << " (logit " << lr << ")";
         token_near = true;
       }
       near_ties += token_near;
@@ -570,15 +574,19 @@ class CudaMoeBlockTest : public CudaMoeTest {
       std::vector<double> acc(static_cast<size_t>(E), 0.0);
       for (int64_t j = 0; j < k; ++j) {
         const int64_t e = ids[static_cast<size_t>(t * k + j)];
-        const std::vector<float> g = c.fused ? rows_of(c.gate_up, gu_b, 2 * F * e, F, E) : rows_of(c.gate_up, gate_b, F * e, F, E);
-        const std::vector<float> u = c.fused ? rows_of(c.gate_up, gu_b, 2 * F * e + F, F, E) : rows_of(c.gate_up, up_b, F * e, F, E);
+        const std::vector<float> g =
+            c.fused ? rows_of(c.gate_up, gu_b, 2 * F * e, F, E) : rows_of(c.gate_up, gate_b, F * e, F, E);
+        const std::vector<float> u =
+            c.fused ? rows_of(c.gate_up, gu_b, 2 * F * e + F, F, E) : rows_of(c.gate_up, up_b, F * e, F, E);
         const std::vector<double> o = ffn_q8(g, u, rows_of(c.down, down_b, E * e, E, F), xq, E, F);
-        for (int64_t col = 0; col < E; ++col) acc[static_cast<size_t>(col)] += wts[static_cast<size_t>(t * k + j)] * o[static_cast<size_t>(col)];
+        for (int64_t col = 0; col < E; ++col)
+          acc[static_cast<size_t>(col)] += wts[static_cast<size_t>(t * k + j)] * o[static_cast<size_t>(col)];
       }
       const std::vector<double> sh = ffn_q8(sgf, suf, sdf, xq, E, F);
       const double sig = 1.0 / (1.0 + std::exp(-sg_logit[static_cast<size_t>(t)]));
       for (int64_t col = 0; col < E; ++col) {
-        ref[static_cast<size_t>(t * E + col)] = static_cast<float>(acc[static_cast<size_t>(col)] + sig * sh[static_cast<size_t>(col)]);
+        ref[static_cast<size_t>(t * E + col)] =
+            static_cast<float>(acc[static_cast<size_t>(col)] + sig * sh[static_cast<size_t>(col)]);
       }
     }
     EXPECT_LE(test::rel_err(got, ref), kTolQ8Reference) << where << " (vs float64 reference on int8 activations)";
@@ -687,7 +695,8 @@ TEST_F(CudaMoeBlockTest, RouteFusedKernel) {
     std::vector<float> router(static_cast<size_t>(X * rs)), sgate(static_cast<size_t>(E));
     for (float& v : router) v = uni(rng_);
     for (float& v : sgate) v = uni(rng_);
-    for (int64_t col = 0; col < rs; ++col) router[static_cast<size_t>(3 % X * rs + col)] = router[static_cast<size_t>(col)];
+    for (int64_t col = 0; col < rs; ++col)
+      router[static_cast<size_t>(3 % X * rs + col)] = router[static_cast<size_t>(col)];
     test::Host x({E, T});
     x.random(rng_, -1.0f, 1.0f);
     x.v[0] = 0.0f;
@@ -731,7 +740,8 @@ TEST_F(CudaMoeBlockTest, RouteFusedKernel) {
     const std::vector<float> wts = fetch<float>(a.weights, T * k), coef = fetch<float>(a.coef, T * P);
     const std::vector<float> shl = fetch<float>(a.shexp_logit, T);
     const std::vector<uint8_t> xq = fetch<uint8_t>(a.xq, act_bytes);
-    const std::vector<int32_t> sg0 = fetch<int32_t>(a.sel_gu[0], T * 2 * P), sg1 = fetch<int32_t>(a.sel_gu[1], T * 2 * P);
+    const std::vector<int32_t> sg0 = fetch<int32_t>(a.sel_gu[0], T * 2 * P),
+                               sg1 = fetch<int32_t>(a.sel_gu[1], T * 2 * P);
     const std::vector<int32_t> sd0 = fetch<int32_t>(a.sel_down[0], T * P);
     EXPECT_EQ(fetch<uint32_t>(a.counter, 1)[0], 0u) << where << ": counter not reset";
 
@@ -825,11 +835,18 @@ TEST(CudaMoeBlock, UnsupportedBlocksAndBadArguments) {
     return cuda::moe_block_decode_check(b, 1, k).code() != StatusCode::kOk;
   };
   EXPECT_TRUE(unsupported_with([&](auto& b) { b.experts.gate.dtype = DType::F32; }));
-  EXPECT_TRUE(unsupported_with([&](auto& b) { b.experts.up = TensorView::contiguous(fake, DType::Q4_0, {E, F, X}, d); }));
+  EXPECT_TRUE(unsupported_with([&](auto& b) {
+    b.experts.up = TensorView::contiguous(fake, DType::Q4_0, {E, F, X}, d);
+  }));
   EXPECT_TRUE(unsupported_with([&](auto& b) { b.router = TensorView::contiguous(fake, DType::Q8_0, {E, X}, d); }));
   EXPECT_TRUE(unsupported_with([&](auto& b) { b.shexp_gate = TensorView{}; }));
-  EXPECT_TRUE(unsupported_with([&](auto& b) { b.up_shexp = TensorView::contiguous(fake, DType::Q8_0, {E, 2 * F}, d); }));
-  EXPECT_TRUE(unsupported_with([&](auto& b) { b.gate_shexp.data = fake + 2; b.up_shexp.data = fake + 2; }));
+  EXPECT_TRUE(unsupported_with([&](auto& b) {
+    b.up_shexp = TensorView::contiguous(fake, DType::Q8_0, {E, 2 * F}, d);
+  }));
+  EXPECT_TRUE(unsupported_with([&](auto& b) {
+    b.gate_shexp.data = fake + 2;
+    b.up_shexp.data = fake + 2;
+  }));
 
   const TensorView x = TensorView::contiguous(fake, DType::F32, {E, 1}, d);
   const TensorView y = TensorView::contiguous(fake + 16, DType::F32, {E, 1}, d);

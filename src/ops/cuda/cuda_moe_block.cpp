@@ -160,8 +160,8 @@ Result<Plan> make_plan(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
 
   p.gu[0] = {gate.dtype, nullptr, gate.w_stride};
   if (sgate.dtype == gate.dtype && sgate.w_stride == gate.w_stride) {
-    DS_TRY(place("gate/up", p.gu[0], {{&gate, &p.gate}, {&up, &p.up}, {&sgate, &p.shexp_gate}, {&sup, &p.shexp_up}},
-                 0, E));
+    DS_TRY(place("gate/up", p.gu[0], {{&gate, &p.gate}, {&up, &p.up}, {&sgate, &p.shexp_gate}, {&sup, &p.shexp_up}}, 0,
+                 E));
   } else {
     p.n_gu = 2;
     p.gu[1] = {sgate.dtype, nullptr, sgate.w_stride};
@@ -226,9 +226,12 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
     return invalid_argument("{}: x {} against down experts {}", kOp, x.shape_string(), w.experts.down.shape_string());
   }
   const MoeExperts& ex = w.experts;
-  for (const auto& [t, name] : {std::pair{&w.router, "router"}, {&w.shexp_gate, "shexp_gate"},
-                                {&w.gate_shexp, "gate_shexp"}, {&w.up_shexp, "up_shexp"},
-                                {&w.down_shexp, "down_shexp"}, {&ex.down, "down"},
+  for (const auto& [t, name] : {std::pair{&w.router, "router"},
+                                {&w.shexp_gate, "shexp_gate"},
+                                {&w.gate_shexp, "gate_shexp"},
+                                {&w.up_shexp, "up_shexp"},
+                                {&w.down_shexp, "down_shexp"},
+                                {&ex.down, "down"},
                                 {ex.gate_up.data != nullptr ? &ex.gate_up : &ex.gate, "gate"}}) {
     DS_TRY(ops::check_tensor(kOp, name, ctx, *t, t->dtype));
   }
@@ -288,9 +291,9 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   // Formatted only when a launch fails.
   const auto shapes = [&] {
     return fmt::format("x {} k {} router {} gate {} {} down {} {} shared gate {} down {}", x.shape_string(), k,
-                       w.router.shape_string(), dtype_name(p.gu[0].dtype), (ex.gate_up.data ? ex.gate_up : ex.gate).shape_string(),
-                       dtype_name(ex.down.dtype), ex.down.shape_string(), dtype_name(w.gate_shexp.dtype),
-                       dtype_name(w.down_shexp.dtype));
+                       w.router.shape_string(), dtype_name(p.gu[0].dtype),
+                       (ex.gate_up.data ? ex.gate_up : ex.gate).shape_string(), dtype_name(ex.down.dtype),
+                       ex.down.shape_string(), dtype_name(w.gate_shexp.dtype), dtype_name(w.down_shexp.dtype));
   };
   DS_CUDA_TRY(moe_route_fused_launch(r, s), "{}: route: {}", kOp, shapes());
   for (int g = 0; g < p.n_gu; ++g) {  // slot 2 pair (+ 1): gate (up) of the pair, activation row = token

@@ -40,8 +40,7 @@ __device__ void quantize_x(const MoeRouteFusedLaunch& a, bool vec4) {
   auto* q = static_cast<int8_t*>(a.xq);
   auto* ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(a.xq) + kern::q8_ds_offset(a.n_embd, a.n_tokens));
   const int64_t step = static_cast<int64_t>(gridDim.x) * kRouteWarps * 4;
-  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp) * 4; first < n_blocks;
-       first += step) {
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp) * 4; first < n_blocks; first += step) {
     const int64_t blk = first + lane / 8;
     const int sub = lane % 8;
     const bool live = blk < n_blocks;
@@ -83,8 +82,8 @@ __device__ void quantize_x(const MoeRouteFusedLaunch& a, bool vec4) {
     for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
     if (!live) continue;
     *reinterpret_cast<char4*>(q + row * a.n_embd + e0) =
-        make_char4(static_cast<signed char>(qi[0]), static_cast<signed char>(qi[1]),
-                   static_cast<signed char>(qi[2]), static_cast<signed char>(qi[3]));
+        make_char4(static_cast<signed char>(qi[0]), static_cast<signed char>(qi[1]), static_cast<signed char>(qi[2]),
+                   static_cast<signed char>(qi[3]));
     if (sub == 0) {
       const float dd = nan ? __int_as_float(0x7FC00000) : d;
       ds[row * blocks_per_row + b] = make_float2(dd, dd * static_cast<float>(sum));
@@ -275,13 +274,13 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
   return cudaGetLastError();
 }
 
-cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k,
-                                     int64_t n_embd, float* y, cudaStream_t stream) {
+cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,
+                                     float* y, cudaStream_t stream) {
   const int64_t n = n_tokens * n_embd;
   if (n <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  moe_block_combine<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(d, coef, n_tokens,
-                                                                                                     k, n_embd, y);
+  moe_block_combine<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(d, coef, n_tokens, k,
+                                                                                                   n_embd, y);
   return cudaGetLastError();
 }
 
