@@ -2,6 +2,11 @@
 // moe_ffn (which groups tokens per expert on the host): split and fused gate/up stacks, q4_K, q8_0,
 // q6_K and f32 experts, 1..8 tokens, k = 8 of 64 experts and k = 2 of 4, unused slots (-1, and ids
 // >= n_expert, which only the gathered path accepts) whose weights are NaN, so reading one shows.
+// moe_block_decode (the whole MoE block of a decode step) against a float64 reference on the device's
+// int8 activations and against the CPU op chain (router matmul, moe_route, moe_ffn, shared expert):
+// k = 8 of 256 at the real 35B-A3B shape, k = 2 of 4 with 32 tokens (64 slots), shared-expert types
+// that differ from the routed ones, exact ties in the router logits (identical router rows), and a
+// replay as a CUDA graph; its routing kernel alone against quantize_q8 and the CUDA moe_route.
 // Outputs start as NaN. Skipped without a CUDA build or device.
 #include <gtest/gtest.h>
 
@@ -19,8 +24,14 @@
 #include "quant/quant.h"
 
 #if DS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/moe_launch.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
 #endif
 
 namespace ds {
@@ -356,6 +367,501 @@ TEST(CudaMoeGathered, TooManySlotsAndBadShapesAreInvalidArgument) {
   OpContext cpu;
   s = cuda::moe_ffn_gathered(cpu, x1, e, ids1, w1, y1);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+}
+
+// ---- moe_block_decode ----
+
+// A block: routed gate and up share a type (fused: one gate_up stack), the shared expert's gate and up
+// share sh_gate_up; n_ff is the routed and shared width.
+struct BlockCase {
+  DType gate_up, down;
+  bool fused;
+  DType sh_gate_up, sh_down;
+  int64_t n_embd, n_ff, n_expert, k;
+};
+
+std::string describe(const BlockCase& c, int64_t n_tokens, bool ties) {
+  return fmt::format(
+      "gate/up {} down {} fused {} shared gate/up {} down {} n_embd {} n_ff {} experts {} k {} "
+      "tokens {} ties {}",
+      dtype_name(c.gate_up), dtype_name(c.down), c.fused, dtype_name(c.sh_gate_up), dtype_name(c.sh_down), c.n_embd,
+      c.n_ff, c.n_expert, c.k, n_tokens, ties);
+}
+
+// Rows [r0, r0 + n) of a row-major stack of rows of `cols` elements, dequantized.
+std::vector<float> rows_of(DType t, const std::vector<uint8_t>& b, int64_t r0, int64_t n, int64_t cols) {
+  std::vector<float> out(static_cast<size_t>(n * cols));
+  quant::dequantize_rows(t, b.data() + r0 * dtype_row_bytes(t, cols), out.data(), n, cols, 1);
+  return out;
+}
+
+// down(silu(gate x) * up x) in float64 on int8-rounded x (xq) and h; gate / up [F][E], down [E][F].
+std::vector<double> ffn_q8(const std::vector<float>& gate, const std::vector<float>& up, const std::vector<float>& down,
+                           const std::vector<double>& xq, int64_t E, int64_t F) {
+  std::vector<double> h(static_cast<size_t>(F)), o(static_cast<size_t>(E));
+  for (int64_t r = 0; r < F; ++r) {
+    double g = 0.0, u = 0.0;
+    for (int64_t c = 0; c < E; ++c) {
+      g += static_cast<double>(gate[static_cast<size_t>(r * E + c)]) * xq[static_cast<size_t>(c)];
+      u += static_cast<double>(up[static_cast<size_t>(r * E + c)]) * xq[static_cast<size_t>(c)];
+    }
+    h[static_cast<size_t>(r)] = g / (1.0 + std::exp(-g)) * u;
+  }
+  q8_round_trip(h);
+  for (int64_t c = 0; c < E; ++c) {
+    double acc = 0.0;
+    for (int64_t r = 0; r < F; ++r)
+      acc += static_cast<double>(down[static_cast<size_t>(c * F + r)]) * h[static_cast<size_t>(r)];
+    o[static_cast<size_t>(c)] = acc;
+  }
+  return o;
+}
+
+class CudaMoeBlockTest : public CudaMoeTest {
+ protected:
+  void* dev(int64_t bytes) {
+    auto b = cuda::CudaBuffer::allocate(0, bytes);
+    EXPECT_TRUE(b.is_ok());
+    void* p = b->data();
+    bufs_.push_back(std::move(*b));
+    return p;
+  }
+  template <typename T>
+  std::vector<T> fetch(const void* d, int64_t n) {
+    std::vector<T> out(static_cast<size_t>(n));
+    EXPECT_TRUE(cuda::copy_to_host(out.data(), d, static_cast<int64_t>(sizeof(T)) * n, stream_).is_ok());
+    const Status s = stream_.synchronize();
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    return out;
+  }
+
+  // With ties, the router rows of k + 1 experts spread over the ids are one row along a direction v that
+  // every token's x leans on, so they win every token and the highest id among them is left out.
+  void run_block(const BlockCase& c, int64_t n_tokens, bool ties, bool graph = false) {
+    const std::string where = describe(c, n_tokens, ties);
+    const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert, k = c.k, T = n_tokens;
+    std::uniform_real_distribution<float> uni(-0.1f, 0.1f);
+    std::vector<float> router(static_cast<size_t>(X * E)), sgate(static_cast<size_t>(E));
+    for (float& v : router) v = uni(rng_);
+    for (float& v : sgate) v = uni(rng_);
+    test::Host x({E, T});
+    x.random(rng_, -1.0f, 1.0f);
+    std::vector<int32_t> tied;
+    if (ties) {
+      std::vector<float> dir(static_cast<size_t>(E));
+      for (float& v : dir) v = (rng_() & 1) ? 1.0f : -1.0f;
+      for (int64_t i = 0; i <= k; ++i) tied.push_back(static_cast<int32_t>(i * X / (k + 1)));
+      for (int32_t e : tied) {
+        for (int64_t col = 0; col < E; ++col)
+          router[static_cast<size_t>(e * E + col)] = 0.05f * dir[static_cast<size_t>(col)];
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t col = 0; col < E; ++col)
+          x.v[static_cast<size_t>(t * E + col)] += 0.5f * dir[static_cast<size_t>(col)];
+      }
+    }
+    std::vector<uint8_t> gu_b, gate_b, up_b, down_b;
+    if (c.fused) {
+      gu_b = random_rows(c.gate_up, 2 * F * X, E, rng_);
+    } else {
+      gate_b = random_rows(c.gate_up, F * X, E, rng_);
+      up_b = random_rows(c.gate_up, F * X, E, rng_);
+    }
+    down_b = random_rows(c.down, E * X, F, rng_);
+    const std::vector<uint8_t> sg_b = random_rows(c.sh_gate_up, F, E, rng_),
+                               su_b = random_rows(c.sh_gate_up, F, E, rng_);
+    const std::vector<uint8_t> sd_b = random_rows(c.sh_down, E, F, rng_);
+
+    // Host views (CPU chain) and device copies.
+    cuda::MoeBlockWeights hw;
+    hw.router = TensorView::contiguous(router.data(), DType::F32, {E, X});
+    hw.shexp_gate = TensorView::contiguous(sgate.data(), DType::F32, {E});
+    if (c.fused) {
+      hw.experts.gate_up = TensorView::contiguous(gu_b.data(), c.gate_up, {E, 2 * F, X});
+    } else {
+      hw.experts.gate = TensorView::contiguous(gate_b.data(), c.gate_up, {E, F, X});
+      hw.experts.up = TensorView::contiguous(up_b.data(), c.gate_up, {E, F, X});
+    }
+    hw.experts.down = TensorView::contiguous(down_b.data(), c.down, {F, E, X});
+    hw.gate_shexp = TensorView::contiguous(const_cast<uint8_t*>(sg_b.data()), c.sh_gate_up, {E, F});
+    hw.up_shexp = TensorView::contiguous(const_cast<uint8_t*>(su_b.data()), c.sh_gate_up, {E, F});
+    hw.down_shexp = TensorView::contiguous(const_cast<uint8_t*>(sd_b.data()), c.sh_down, {F, E});
+    const auto upv = [&](const TensorView& h) { return h.data == nullptr ? TensorView{} : up(h, h.data, h.n_bytes()); };
+    cuda::MoeBlockWeights dw{
+        upv(hw.router),     {upv(hw.experts.gate), upv(hw.experts.up), upv(hw.experts.gate_up), upv(hw.experts.down)},
+        upv(hw.shexp_gate), upv(hw.gate_shexp),
+        upv(hw.up_shexp),   upv(hw.down_shexp)};
+    const Status ok = cuda::moe_block_decode_check(dw, T, k);
+    ASSERT_TRUE(ok.is_ok()) << where << ": " << ok.to_string();
+    const TensorView dx = up(x.t, x.v.data(), 4 * E * T);
+    test::Host y({E, T});
+    const TensorView dy = up(y.t, y.v.data(), 4 * E * T);
+    std::vector<int32_t> poison_ids(static_cast<size_t>(k * T), -7);
+    std::vector<float> poison_w(static_cast<size_t>(k * T), std::numeric_limits<float>::quiet_NaN());
+    const TensorView dids = up(TensorView::contiguous(nullptr, DType::I32, {k, T}), poison_ids.data(), 4 * k * T);
+    const TensorView dwts = up(TensorView::contiguous(nullptr, DType::F32, {k, T}), poison_w.data(), 4 * k * T);
+    const Status s = cuda::moe_block_decode(ctx_, dx, dw, k, dids, dwts, dy);
+    ASSERT_TRUE(s.is_ok()) << where << ": " << s.to_string();
+    const std::vector<float> got = fetch<float>(dy.data, E * T);
+    const std::vector<int32_t> ids = fetch<int32_t>(dids.data, k * T);
+    const std::vector<float> wts = fetch<float>(dwts.data, k * T);
+
+    // Routing against moe_route on float64 logits: equal ids, except where two logits differ by less
+    // than the F32 rounding of the device's dot products (a near tie, which either side may win);
+    // exactly equal logits (the tied rows) must go to the lower id.
+    std::vector<double> ld(static_cast<size_t>(T * X)), sg_logit(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < X; ++e) {
+        double a = 0.0;
+        for (int64_t col = 0; col < E; ++col) {
+          a += static_cast<double>(router[static_cast<size_t>(e * E + col)]) * x.v[static_cast<size_t>(t * E + col)];
+        }
+        ld[static_cast<size_t>(t * X + e)] = a;
+      }
+      double a = 0.0;
+      for (int64_t col = 0; col < E; ++col)
+        a += static_cast<double>(sgate[static_cast<size_t>(col)]) * x.v[static_cast<size_t>(t * E + col)];
+      sg_logit[static_cast<size_t>(t)] = a;
+    }
+    std::vector<float> lf(ld.begin(), ld.end());
+    std::vector<int32_t> ids_ref(static_cast<size_t>(k * T));
+    std::vector<float> w_ref(ids_ref.size());
+    ASSERT_TRUE(moe_route(test::ref_ctx(), TensorView::contiguous(lf.data(), DType::F32, {X, T}), k,
+                          TensorView::contiguous(ids_ref.data(), DType::I32, {k, T}),
+                          TensorView::contiguous(w_ref.data(), DType::F32, {k, T}))
+                    .is_ok());
+    int near_ties = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      bool token_near = false;
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t i = static_cast<size_t>(t * k + j);
+        ASSERT_TRUE(ids[i] >= 0 && ids[i] < X) << where << ": token " << t << " slot " << j << " id " << ids[i];
+        for (int64_t j2 = 0; j2 < j; ++j2) {
+          ASSERT_NE(ids[i], ids[static_cast<size_t>(t * k + j2)]) << where << ": token " << t << " picks twice";
+        }
+        if (ids[i] == ids_ref[i]) continue;
+        const double lg = ld[static_cast<size_t>(t * X + ids[i])], lr = ld[static_cast<size_t>(t * X + ids_ref[i])];
+        ASSERT_NE(lg, lr) << where << ": token " << t << " slot " << j << ": tie between experts " << ids[i] << " and "
+                          << ids_ref[i] << " went to the higher id";
+        ASSERT_LE(std::fabs(lg - lr), 1e-4 * std::max(1.0, std::fabs(lr)))
+            << where << ": token " << t << " slot " << j << ": expert " << ids[i] << " (logit " << lg << ") instead of "
+            << ids_ref[i] << " (logit " << lr << ")";
+        token_near = true;
+      }
+      near_ties += token_near;
+      for (int64_t j = 0; j < k && !token_near; ++j) {
+        const size_t i = static_cast<size_t>(t * k + j);
+        EXPECT_NEAR(wts[i], w_ref[i], 1e-6 + 1e-4 * std::fabs(w_ref[i]))
+            << where << ": weight of token " << t << " slot " << j << " (expert " << ids[i] << ")";
+      }
+    }
+    if (near_ties > 0) std::printf("[moe-block] %s: %d tokens with a near tie\n", where.c_str(), near_ties);
+    if (ties) {
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < k; ++j) {
+          EXPECT_EQ(ids[static_cast<size_t>(t * k + j)], tied[static_cast<size_t>(j)]) << where << ": token " << t;
+        }
+      }
+    }
+
+    // y against float64 on the device's routing and int8 activations.
+    std::vector<float> ref(static_cast<size_t>(E * T));
+    const std::vector<float> sgf = rows_of(c.sh_gate_up, sg_b, 0, F, E), suf = rows_of(c.sh_gate_up, su_b, 0, F, E);
+    const std::vector<float> sdf = rows_of(c.sh_down, sd_b, 0, E, F);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> xq(x.v.begin() + t * E, x.v.begin() + (t + 1) * E);
+      q8_round_trip(xq);
+      std::vector<double> acc(static_cast<size_t>(E), 0.0);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t e = ids[static_cast<size_t>(t * k + j)];
+        const std::vector<float> g =
+            c.fused ? rows_of(c.gate_up, gu_b, 2 * F * e, F, E) : rows_of(c.gate_up, gate_b, F * e, F, E);
+        const std::vector<float> u =
+            c.fused ? rows_of(c.gate_up, gu_b, 2 * F * e + F, F, E) : rows_of(c.gate_up, up_b, F * e, F, E);
+        const std::vector<double> o = ffn_q8(g, u, rows_of(c.down, down_b, E * e, E, F), xq, E, F);
+        for (int64_t col = 0; col < E; ++col)
+          acc[static_cast<size_t>(col)] += wts[static_cast<size_t>(t * k + j)] * o[static_cast<size_t>(col)];
+      }
+      const std::vector<double> sh = ffn_q8(sgf, suf, sdf, xq, E, F);
+      const double sig = 1.0 / (1.0 + std::exp(-sg_logit[static_cast<size_t>(t)]));
+      for (int64_t col = 0; col < E; ++col) {
+        ref[static_cast<size_t>(t * E + col)] =
+            static_cast<float>(acc[static_cast<size_t>(col)] + sig * sh[static_cast<size_t>(col)]);
+      }
+    }
+    EXPECT_LE(test::rel_err(got, ref), kTolQ8Reference) << where << " (vs float64 reference on int8 activations)";
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!std::isfinite(got[i]) || std::fabs(got[i] - ref[i]) > 0.05 * std::max(1.0f, std::fabs(ref[i])) + 0.05) {
+        ADD_FAILURE() << where << ": first bad y[token " << i / E << ", " << i % E << "] = " << got[i] << ", ref "
+                      << ref[i];
+        break;
+      }
+    }
+
+    // The CPU op chain, where its routing equals the device's.
+    const OpContext cpu;
+    test::Host logits({X, T}), routed({E, T}), g({F, T}), u({F, T}), sh({E, T}), sg({1, T}), y_cpu({E, T});
+    std::vector<int32_t> cids(static_cast<size_t>(k * T));
+    std::vector<float> cw(cids.size());
+    const TensorView cids_t = TensorView::contiguous(cids.data(), DType::I32, {k, T});
+    const TensorView cw_t = TensorView::contiguous(cw.data(), DType::F32, {k, T});
+    ASSERT_TRUE(matmul(cpu, hw.router, x.t, logits.t).is_ok());
+    ASSERT_TRUE(moe_route(cpu, logits.t, k, cids_t, cw_t).is_ok());
+    ASSERT_TRUE(moe_ffn(cpu, x.t, hw.experts, cids_t, cw_t, routed.t).is_ok());
+    ASSERT_TRUE(matmul(cpu, hw.gate_shexp, x.t, g.t).is_ok());
+    ASSERT_TRUE(matmul(cpu, hw.up_shexp, x.t, u.t).is_ok());
+    ASSERT_TRUE(swiglu(cpu, g.t, u.t, g.t).is_ok());
+    ASSERT_TRUE(matmul(cpu, hw.down_shexp, g.t, sh.t).is_ok());
+    ASSERT_TRUE(matmul(cpu, TensorView::contiguous(sgate.data(), DType::F32, {E, 1}), x.t, sg.t).is_ok());
+    ASSERT_TRUE(mul_sigmoid(cpu, sh.t, sg.t, sh.t).is_ok());
+    ASSERT_TRUE(add(cpu, routed.t, sh.t, y_cpu.t).is_ok());
+    if (cids == ids) {
+      EXPECT_LE(test::rel_err(got, y_cpu.v), kTolExact) << where << " (vs the CPU op chain)";
+    } else {
+      std::printf("[moe-block] %s: CPU chain routed differently (near tie), not compared\n", where.c_str());
+    }
+
+    if (graph) {  // capture, then replay twice on new x: each replay equals an ordinary call on that x
+      const auto stream = static_cast<cudaStream_t>(stream_.handle());
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+      const Status cs = cuda::moe_block_decode(ctx_, dx, dw, k, dids, dwts, dy);
+      cudaGraph_t gr = nullptr;
+      ASSERT_EQ(cudaStreamEndCapture(stream, &gr), cudaSuccess);
+      ASSERT_TRUE(cs.is_ok()) << cs.to_string();
+      cudaGraphExec_t ge = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&ge, gr, 0), cudaSuccess);
+      test::Host y2({E, T});
+      const TensorView dy2 = up(y2.t, y2.v.data(), 4 * E * T);
+      for (int rep = 0; rep < 2; ++rep) {
+        x.random(rng_, -1.0f, 1.0f);
+        ASSERT_TRUE(cuda::copy_to_device(dx.data, x.v.data(), 4 * E * T, stream_).is_ok());
+        ASSERT_EQ(cudaGraphLaunch(ge, stream), cudaSuccess);
+        const std::vector<float> replayed = fetch<float>(dy.data, E * T);
+        const std::vector<int32_t> replay_ids = fetch<int32_t>(dids.data, k * T);
+        ASSERT_TRUE(cuda::moe_block_decode(ctx_, dx, dw, k, dids, dwts, dy2).is_ok());
+        EXPECT_EQ(replayed, fetch<float>(dy2.data, E * T)) << where << ": graph replay " << rep;
+        EXPECT_EQ(replay_ids, fetch<int32_t>(dids.data, k * T)) << where << ": graph replay " << rep;
+      }
+      (void)cudaGraphExecDestroy(ge);
+      (void)cudaGraphDestroy(gr);
+    }
+    bufs_.clear();
+  }
+};
+
+TEST_F(CudaMoeBlockTest, RealShapeEightOfTwoFiftySix) {
+  // qwen3.6-35b-a3b: n_embd 2048, 256 experts, 8 used, n_ff 512; q4_K gate/up, q6_K down.
+  const BlockCase real{DType::Q4_K, DType::Q6_K, false, DType::Q4_K, DType::Q6_K, 2048, 512, 256, 8};
+  run_block(real, 1, false, true);
+  run_block(real, 3, false);
+  run_block(real, 8, true);
+  const BlockCase real_fused{DType::Q4_K, DType::Q4_K, true, DType::Q4_K, DType::Q6_K, 2048, 512, 256, 8};
+  run_block(real_fused, 1, true);
+  run_block(real_fused, 2, false);
+}
+
+TEST_F(CudaMoeBlockTest, TwoOfFourUpToSixtyFourSlots) {
+  const BlockCase q8{DType::Q8_0, DType::Q8_0, false, DType::Q8_0, DType::Q8_0, 256, 96, 4, 2};
+  const BlockCase mixed{DType::Q4_K, DType::Q8_0, true, DType::Q8_0, DType::Q6_K, 512, 256, 4, 2};
+  for (int64_t n_tokens : {1, 2, 5, 32}) {
+    run_block(q8, n_tokens, false);
+    run_block(q8, n_tokens, true);
+    run_block(mixed, n_tokens, n_tokens % 2 == 1);
+  }
+  run_block(mixed, 4, false, true);
+}
+
+TEST_F(CudaMoeBlockTest, EightOfSixtyFourOtherTypes) {
+  const BlockCase q5{DType::Q5_K, DType::Q4_0, false, DType::Q5_0, DType::Q8_0, 256, 256, 64, 8};
+  const BlockCase q6{DType::Q6_K, DType::Q6_K, true, DType::Q6_K, DType::Q4_K, 512, 256, 64, 8};
+  for (int64_t n_tokens : {1, 4, 8}) {
+    run_block(q5, n_tokens, n_tokens == 4);
+    run_block(q6, n_tokens, n_tokens == 1);
+  }
+}
+
+// The routing kernel alone: x codes equal quantize_q8's byte for byte, ids and weights equal the CUDA
+// moe_route's on the kernel's own logits, and selectors follow their MoeWeightSel (two gate/up groups,
+// one down group); a second launch (the counter went back to 0) repeats the first.
+TEST_F(CudaMoeBlockTest, RouteFusedKernel) {
+  struct Shape {
+    int64_t E, X, k, T, router_pad;  // router_pad: extra floats per router row (1: no float4 path)
+  };
+  for (const Shape& sh : {Shape{2048, 256, 8, 1, 0}, Shape{2048, 256, 8, 8, 0}, Shape{160, 4, 2, 32, 1},
+                          Shape{64, 2048, 32, 2, 0}, Shape{96, 33, 1, 64, 3}}) {
+    const int64_t E = sh.E, X = sh.X, k = sh.k, T = sh.T, P = k + 1, rs = E + sh.router_pad;
+    const std::string where = fmt::format("n_embd {} experts {} k {} tokens {} router stride {}", E, X, k, T, rs);
+    std::uniform_real_distribution<float> uni(-0.1f, 0.1f);
+    std::vector<float> router(static_cast<size_t>(X * rs)), sgate(static_cast<size_t>(E));
+    for (float& v : router) v = uni(rng_);
+    for (float& v : sgate) v = uni(rng_);
+    for (int64_t col = 0; col < rs; ++col)
+      router[static_cast<size_t>(3 % X * rs + col)] = router[static_cast<size_t>(col)];
+    test::Host x({E, T});
+    x.random(rng_, -1.0f, 1.0f);
+    x.v[0] = 0.0f;
+    const auto put = [&](const void* h, int64_t bytes) {
+      void* d = dev(bytes);
+      EXPECT_TRUE(cuda::copy_to_device(d, h, bytes, stream_).is_ok());
+      return d;
+    };
+    cuda::MoeRouteFusedLaunch a;
+    a.x = static_cast<const float*>(put(x.v.data(), 4 * E * T));
+    a.n_embd = E;
+    a.n_tokens = static_cast<int>(T);
+    a.router = static_cast<const float*>(put(router.data(), 4 * X * rs));
+    a.router_stride = rs;
+    a.shexp_gate = static_cast<const float*>(put(sgate.data(), 4 * E));
+    a.n_expert = static_cast<int>(X);
+    a.k = static_cast<int>(k);
+    a.floor = kMoeWeightSumFloor;
+    a.logits = static_cast<float*>(dev(4 * T * X));
+    a.shexp_logit = static_cast<float*>(dev(4 * T));
+    const int64_t act_bytes = cuda::matvec_q8_act_bytes(E, T);
+    a.xq = dev(act_bytes);
+    a.ids = static_cast<int32_t*>(dev(4 * T * k));
+    a.weights = static_cast<float*>(dev(4 * T * k));
+    a.coef = static_cast<float*>(dev(4 * T * P));
+    a.sel_gu[0] = static_cast<int32_t*>(dev(4 * T * 2 * P));
+    a.sel_gu[1] = static_cast<int32_t*>(dev(4 * T * 2 * P));
+    a.sel_down[0] = static_cast<int32_t*>(dev(4 * T * P));
+    a.gate = {0, 100, 3};
+    a.up = {0, 7, 3};
+    a.shexp_gate_w = {1, 0, 0};
+    a.shexp_up_w = {1, 50, 0};
+    a.down = {0, 1, 2};
+    a.shexp_down_w = {0, 9999, 0};
+    a.counter = static_cast<unsigned int*>(dev(4));
+    ASSERT_TRUE(cuda::fill_bytes(a.counter, 0, 4, stream_).is_ok());
+    const auto s = static_cast<cudaStream_t>(stream_.handle());
+    ASSERT_EQ(cuda::moe_route_fused_launch(a, s), cudaSuccess) << where;
+    const std::vector<float> logits = fetch<float>(a.logits, T * X);
+    const std::vector<int32_t> ids = fetch<int32_t>(a.ids, T * k);
+    const std::vector<float> wts = fetch<float>(a.weights, T * k), coef = fetch<float>(a.coef, T * P);
+    const std::vector<float> shl = fetch<float>(a.shexp_logit, T);
+    const std::vector<uint8_t> xq = fetch<uint8_t>(a.xq, act_bytes);
+    const std::vector<int32_t> sg0 = fetch<int32_t>(a.sel_gu[0], T * 2 * P),
+                               sg1 = fetch<int32_t>(a.sel_gu[1], T * 2 * P);
+    const std::vector<int32_t> sd0 = fetch<int32_t>(a.sel_down[0], T * P);
+    EXPECT_EQ(fetch<uint32_t>(a.counter, 1)[0], 0u) << where << ": counter not reset";
+
+    void* act_ref = dev(act_bytes);
+    ASSERT_EQ(cuda::quantize_q8_launch(a.x, E, nullptr, T, E, act_ref, nullptr, 0, s), cudaSuccess);
+    const std::vector<uint8_t> xq_ref = fetch<uint8_t>(act_ref, act_bytes);
+    for (int64_t i = 0; i < act_bytes; ++i) {
+      if (xq[static_cast<size_t>(i)] != xq_ref[static_cast<size_t>(i)]) {
+        ADD_FAILURE() << where << ": x codes differ from quantize_q8 at byte " << i << " of " << act_bytes;
+        break;
+      }
+    }
+    double worst = 0.0, scale = 1.0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e <= X; ++e) {
+        double r = 0.0;
+        for (int64_t col = 0; col < E; ++col) {
+          const float w = e < X ? router[static_cast<size_t>(e * rs + col)] : sgate[static_cast<size_t>(col)];
+          r += static_cast<double>(w) * x.v[static_cast<size_t>(t * E + col)];
+        }
+        const double got = e < X ? logits[static_cast<size_t>(t * X + e)] : shl[static_cast<size_t>(t)];
+        worst = std::max(worst, std::fabs(got - r));
+        scale = std::max(scale, std::fabs(r));
+      }
+    }
+    EXPECT_LE(worst / scale, 1e-5) << where << ": logits";
+    for (int64_t t = 0; t < T && X > 3; ++t) {
+      EXPECT_EQ(logits[static_cast<size_t>(t * X)], logits[static_cast<size_t>(t * X + 3)]) << where << ": tied rows";
+    }
+
+    int32_t* ids_ref = static_cast<int32_t*>(dev(4 * T * k));
+    float* w_ref = static_cast<float*>(dev(4 * T * k));
+    const Status rs2 = cuda::moe_route(ctx_, TensorView::contiguous(a.logits, DType::F32, {X, T}, ctx_.device), k,
+                                       TensorView::contiguous(ids_ref, DType::I32, {k, T}, ctx_.device),
+                                       TensorView::contiguous(w_ref, DType::F32, {k, T}, ctx_.device));
+    ASSERT_TRUE(rs2.is_ok()) << rs2.to_string();
+    EXPECT_EQ(ids, fetch<int32_t>(ids_ref, T * k)) << where << ": ids vs moe_route";
+    EXPECT_EQ(wts, fetch<float>(w_ref, T * k)) << where << ": weights vs moe_route";
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j <= k; ++j) {
+        const size_t pair = static_cast<size_t>(t * P + j);
+        if (j < k) {
+          const int32_t e = ids[static_cast<size_t>(t * k + j)];
+          EXPECT_EQ(coef[pair], wts[static_cast<size_t>(t * k + j)]) << where;
+          EXPECT_EQ(sg0[2 * pair], 100 + 3 * e) << where << ": gate selector, token " << t << " slot " << j;
+          EXPECT_EQ(sg0[2 * pair + 1], 7 + 3 * e) << where << ": up selector";
+          EXPECT_EQ(sg1[2 * pair], -1) << where;
+          EXPECT_EQ(sg1[2 * pair + 1], -1) << where;
+          EXPECT_EQ(sd0[pair], 1 + 2 * e) << where << ": down selector";
+        } else {
+          EXPECT_NEAR(coef[pair], 1.0 / (1.0 + std::exp(-static_cast<double>(shl[static_cast<size_t>(t)]))), 1e-6)
+              << where << ": shared coefficient, token " << t;
+          EXPECT_EQ(sg0[2 * pair], -1) << where;
+          EXPECT_EQ(sg0[2 * pair + 1], -1) << where;
+          EXPECT_EQ(sg1[2 * pair], 0) << where;
+          EXPECT_EQ(sg1[2 * pair + 1], 50) << where;
+          EXPECT_EQ(sd0[pair], 9999) << where;
+        }
+      }
+    }
+    ASSERT_EQ(cuda::moe_route_fused_launch(a, s), cudaSuccess) << where;
+    EXPECT_EQ(ids, fetch<int32_t>(a.ids, T * k)) << where << ": second launch";
+    EXPECT_EQ(coef, fetch<float>(a.coef, T * P)) << where << ": second launch";
+    bufs_.clear();
+  }
+}
+
+// Argument checks happen before any device work: runs without a device (the pointers are never used).
+TEST(CudaMoeBlock, UnsupportedBlocksAndBadArguments) {
+  const int64_t E = 256, F = 64, X = 8, k = 2;
+  alignas(16) static uint8_t fake[64];
+  const Device d{DeviceKind::kCuda, 0};
+  cuda::MoeBlockWeights w;
+  w.router = TensorView::contiguous(fake, DType::F32, {E, X}, d);
+  w.shexp_gate = TensorView::contiguous(fake, DType::F32, {E}, d);
+  w.experts.gate = TensorView::contiguous(fake, DType::Q8_0, {E, F, X}, d);
+  w.experts.up = TensorView::contiguous(fake + 16, DType::Q8_0, {E, F, X}, d);
+  w.experts.down = TensorView::contiguous(fake + 32, DType::Q8_0, {F, E, X}, d);
+  w.gate_shexp = TensorView::contiguous(fake, DType::Q8_0, {E, F}, d);
+  w.up_shexp = TensorView::contiguous(fake, DType::Q8_0, {E, F}, d);
+  w.down_shexp = TensorView::contiguous(fake, DType::F32, {F, E}, d);
+  EXPECT_EQ(cuda::moe_block_decode_check(w, 1, k).code(), StatusCode::kUnsupported);  // no int8 kernel
+  w.down_shexp = TensorView::contiguous(fake, DType::Q4_0, {F, E}, d);
+  Status s = cuda::moe_block_decode_check(w, 1, k);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(cuda::moe_block_decode_check(w, cuda::kMoeGatheredMaxSlots / k + 1, k).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(cuda::moe_block_decode_check(w, 1, X + 1).code(), StatusCode::kUnsupported);
+  const auto unsupported_with = [&](auto edit) {
+    cuda::MoeBlockWeights b = w;
+    edit(b);
+    return cuda::moe_block_decode_check(b, 1, k).code() != StatusCode::kOk;
+  };
+  EXPECT_TRUE(unsupported_with([&](auto& b) { b.experts.gate.dtype = DType::F32; }));
+  EXPECT_TRUE(unsupported_with([&](auto& b) {
+    b.experts.up = TensorView::contiguous(fake, DType::Q4_0, {E, F, X}, d);
+  }));
+  EXPECT_TRUE(unsupported_with([&](auto& b) { b.router = TensorView::contiguous(fake, DType::Q8_0, {E, X}, d); }));
+  EXPECT_TRUE(unsupported_with([&](auto& b) { b.shexp_gate = TensorView{}; }));
+  EXPECT_TRUE(unsupported_with([&](auto& b) {
+    b.up_shexp = TensorView::contiguous(fake, DType::Q8_0, {E, 2 * F}, d);
+  }));
+  EXPECT_TRUE(unsupported_with([&](auto& b) {
+    b.gate_shexp.data = fake + 2;
+    b.up_shexp.data = fake + 2;
+  }));
+
+  const TensorView x = TensorView::contiguous(fake, DType::F32, {E, 1}, d);
+  const TensorView y = TensorView::contiguous(fake + 16, DType::F32, {E, 1}, d);
+  const TensorView ids = TensorView::contiguous(fake, DType::I32, {k, 1}, d);
+  const TensorView wts = TensorView::contiguous(fake, DType::F32, {k, 1}, d);
+  OpContext cpu;
+  EXPECT_EQ(cuda::moe_block_decode(cpu, x, w, k, ids, wts, y).code(), StatusCode::kInvalidArgument);
+  OpContext ctx;
+  ctx.device = d;
+  EXPECT_EQ(cuda::moe_block_decode(ctx, x, w, k, ids, wts, x).code(), StatusCode::kInvalidArgument);  // alias
+  const TensorView ids_bad = TensorView::contiguous(fake, DType::I32, {k + 1, 1}, d);
+  EXPECT_EQ(cuda::moe_block_decode(ctx, x, w, k, ids_bad, wts, y).code(), StatusCode::kInvalidArgument);
+  const TensorView x_bad = TensorView::contiguous(fake, DType::F32, {E + 32, 1}, d);
+  const TensorView y_bad = TensorView::contiguous(fake + 16, DType::F32, {E + 32, 1}, d);
+  EXPECT_EQ(cuda::moe_block_decode(ctx, x_bad, w, k, ids, wts, y_bad).code(), StatusCode::kInvalidArgument);
 }
 
 #else  // !DS_HAVE_CUDA

@@ -1,8 +1,9 @@
 // FFN forwards: dense SwiGLU (qwen35) and the MoE block with its sigmoid-gated shared expert
 // (qwen35moe). Dense and MoE models differ only here. Non-obvious choice: on CUDA, steps with few
-// (token, expert) pairs use moe_ffn_gathered, which reads the routing from device memory (no host
-// round trip, so a decode step stays capturable as a graph); larger batches group tokens per expert
-// on the host (moe_ffn) so each expert's weights are read once.
+// (token, expert) pairs run the whole MoE block in moe_block_decode (or, for types it does not take,
+// moe_ffn_gathered), which read the routing from device memory (no host round trip, so a decode step
+// stays capturable as a graph); larger batches group tokens per expert on the host (moe_ffn) so each
+// expert's weights are read once.
 #include "model/model_internal.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
@@ -31,6 +32,22 @@ Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const Tens
   const OpContext& ctx = call.ctx;
   const int64_t n = call.n_tokens, k = c.n_expert_used;
   ModelScratch& S = call.scratch;
+
+#if DS_HAVE_CUDA
+  // Decode on CUDA: router, routing, routed and shared experts in moe_block_decode (five launches)
+  // when the block's types and shapes allow it; otherwise the op chain below.
+  if (ctx.device.kind == DeviceKind::kCuda && n * k <= cuda::kMoeGatheredMaxSlots) {
+    const cuda::MoeBlockWeights bw{w.router, MoeExperts{w.gate_exps, w.up_exps, w.gate_up_exps, w.down_exps},
+                                   w.shexp_gate, w.gate_shexp, w.up_shexp, w.down_shexp};
+    if (cuda::moe_block_decode_check(bw, n, k).is_ok()) {
+      DS_ASSIGN_OR_RETURN(TensorView ids, S.i32({k, n}));
+      DS_ASSIGN_OR_RETURN(TensorView weights, S.f32({k, n}));
+      DS_TRY(cuda::moe_block_decode(ctx, x_norm, bw, k, ids, weights, out));
+      call.dump("moe.weights", weights);
+      return Status::ok();
+    }
+  }
+#endif
 
   // Routing: p = softmax(router x); top-k; w = p[sel] / max(sum p[sel], 6.1e-5).
   DS_ASSIGN_OR_RETURN(TensorView logits, S.f32({c.n_expert, n}));

@@ -80,4 +80,25 @@ constexpr int64_t kMoeGatheredMaxSlots = 64;
 Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
                         const TensorView& weights, const TensorView& y);
 
+// The weights of a qwen35moe FFN block for moe_block_decode (device tensors).
+struct MoeBlockWeights {
+  TensorView router;      // {n_embd, n_expert} F32
+  MoeExperts experts;     // gate + up or gate_up {n_embd, .., n_expert}, down {n_ff, n_embd, n_expert}
+  TensorView shexp_gate;  // {n_embd} or {n_embd, 1} F32: one logit per token
+  TensorView gate_shexp;  // {n_embd, n_ff}: the shared expert, n_ff as the routed experts'
+  TensorView up_shexp;    // {n_embd, n_ff}
+  TensorView down_shexp;  // {n_ff, n_embd}
+};
+// The whole MoE FFN of a decode step in five launches, no host round trip (capturable):
+//   logits = router x; ids, weights = moe_route(logits, k)   (also written to `ids`, `weights`)
+//   y = sum_j weights_j down_j(silu(gate_j x) * up_j x) + sigmoid(shexp_gate . x) * shared(x)
+// x, y [n_tokens, n_embd] F32 contiguous (y must not alias x); ids I32 / weights F32 [n_tokens, k].
+// Applies when moe_block_decode_check is ok: n_tokens * k <= kMoeGatheredMaxSlots, F32 router and
+// shexp_gate, every projection of a type with an int8-activation kernel (q4_0, q5_0, q8_0, q4_K, q5_K,
+// q6_K; gate and up of one type, shared gate and up of one type), shared n_ff = routed n_ff, 16-byte
+// aligned weights; kUnsupported otherwise (the caller runs the op chain).
+Status moe_block_decode_check(const MoeBlockWeights& w, int64_t n_tokens, int64_t k);
+Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBlockWeights& w, int64_t k,
+                        const TensorView& ids, const TensorView& weights, const TensorView& y);
+
 }  // namespace ds::cuda

@@ -1,6 +1,7 @@
-// Launchers of the gathered MoE kernels (defined in ops/cuda/moe_gathered.cu), for the host entry
-// moe_ffn_gathered (ops/cuda/cuda_moe.cpp). Needs the CUDA runtime headers: include only under
-// DS_HAVE_CUDA. Launchers return cudaError_t; the host entry names the op and shapes.
+// Launchers of the gathered MoE kernels (ops/cuda/moe_gathered.cu, ops/cuda/moe_block.cu), for the host
+// entries moe_ffn_gathered (ops/cuda/cuda_moe.cpp) and moe_block_decode (ops/cuda/cuda_moe_block.cpp).
+// Needs the CUDA runtime headers: include only under DS_HAVE_CUDA. Launchers return cudaError_t; the
+// host entry names the op and shapes.
 // Non-obvious choice: a projection runs as one launch over all (token, slot) pairs, grid.y = slot, and
 // each slot reads its expert id from device memory, so nothing depends on the routing on the host.
 #pragma once
@@ -45,5 +46,56 @@ cudaError_t moe_matvec_launch(DType t, const MoeMatvecLaunch& m, MatvecKernel ke
 // weights[t, j] * d[t * k + j, :] (rows of n_embd), in slot order; tokens without a valid slot get 0.
 cudaError_t moe_combine_launch(const float* d, const int32_t* ids, const float* weights, int64_t n_tokens,
                                int64_t k, int64_t n_embd, int n_expert, float* y, cudaStream_t stream);
+
+// ---- moe_block_decode (ops/cuda/moe_block.cu) ----
+// The block's pairs: token t has k + 1 (routed experts in routing order, then the shared expert), pair
+// p = t * (k + 1) + j. Its gate / up products are slots 2 p and 2 p + 1 of one gathered launch, its down
+// product slot p. A slot's "expert id" is a selector: the weight rows start at the launch's base plus
+// selector * kMoeSelUnit bytes (MoeMatvecLaunch with w_expert_stride = kMoeSelUnit, n_expert =
+// INT32_MAX), so routed experts and the shared expert, separate tensors, share one launch; -1 skips.
+constexpr int64_t kMoeSelUnit = 16;         // bytes; every weight base and expert stride is a multiple
+constexpr int kMoeBlockMaxExperts = 2048;   // routing keeps 64 experts per lane
+constexpr int kMoeBlockMaxK = 32;
+
+// Where a projection's weights sit in a launch: selector = base_units + e * expert_units (e = expert id,
+// 0 for the shared expert), in the launch `group` (0, or 1 when the shared expert's type differs).
+struct MoeWeightSel {
+  int group = 0;
+  int64_t base_units = 0;
+  int64_t expert_units = 0;
+};
+
+// Router + routing + shared-expert gate + int8 quantization of x, one launch (moe_route_fused_launch).
+struct MoeRouteFusedLaunch {
+  const float* x = nullptr;           // [n_tokens, n_embd] contiguous
+  int64_t n_embd = 0;                 // multiple of 32
+  int n_tokens = 0;
+  const float* router = nullptr;      // [n_expert] rows of n_embd F32
+  int64_t router_stride = 0;          // elements between router rows
+  const float* shexp_gate = nullptr;  // [n_embd] F32
+  int n_expert = 0;                   // 1 .. kMoeBlockMaxExperts
+  int k = 0;                          // 1 .. min(n_expert, kMoeBlockMaxK)
+  float floor = 0.0f;                 // the renormalization floor (kMoeWeightSumFloor)
+  // Outputs (device).
+  float* logits = nullptr;            // [n_tokens, n_expert] scratch
+  float* shexp_logit = nullptr;       // [n_tokens] scratch: shexp_gate . x
+  void* xq = nullptr;                 // q8 rows of x (quantize_q8_launch layout, n_tokens rows)
+  int32_t* ids = nullptr;             // [n_tokens, k] as moe_route
+  float* weights = nullptr;           // [n_tokens, k] as moe_route
+  float* coef = nullptr;              // [n_tokens, k + 1]: weights, then sigmoid(shexp_logit)
+  int32_t* sel_gu[2] = {};            // [n_tokens, 2 (k + 1)] per gate/up launch ([1] null: one launch)
+  int32_t* sel_down[2] = {};          // [n_tokens, k + 1] per down launch ([1] null: one launch)
+  MoeWeightSel gate, up, shexp_gate_w, shexp_up_w, down, shexp_down_w;
+  unsigned int* counter = nullptr;    // 0 before the launch, 0 again after it (blocks count themselves)
+};
+
+// Grid of one warp per router row (+ one for shexp_gate); each CTA also quantizes a share of x; the
+// CTA that finishes last routes every token (softmax in double, top-k by logit, ties to the lower id,
+// w = p / max(sum p, floor), as moe_route) and writes ids, weights, coef and the selectors.
+cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t stream);
+
+// y[t, :] = sum_{j < k} coef[t, j] d[t (k+1) + j, :] + coef[t, k] d[t (k+1) + k, :] (rows of n_embd).
+cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k,
+                                     int64_t n_embd, float* y, cudaStream_t stream);
 
 }  // namespace ds::cuda

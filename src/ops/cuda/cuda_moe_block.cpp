@@ -1,0 +1,335 @@
+// Host entry of moe_block_decode (ops/cuda/cuda_ops.h): the qwen35moe FFN block of a decode step
+// (router, routing, routed experts, sigmoid-gated shared expert) in five launches on the context's
+// stream, none of which waits for the host:
+//   1. moe_route_fused: router + shexp_gate logits, int8 x, routing, selectors, coefficients;
+//   2. gate and up of every (token, expert) pair incl. the shared expert: one gathered q8 launch;
+//   3. h = silu(g) * u quantized to int8 (quantize_q8 SwiGLU mode) for every pair;
+//   4. down of every pair: one gathered q8 launch;
+//   5. y = weighted sum of the routed pairs + sigmoid(shexp_gate . x) * shared pair.
+// Launches 2 and 4 split in two when the shared expert's type differs from the routed experts'.
+// Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// Non-obvious choices:
+//  - The gathered kernels take a slot's weight address as base + selector * 16 bytes (the "expert id"
+//    of MoeMatvecLaunch with a 16-byte expert stride), so the shared expert, a separate tensor, is one
+//    more slot of the routed experts' launch; the plan checks that every selector fits in int32.
+//  - The routing kernel's last-CTA counter is one word per (device, stream), allocated and zeroed on the
+//    first call on that stream and never freed (graphs keep its address); the kernel leaves it at 0.
+//    Work on one stream is ordered, so two launches never share a counter at the same time.
+//  - Scratch is one block from the caching allocator, as in moe_ffn_gathered (cuda_moe.cpp).
+#if DS_HAVE_CUDA
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/moe_launch.h"
+#include "ops/op_check.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr const char* kOp = "moe_block_decode";
+
+// One gathered launch: weights of one type, rows at one stride, selectors from `base`.
+struct SelGroup {
+  DType dtype = DType::F32;
+  const uint8_t* base = nullptr;
+  int64_t w_stride = 0;
+};
+
+// A projection's rows for the plan: expert 0's first row, the expert stride (0: the shared expert).
+struct Rows {
+  const uint8_t* first;
+  int64_t expert_stride;
+  int64_t n_expert;
+  int64_t w_stride;
+  DType dtype;
+};
+
+struct Plan {
+  int64_t n_embd = 0, n_ff = 0, n_expert = 0;
+  SelGroup gu[2], down[2];
+  int n_gu = 1, n_down = 1;
+  MoeWeightSel gate, up, shexp_gate, shexp_up, down_sel, shexp_down;
+};
+
+Status check_rows(const TensorView& t, const char* name, int64_t ne0, int64_t ne1, int64_t ne2) {
+  if (t.data == nullptr) return unsupported("{}: {} is missing", kOp, name);
+  DS_TRY(ops::check_shape(kOp, name, t, ne0, ne1, ne2));
+  if (!matvec_q8_supports(t.dtype)) {
+    return unsupported("{}: {} {}: dtype {} has no int8-activation kernel", kOp, name, t.shape_string(),
+                       dtype_name(t.dtype));
+  }
+  if (ne0 % dtype_block_size(t.dtype) != 0) {
+    return unsupported("{}: {} {}: rows are not whole {} blocks", kOp, name, t.shape_string(), dtype_name(t.dtype));
+  }
+  if (t.nb[0] != dtype_block_bytes(t.dtype) || t.nb[1] < t.row_bytes() || (ne2 > 1 && t.nb[2] < t.nb[1] * ne1)) {
+    return invalid_argument("{}: {} {} has overlapping rows", kOp, name, t.shape_string());
+  }
+  return Status::ok();
+}
+
+// Puts the projections `rows` (all of `g`'s type and row stride) into group g: base = the lowest
+// address; each selector base_units + e * expert_units must fit in int32.
+Status place(const char* what, SelGroup& g, std::initializer_list<std::pair<const Rows*, MoeWeightSel*>> rows,
+             int group, int64_t k) {
+  const uint8_t* lo = nullptr;
+  for (const auto& [r, sel] : rows) lo = lo == nullptr ? r->first : std::min(lo, r->first);
+  g.base = lo;
+  for (const auto& [r, sel] : rows) {
+    const auto addr = reinterpret_cast<uintptr_t>(r->first);
+    if (addr % kMoeSelUnit != 0 || r->expert_stride % kMoeSelUnit != 0) {
+      return unsupported("{}: {} weights are not {}-byte aligned", kOp, what, kMoeSelUnit);
+    }
+    const int64_t base_units = (r->first - lo) / kMoeSelUnit, expert_units = r->expert_stride / kMoeSelUnit;
+    if (base_units + (r->n_expert - 1) * expert_units > INT32_MAX) {
+      return unsupported("{}: {} weights span more than {} GiB", kOp, what, (INT32_MAX * kMoeSelUnit) >> 30);
+    }
+    *sel = MoeWeightSel{group, base_units, expert_units};
+  }
+  MoeMatvecLaunch m{g.base, g.w_stride, kMoeSelUnit};
+  m.k = k;
+  if (!moe_matvec_q8_fits(g.dtype, m)) {
+    return unsupported("{}: {} {} rows of {} elements at stride {} do not fit the int8 kernel", kOp, what,
+                       dtype_name(g.dtype), k, g.w_stride);
+  }
+  return Status::ok();
+}
+
+Result<Plan> make_plan(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
+  const MoeExperts& ex = w.experts;
+  Plan p;
+  if (ex.down.data == nullptr) return unsupported("{}: down experts are missing", kOp);
+  p.n_ff = ex.down.ne[0];
+  p.n_embd = ex.down.ne[1];
+  p.n_expert = ex.down.ne[2];
+  const int64_t E = p.n_embd, F = p.n_ff, X = p.n_expert;
+  if (X < 1 || X > kMoeBlockMaxExperts) return unsupported("{}: {} experts (1 .. {})", kOp, X, kMoeBlockMaxExperts);
+  if (k < 1 || k > std::min<int64_t>(X, kMoeBlockMaxK)) {
+    return unsupported("{}: k {} with {} experts (at most {})", kOp, k, X, kMoeBlockMaxK);
+  }
+  if (n_tokens * k > kMoeGatheredMaxSlots) {
+    return unsupported("{}: {} tokens x {} experts = {} slots > {}", kOp, n_tokens, k, n_tokens * k,
+                       kMoeGatheredMaxSlots);
+  }
+  if (w.router.dtype != DType::F32 || w.router.data == nullptr) return unsupported("{}: router is not F32", kOp);
+  DS_TRY(ops::check_shape(kOp, "router", w.router, E, X));
+  if (w.router.nb[0] != 4 || w.router.nb[1] % 4 != 0 || w.router.nb[1] < 4 * E) {
+    return unsupported("{}: router {} rows are not dense F32", kOp, w.router.shape_string());
+  }
+  if (w.shexp_gate.dtype != DType::F32 || w.shexp_gate.data == nullptr || w.shexp_gate.n_elements() != E ||
+      !w.shexp_gate.is_contiguous()) {
+    return unsupported("{}: shexp_gate {} is not {} contiguous F32", kOp, w.shexp_gate.shape_string(), E);
+  }
+  const bool fused = ex.gate_up.data != nullptr;
+  const TensorView& gt = fused ? ex.gate_up : ex.gate;
+  DS_TRY(check_rows(ex.down, "down", F, E, X));
+  if (fused) {
+    DS_TRY(check_rows(ex.gate_up, "gate_up", E, 2 * F, X));
+  } else {
+    DS_TRY(check_rows(ex.gate, "gate", E, F, X));
+    DS_TRY(check_rows(ex.up, "up", E, F, X));
+    if (ex.up.dtype != ex.gate.dtype || ex.up.nb[1] != ex.gate.nb[1]) {
+      return unsupported("{}: gate {} and up {} differ in type or row stride", kOp, dtype_name(ex.gate.dtype),
+                         dtype_name(ex.up.dtype));
+    }
+  }
+  DS_TRY(check_rows(w.gate_shexp, "gate_shexp", E, F, 1));
+  DS_TRY(check_rows(w.up_shexp, "up_shexp", E, F, 1));
+  DS_TRY(check_rows(w.down_shexp, "down_shexp", F, E, 1));
+  if (w.up_shexp.dtype != w.gate_shexp.dtype || w.up_shexp.nb[1] != w.gate_shexp.nb[1]) {
+    return unsupported("{}: gate_shexp {} and up_shexp {} differ in type or row stride", kOp,
+                       dtype_name(w.gate_shexp.dtype), dtype_name(w.up_shexp.dtype));
+  }
+
+  const auto* g0 = static_cast<const uint8_t*>(gt.data);
+  const Rows gate{g0, gt.nb[2], X, gt.nb[1], gt.dtype};
+  const Rows up{fused ? g0 + F * gt.nb[1] : static_cast<const uint8_t*>(ex.up.data), gt.nb[2], X, gt.nb[1], gt.dtype};
+  const Rows sgate{static_cast<const uint8_t*>(w.gate_shexp.data), 0, 1, w.gate_shexp.nb[1], w.gate_shexp.dtype};
+  const Rows sup{static_cast<const uint8_t*>(w.up_shexp.data), 0, 1, w.up_shexp.nb[1], w.up_shexp.dtype};
+  const Rows down{static_cast<const uint8_t*>(ex.down.data), ex.down.nb[2], X, ex.down.nb[1], ex.down.dtype};
+  const Rows sdown{static_cast<const uint8_t*>(w.down_shexp.data), 0, 1, w.down_shexp.nb[1], w.down_shexp.dtype};
+
+  p.gu[0] = {gate.dtype, nullptr, gate.w_stride};
+  if (sgate.dtype == gate.dtype && sgate.w_stride == gate.w_stride) {
+    DS_TRY(place("gate/up", p.gu[0], {{&gate, &p.gate}, {&up, &p.up}, {&sgate, &p.shexp_gate}, {&sup, &p.shexp_up}}, 0,
+                 E));
+  } else {
+    p.n_gu = 2;
+    p.gu[1] = {sgate.dtype, nullptr, sgate.w_stride};
+    DS_TRY(place("gate/up", p.gu[0], {{&gate, &p.gate}, {&up, &p.up}}, 0, E));
+    DS_TRY(place("shared gate/up", p.gu[1], {{&sgate, &p.shexp_gate}, {&sup, &p.shexp_up}}, 1, E));
+  }
+  p.down[0] = {down.dtype, nullptr, down.w_stride};
+  if (sdown.dtype == down.dtype && sdown.w_stride == down.w_stride) {
+    DS_TRY(place("down", p.down[0], {{&down, &p.down_sel}, {&sdown, &p.shexp_down}}, 0, F));
+  } else {
+    p.n_down = 2;
+    p.down[1] = {sdown.dtype, nullptr, sdown.w_stride};
+    DS_TRY(place("down", p.down[0], {{&down, &p.down_sel}}, 0, F));
+    DS_TRY(place("shared down", p.down[1], {{&sdown, &p.shexp_down}}, 1, F));
+  }
+  return p;
+}
+
+// The routing kernel's counter for (device, stream); zeroed on the stream at first use.
+Result<unsigned int*> route_counter(int dev, cudaStream_t s) {
+  static std::mutex mu;
+  static auto* counters = new std::map<std::pair<int, cudaStream_t>, CudaBuffer>();  // never freed
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = counters->find({dev, s});
+  if (it != counters->end()) return static_cast<unsigned int*>(it->second.data());
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  DS_CUDA_TRY(cudaStreamIsCapturing(s, &capturing), "{}: counter", kOp);
+  if (capturing != cudaStreamCaptureStatusNone) {
+    return internal_error("{}: the first call on a stream must not be captured into a graph", kOp);
+  }
+  DS_ASSIGN_OR_RETURN(CudaBuffer b, CudaBuffer::allocate(dev, sizeof(unsigned int)));
+  DS_CUDA_TRY(cudaMemsetAsync(b.data(), 0, sizeof(unsigned int), s), "{}: counter", kOp);
+  auto* p = static_cast<unsigned int*>(b.data());
+  counters->emplace(std::make_pair(dev, s), std::move(b));
+  return p;
+}
+
+int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+}  // namespace
+
+Status moe_block_decode_check(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
+  return make_plan(w, n_tokens, k).status();
+}
+
+Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBlockWeights& w, int64_t k,
+                        const TensorView& ids, const TensorView& weights, const TensorView& y) {
+  if (ctx.device.kind != DeviceKind::kCuda) {
+    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
+  }
+  DS_TRY(ops::check_contig(kOp, "x", ctx, x, DType::F32));
+  DS_TRY(ops::check_contig(kOp, "y", ctx, y, DType::F32));
+  DS_TRY(ops::check_same_shape(kOp, "x", x, "y", y));
+  DS_TRY(ops::check_contig(kOp, "ids", ctx, ids, DType::I32));
+  DS_TRY(ops::check_contig(kOp, "weights", ctx, weights, DType::F32));
+  const int64_t n_tokens = x.ne[1];
+  if (x.data == y.data && n_tokens > 0) return invalid_argument("{}: y must not alias x", kOp);
+  DS_TRY(ops::check_shape(kOp, "ids", ids, k, n_tokens));
+  DS_TRY(ops::check_shape(kOp, "weights", weights, k, n_tokens));
+  DS_ASSIGN_OR_RETURN(const Plan p, make_plan(w, n_tokens, k));
+  if (x.ne[0] != p.n_embd) {
+    return invalid_argument("{}: x {} against down experts {}", kOp, x.shape_string(), w.experts.down.shape_string());
+  }
+  const MoeExperts& ex = w.experts;
+  for (const auto& [t, name] : {std::pair{&w.router, "router"},
+                                {&w.shexp_gate, "shexp_gate"},
+                                {&w.gate_shexp, "gate_shexp"},
+                                {&w.up_shexp, "up_shexp"},
+                                {&w.down_shexp, "down_shexp"},
+                                {&ex.down, "down"},
+                                {ex.gate_up.data != nullptr ? &ex.gate_up : &ex.gate, "gate"}}) {
+    DS_TRY(ops::check_tensor(kOp, name, ctx, *t, t->dtype));
+  }
+  if (ex.gate_up.data == nullptr) DS_TRY(ops::check_tensor(kOp, "up", ctx, ex.up, ex.up.dtype));
+  if (n_tokens == 0) return Status::ok();
+
+  const int dev = ctx.device.index;
+  DS_TRY(device_status(dev));
+  DeviceGuard guard(dev);
+  const auto s = static_cast<cudaStream_t>(ctx.cuda_stream);
+  DS_ASSIGN_OR_RETURN(unsigned int* counter, route_counter(dev, s));
+  const int64_t E = p.n_embd, F = p.n_ff, X = p.n_expert, P = k + 1, T = n_tokens;
+
+  // Scratch, 16-byte aligned pieces: logits | shexp logit | x q8 | coef | selectors | g/u | h q8 | d.
+  const int64_t logits_b = align16(4 * T * X), shl_b = align16(4 * T), xq_b = align16(matvec_q8_act_bytes(E, T));
+  const int64_t coef_b = align16(4 * T * P), selgu_b = align16(4 * T * 2 * P), seld_b = align16(4 * T * P);
+  const int64_t gu_b = align16(4 * T * 2 * P * F), hq_b = align16(matvec_q8_act_bytes(F, T * P));
+  const int64_t d_b = align16(4 * T * P * E);
+  const int64_t total = logits_b + shl_b + xq_b + coef_b + p.n_gu * selgu_b + p.n_down * seld_b + gu_b + hq_b + d_b;
+  DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, total));
+  auto* next = static_cast<uint8_t*>(scratch.data());
+  const auto take = [&](int64_t bytes) {
+    uint8_t* r = next;
+    next += bytes;
+    return r;
+  };
+
+  MoeRouteFusedLaunch r;
+  r.x = x.as<float>();
+  r.n_embd = E;
+  r.n_tokens = static_cast<int>(T);
+  r.router = static_cast<const float*>(w.router.data);
+  r.router_stride = w.router.nb[1] / 4;
+  r.shexp_gate = static_cast<const float*>(w.shexp_gate.data);
+  r.n_expert = static_cast<int>(X);
+  r.k = static_cast<int>(k);
+  r.floor = kMoeWeightSumFloor;
+  r.logits = reinterpret_cast<float*>(take(logits_b));
+  r.shexp_logit = reinterpret_cast<float*>(take(shl_b));
+  r.xq = take(xq_b);
+  r.ids = ids.as<int32_t>();
+  r.weights = weights.as<float>();
+  r.coef = reinterpret_cast<float*>(take(coef_b));
+  for (int g = 0; g < p.n_gu; ++g) r.sel_gu[g] = reinterpret_cast<int32_t*>(take(selgu_b));
+  for (int g = 0; g < p.n_down; ++g) r.sel_down[g] = reinterpret_cast<int32_t*>(take(seld_b));
+  r.gate = p.gate;
+  r.up = p.up;
+  r.shexp_gate_w = p.shexp_gate;
+  r.shexp_up_w = p.shexp_up;
+  r.down = p.down_sel;
+  r.shexp_down_w = p.shexp_down;
+  r.counter = counter;
+  auto* gu = reinterpret_cast<float*>(take(gu_b));
+  uint8_t* hq = take(hq_b);
+  auto* d = reinterpret_cast<float*>(take(d_b));
+
+  // Formatted only when a launch fails.
+  const auto shapes = [&] {
+    return fmt::format("x {} k {} router {} gate {} {} down {} {} shared gate {} down {}", x.shape_string(), k,
+                       w.router.shape_string(), dtype_name(p.gu[0].dtype),
+                       (ex.gate_up.data ? ex.gate_up : ex.gate).shape_string(), dtype_name(ex.down.dtype),
+                       ex.down.shape_string(), dtype_name(w.gate_shexp.dtype), dtype_name(w.down_shexp.dtype));
+  };
+  DS_CUDA_TRY(moe_route_fused_launch(r, s), "{}: route: {}", kOp, shapes());
+  for (int g = 0; g < p.n_gu; ++g) {  // slot 2 pair (+ 1): gate (up) of the pair, activation row = token
+    MoeMatvecLaunch m{p.gu[g].base, p.gu[g].w_stride, kMoeSelUnit};
+    m.n_rows = F;
+    m.k = E;
+    m.ids = r.sel_gu[g];
+    m.n_expert = INT32_MAX;
+    m.n_slots = static_cast<int>(T * 2 * P);
+    m.x_div = static_cast<int>(2 * P);
+    m.act = r.xq;
+    m.act_rows = T;
+    m.y = gu;
+    m.y_stride = F;
+    DS_CUDA_TRY(moe_matvec_launch(p.gu[g].dtype, m, MatvecKernel::kQ8, s), "{}: gate/up: {}", kOp, shapes());
+  }
+  // h[pair] = silu(g[2 pair]) * g[2 pair + 1]: rows of F at stride 2F, up rows F further.
+  DS_CUDA_TRY(quantize_q8_launch(gu, 2 * F, gu + F, T * P, F, hq, nullptr, 0, s), "{}: swiglu + quantize h: {}", kOp,
+              shapes());
+  for (int g = 0; g < p.n_down; ++g) {
+    MoeMatvecLaunch m{p.down[g].base, p.down[g].w_stride, kMoeSelUnit};
+    m.n_rows = E;
+    m.k = F;
+    m.ids = r.sel_down[g];
+    m.n_expert = INT32_MAX;
+    m.n_slots = static_cast<int>(T * P);
+    m.act = hq;
+    m.act_rows = T * P;
+    m.y = d;
+    m.y_stride = E;
+    DS_CUDA_TRY(moe_matvec_launch(p.down[g].dtype, m, MatvecKernel::kQ8, s), "{}: down: {}", kOp, shapes());
+  }
+  DS_CUDA_TRY(moe_block_combine_launch(d, r.coef, T, k, E, y.as<float>(), s), "{}: combine: {}", kOp, shapes());
+  return Status::ok();
+}
+
+}  // namespace ds::cuda
+
+#endif  // DS_HAVE_CUDA

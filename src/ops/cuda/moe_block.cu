@@ -1,0 +1,287 @@
+// Kernels of moe_block_decode (launchers in moe_launch.h):
+//  - moe_route_fused: one warp per router row (F32) and one for the shared-expert gate row computes the
+//    logits of every token; each CTA also quantizes a share of x into int8 blocks (the quantize_q8
+//    format and arithmetic of matvec_q8.cuh, bit for bit); the CTA that finishes last then routes every
+//    token exactly like moe_route_kernel (ops_kernels.cu) and writes the weight selectors of the
+//    gathered gate/up and down launches and the combine coefficients.
+//  - moe_block_combine: y = sum of the routed experts' weighted down rows + sigmoid-gated shared row.
+// Non-obvious choice: "last CTA routes" (each CTA fences its writes, then takes a ticket with
+// atomicInc, which wraps the counter back to 0 for the next launch) instead of a second launch: the
+// routing of a decode token is ~1 us of one warp, far less than a kernel boundary in the graph.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cuda/matvec_q8.cuh"
+#include "ops/cuda/moe_launch.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kRouteWarps = 4;
+constexpr int kRouteThreads = 32 * kRouteWarps;
+constexpr int kRouteTokenGroup = 8;  // accumulators per lane in the router dot products
+constexpr int kRouteUnroll = 8;      // float4 loads of a router row in flight per lane
+
+__device__ __forceinline__ float route_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+// Blocks of 32 elements of x, 8 lanes each, grid-strided over the warps of the grid (warp-uniform loop:
+// the shuffles need every lane). Same arithmetic as kern::quantize_q8<false>.
+__device__ void quantize_x(const MoeRouteFusedLaunch& a, bool vec4) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t blocks_per_row = a.n_embd / kern::kQ8Block;
+  const int64_t n_blocks = a.n_tokens * blocks_per_row;
+  auto* q = static_cast<int8_t*>(a.xq);
+  auto* ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(a.xq) + kern::q8_ds_offset(a.n_embd, a.n_tokens));
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kRouteWarps * 4;
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp) * 4; first < n_blocks; first += step) {
+    const int64_t blk = first + lane / 8;
+    const int sub = lane % 8;
+    const bool live = blk < n_blocks;
+    const int64_t row = live ? blk / blocks_per_row : 0, b = live ? blk % blocks_per_row : 0;
+    const int64_t e0 = b * kern::kQ8Block + 4 * sub;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) {
+      const float* xr = a.x + row * a.n_embd + e0;
+      if (vec4) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(xr));
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = xr[i];
+      }
+    }
+    float amax = 0.0f;
+    int nan = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      amax = fmaxf(amax, fabsf(v[i]));
+      nan |= v[i] != v[i];
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+      nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
+    }
+    const float d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int qi[4];
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      qi[i] = max(-127, min(127, __float2int_rn(v[i] * id)));
+      sum += qi[i];
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    if (!live) continue;
+    *reinterpret_cast<char4*>(q + row * a.n_embd + e0) =
+        make_char4(static_cast<signed char>(qi[0]), static_cast<signed char>(qi[1]), static_cast<signed char>(qi[2]),
+                   static_cast<signed char>(qi[3]));
+    if (sub == 0) {
+      const float dd = nan ? __int_as_float(0x7FC00000) : d;
+      ds[row * blocks_per_row + b] = make_float2(dd, dd * static_cast<float>(sum));
+    }
+  }
+}
+
+// Row `row` (< n_expert: router row; == n_expert: shexp_gate) times every token; lane 0 writes.
+__device__ void router_row(const MoeRouteFusedLaunch& a, int row, bool vec4) {
+  const int lane = threadIdx.x % 32;
+  const float* w = row < a.n_expert ? a.router + static_cast<int64_t>(row) * a.router_stride : a.shexp_gate;
+  for (int t0 = 0; t0 < a.n_tokens; t0 += kRouteTokenGroup) {
+    float acc[kRouteTokenGroup];
+#pragma unroll
+    for (int t = 0; t < kRouteTokenGroup; ++t) acc[t] = 0.0f;
+    if (vec4) {  // kRouteUnroll float4 of the row in flight per lane, then the tokens' products
+      for (int64_t base = 4 * lane; base < a.n_embd; base += 128 * kRouteUnroll) {
+        float4 wv[kRouteUnroll];
+#pragma unroll
+        for (int u = 0; u < kRouteUnroll; ++u) {
+          const int64_t i = base + 128 * u;
+          wv[u] = i < a.n_embd ? __ldg(reinterpret_cast<const float4*>(w + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int t = 0; t < kRouteTokenGroup; ++t) {
+          if (t0 + t >= a.n_tokens) break;
+          const float* xt = a.x + (t0 + t) * a.n_embd;
+#pragma unroll
+          for (int u = 0; u < kRouteUnroll; ++u) {
+            const int64_t i = base + 128 * u;
+            if (i < a.n_embd) {
+              const float4 xv = __ldg(reinterpret_cast<const float4*>(xt + i));
+              acc[t] = fmaf(wv[u].x, xv.x, fmaf(wv[u].y, xv.y, fmaf(wv[u].z, xv.z, fmaf(wv[u].w, xv.w, acc[t]))));
+            }
+          }
+        }
+      }
+    } else {
+      for (int64_t i = lane; i < a.n_embd; i += 32) {
+        const float wv = __ldg(w + i);
+#pragma unroll
+        for (int t = 0; t < kRouteTokenGroup; ++t) {
+          if (t0 + t < a.n_tokens) acc[t] = fmaf(wv, __ldg(a.x + (t0 + t) * a.n_embd + i), acc[t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kRouteTokenGroup; ++t) {
+      const float s = route_warp_sum(acc[t]);
+      if (lane == 0 && t0 + t < a.n_tokens) {
+        if (row < a.n_expert) {
+          a.logits[static_cast<int64_t>(t0 + t) * a.n_expert + row] = s;
+        } else {
+          a.shexp_logit[t0 + t] = s;
+        }
+      }
+    }
+  }
+}
+
+// An unsigned key whose order is the order of the float values (-0 and +0 equal, as they compare);
+// nonzero for every non-NaN value. (NaN logits, from NaN activations only, may rank differently.)
+__device__ __forceinline__ unsigned order_key(float v) {
+  const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
+}
+
+__device__ __forceinline__ void write_sel(int32_t* const* sel, int64_t slot, const MoeWeightSel& w, int32_t e) {
+  const int32_t v = static_cast<int32_t>(w.base_units + static_cast<int64_t>(e) * w.expert_units);
+  sel[0][slot] = w.group == 0 ? v : -1;
+  if (sel[1] != nullptr) sel[1][slot] = w.group == 1 ? v : -1;
+}
+
+// Routing of token t by one warp (the moe_route_kernel algorithm; logits copied into `l` first).
+__device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l, int32_t* picked) {
+  const int lane = threadIdx.x % 32;
+  const int n_expert = a.n_expert, k = a.k, P = k + 1;
+  const float* lg = a.logits + static_cast<int64_t>(t) * n_expert;
+  for (int e = lane; e < n_expert; e += 32) l[e] = __ldcg(lg + e);  // L2: written by other CTAs
+  __syncwarp();
+  double mx = -INFINITY;
+  for (int e = lane; e < n_expert; e += 32) mx = fmax(mx, static_cast<double>(l[e]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+  double sum = 0.0;
+  for (int e = lane; e < n_expert; e += 32) sum += exp(static_cast<double>(l[e]) - mx);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  uint64_t taken = 0;  // bit i: expert lane + 32 i is selected
+  double sel_sum = 0.0;
+  for (int j = 0; j < k; ++j) {
+    float best_v = -INFINITY;
+    int best_e = INT_MAX;
+    int i = 0;
+    for (int e = lane; e < n_expert; e += 32, ++i) {
+      if ((taken >> i) & 1u) continue;
+      const float v = l[e];
+      if (best_e == INT_MAX || v > best_v) {  // ascending e per lane: strict > keeps the lowest id
+        best_v = v;
+        best_e = e;
+      }
+    }
+    // Warp arg-max, ties to the lower id: the largest order key, then the lowest id holding it.
+    const unsigned key = best_e == INT_MAX ? 0u : order_key(best_v);
+    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, key);
+    best_e = static_cast<int>(__reduce_min_sync(0xFFFFFFFFu, key == top ? static_cast<unsigned>(best_e) : UINT_MAX));
+    best_v = l[best_e];
+    if (best_e % 32 == lane) taken |= uint64_t{1} << (best_e / 32);
+    sel_sum += exp(static_cast<double>(best_v) - mx) / sum;
+    if (lane == 0) picked[j] = best_e;
+  }
+  __syncwarp();
+  const double denom = fmax(sel_sum, static_cast<double>(a.floor));
+  for (int j = lane; j < k; j += 32) {
+    const int e = picked[j];
+    // As moe_route_kernel: p rounded to float, then divided in double.
+    const float p = static_cast<float>(exp(static_cast<double>(l[e]) - mx) / sum);
+    const float w = static_cast<float>(static_cast<double>(p) / denom);
+    const int64_t s = static_cast<int64_t>(t) * k + j, pair = static_cast<int64_t>(t) * P + j;
+    a.ids[s] = e;
+    a.weights[s] = w;
+    a.coef[pair] = w;
+    write_sel(a.sel_gu, 2 * pair, a.gate, e);
+    write_sel(a.sel_gu, 2 * pair + 1, a.up, e);
+    write_sel(a.sel_down, pair, a.down, e);
+  }
+  if (lane == 0) {
+    const int64_t pair = static_cast<int64_t>(t) * P + k;
+    const float g = __ldcg(a.shexp_logit + t);
+    a.coef[pair] = 1.0f / (1.0f + __expf(-g));  // as mul_sigmoid on CUDA
+    write_sel(a.sel_gu, 2 * pair, a.shexp_gate_w, 0);
+    write_sel(a.sel_gu, 2 * pair + 1, a.shexp_up_w, 0);
+    write_sel(a.sel_down, pair, a.shexp_down_w, 0);
+  }
+  __syncwarp();  // `l` and `picked` are reused for the warp's next token
+}
+
+// Dynamic shared memory: kRouteWarps * n_expert floats (the last CTA's logit copies).
+__global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
+  extern __shared__ float route_smem[];
+  __shared__ int32_t picked[kRouteWarps][kMoeBlockMaxK];
+  __shared__ unsigned int is_last;
+  const int warp = threadIdx.x / 32;
+
+  quantize_x(a, vec4);
+  const int row = blockIdx.x * kRouteWarps + warp;
+  if (row <= a.n_expert) router_row(a, row, vec4);
+
+  // Publish this CTA's logits and codes, then take a ticket; the last ticket routes.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicInc(a.counter, gridDim.x - 1) == gridDim.x - 1 ? 1u : 0u;
+  __syncthreads();
+  if (is_last == 0) return;
+  __threadfence();
+  for (int t = warp; t < a.n_tokens; t += kRouteWarps) {
+    route_token(a, t, route_smem + static_cast<int64_t>(warp) * a.n_expert, picked[warp]);
+  }
+}
+
+// One thread per output element; the routed pairs in routing order, then the shared expert.
+__global__ void moe_block_combine(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,
+                                  float* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tokens * n_embd) return;
+  const int64_t t = i / n_embd, c = i % n_embd, P = k + 1;
+  const float* dt = d + t * P * n_embd + c;
+  const float* ct = coef + t * P;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < k; ++j) acc += ct[j] * dt[j * n_embd];
+  y[i] = acc + ct[k] * dt[k * n_embd];
+}
+
+}  // namespace
+
+cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t stream) {
+  if (a.n_tokens <= 0) return cudaSuccess;
+  if (a.n_expert < 1 || a.n_expert > kMoeBlockMaxExperts || a.k < 1 || a.k > kMoeBlockMaxK || a.k > a.n_expert ||
+      a.n_embd <= 0 || a.n_embd % kern::kQ8Block != 0 || a.counter == nullptr || a.sel_gu[0] == nullptr ||
+      a.sel_down[0] == nullptr || reinterpret_cast<uintptr_t>(a.xq) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec4 = a.n_embd % 4 == 0 && a.router_stride % 4 == 0 && a16(a.x) && a16(a.router) && a16(a.shexp_gate);
+  const unsigned grid = static_cast<unsigned>((a.n_expert + 1 + kRouteWarps - 1) / kRouteWarps);
+  const size_t smem = sizeof(float) * kRouteWarps * static_cast<size_t>(a.n_expert);
+  moe_route_fused<<<grid, kRouteThreads, smem, stream>>>(a, vec4);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,
+                                     float* y, cudaStream_t stream) {
+  const int64_t n = n_tokens * n_embd;
+  if (n <= 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  moe_block_combine<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(d, coef, n_tokens, k,
+                                                                                                   n_embd, y);
+  return cudaGetLastError();
+}
+
+}  // namespace ds::cuda
