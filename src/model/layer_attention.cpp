@@ -43,9 +43,11 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
   DS_ASSIGN_OR_RETURN(TensorView qg, S.f32({2 * H * D, n}));  // [n, H, (q_h; gate_h)]
   DS_ASSIGN_OR_RETURN(TensorView k, S.f32({D, Hkv, n}));
   DS_ASSIGN_OR_RETURN(TensorView v, S.f32({D, Hkv, n}));
-  DS_TRY(matmul(ctx, w.wq, x_norm, qg));
-  DS_TRY(matmul(ctx, w.wk, x_norm, reshape(k, {Hkv * D, n})));
-  DS_TRY(matmul(ctx, w.wv, x_norm, reshape(v, {Hkv * D, n})));
+  {
+    const TensorView ws[] = {w.wq, w.wk, w.wv};
+    const TensorView ys[] = {qg, reshape(k, {Hkv * D, n}), reshape(v, {Hkv * D, n})};
+    DS_TRY(matmul_many(ctx, ws, x_norm, ys));
+  }
 
   // Split QG per head: q_h = QG[h, 0:D], gate_h = QG[h, D:2D].
   DS_ASSIGN_OR_RETURN(TensorView q, S.f32({D, H, n}));

@@ -18,18 +18,20 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
   ModelScratch& S = call.scratch;
 
   // mixed = attn_qkv x [n, conv_dim];  z = attn_gate x [n, value_dim]
+  // b = ssm_beta x, a = ssm_alpha x [n, nv]: all four projections of x_norm in one call.
   DS_ASSIGN_OR_RETURN(TensorView mixed, S.f32({conv_dim, n}));
   DS_ASSIGN_OR_RETURN(TensorView z, S.f32({c.value_dim(), n}));
-  DS_TRY(matmul(ctx, w.wqkv, x_norm, mixed));
-  DS_TRY(matmul(ctx, w.wgate, x_norm, z));
-
-  // beta = sigmoid(ssm_beta x);  g = ssm_a * softplus(ssm_alpha x + dt_bias)   [n, nv]
   DS_ASSIGN_OR_RETURN(TensorView b, S.f32({nv, n}));
   DS_ASSIGN_OR_RETURN(TensorView a, S.f32({nv, n}));
+  {
+    const TensorView ws[] = {w.wqkv, w.wgate, w.wbeta, w.walpha};
+    const TensorView ys[] = {mixed, z, b, a};
+    DS_TRY(matmul_many(ctx, ws, x_norm, ys));
+  }
+
+  // beta = sigmoid(b);  g = ssm_a * softplus(a + dt_bias)   [n, nv]
   DS_ASSIGN_OR_RETURN(TensorView beta, S.f32({nv, n}));
   DS_ASSIGN_OR_RETURN(TensorView g, S.f32({nv, n}));
-  DS_TRY(matmul(ctx, w.wbeta, x_norm, b));
-  DS_TRY(matmul(ctx, w.walpha, x_norm, a));
   DS_TRY(delta_net_gates(ctx, a, b, w.dt_bias, w.ssm_a, g, beta));
   call.dump("deltanet.beta", beta);
   call.dump("deltanet.g", g);

@@ -78,6 +78,21 @@ Status matmul(const OpContext& ctx, const TensorView& w, const TensorView& x, co
   return matmul_on(w, x, y, ctx.device.index, ctx.cuda_stream);
 }
 
+Status matmul_many(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
+                   std::span<const TensorView> ys) {
+  DS_TRY(check_device_memory("matmul_many", {&x}));
+  for (size_t i = 0; i < ws.size() && i < ys.size(); ++i) {
+    DS_TRY(check_device_memory("matmul_many", {&ws[i], &ys[i]}));
+  }
+  return matmul_many_on(ws, x, ys, ctx.device.index, ctx.cuda_stream);
+}
+
+Status matmul_swiglu(const OpContext& ctx, const TensorView& w, const TensorView& gate, const TensorView& up,
+                     const TensorView& y) {
+  DS_TRY(check_device_memory("matmul_swiglu", {&w, &gate, &up, &y}));
+  return matmul_swiglu_on(w, gate, up, y, ctx.device.index, ctx.cuda_stream);
+}
+
 Status get_rows(const OpContext& ctx, const TensorView& table, const TensorView& ids, const TensorView& y) {
   DS_TRY(device_status(ctx.device.index));
   DS_TRY(check_device_memory("get_rows", {&table, &ids, &y}));
@@ -318,6 +333,8 @@ void register_ops() {
                   DType::Q5_K, DType::Q6_K}) {
     if (!matmul_supported(t)) continue;
     op_register("matmul", DeviceKind::kCuda, t);
+    op_register("matmul_many", DeviceKind::kCuda, t);
+    op_register("matmul_swiglu", DeviceKind::kCuda, t);
     op_register("get_rows", DeviceKind::kCuda, t);
     op_register("moe_ffn", DeviceKind::kCuda, t);
   }

@@ -15,6 +15,10 @@
 namespace ds::cuda {
 
 Status matmul(const OpContext& ctx, const TensorView& w, const TensorView& x, const TensorView& y);
+Status matmul_many(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
+                   std::span<const TensorView> ys);
+Status matmul_swiglu(const OpContext& ctx, const TensorView& w, const TensorView& gate, const TensorView& up,
+                     const TensorView& y);
 Status get_rows(const OpContext& ctx, const TensorView& table, const TensorView& ids, const TensorView& y);
 Status rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y);
 Status l2_norm(const OpContext& ctx, const TensorView& x, float eps, const TensorView& y);
