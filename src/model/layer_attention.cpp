@@ -3,7 +3,8 @@
 // output projection. Non-obvious choice: on CUDA the position, KV append and attention go through
 // the device-side block table and the position in device memory (rope_neox_at, kv_append,
 // attention_paged), so the step holds no host value that changes from token to token and can be
-// replayed as a captured graph; the CPU path walks the chunks on the host.
+// replayed as a captured graph; the CPU path walks the chunks on the host. The q and gate halves of
+// each head's projection are read as strided views of it (no split copies).
 #include <algorithm>
 #include <cmath>
 
@@ -22,7 +23,7 @@
 namespace ds {
 namespace {
 
-// o *= sigmoid(gate); out = wo o.   o, gate [n, H, D]; out [n, E]
+// o *= sigmoid(gate); out = wo o.   o [n, H, D]; gate [n, H, D] (a strided view of QG); out [n, E]
 Status attention_output(const LayerCall& call, const AttentionWeights& w, const TensorView& gate, const TensorView& o,
                         const TensorView& out) {
   DS_TRY(mul_sigmoid(call.ctx, o, gate, o));
@@ -43,23 +44,23 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
   DS_ASSIGN_OR_RETURN(TensorView qg, S.f32({2 * H * D, n}));  // [n, H, (q_h; gate_h)]
   DS_ASSIGN_OR_RETURN(TensorView k, S.f32({D, Hkv, n}));
   DS_ASSIGN_OR_RETURN(TensorView v, S.f32({D, Hkv, n}));
-  DS_TRY(matmul(ctx, w.wq, x_norm, qg));
-  DS_TRY(matmul(ctx, w.wk, x_norm, reshape(k, {Hkv * D, n})));
-  DS_TRY(matmul(ctx, w.wv, x_norm, reshape(v, {Hkv * D, n})));
+  {
+    const TensorView ws[] = {w.wq, w.wk, w.wv};
+    const TensorView ys[] = {qg, reshape(k, {Hkv * D, n}), reshape(v, {Hkv * D, n})};
+    DS_TRY(matmul_many(ctx, ws, x_norm, ys));
+  }
 
-  // Split QG per head: q_h = QG[h, 0:D], gate_h = QG[h, D:2D].
+  // QG per head: q_h = QG[h, 0:D], gate_h = QG[h, D:2D], read as strided views (no split copies):
+  // q_h is RMS-normalized into q, gate_h is read in place by the output gate.
+  TensorView q_heads = qg;
+  q_heads.n_dims = 3;
+  q_heads.ne = {D, H, n, 1};
+  q_heads.nb = {4, 2 * D * 4, 2 * H * D * 4, 2 * H * D * 4 * n};
+  TensorView gate = q_heads;
+  gate.data = qg.as<float>() + D;
+
   DS_ASSIGN_OR_RETURN(TensorView q, S.f32({D, H, n}));
-  DS_ASSIGN_OR_RETURN(TensorView gate, S.f32({D, H, n}));
-  TensorView qg_heads = qg;
-  qg_heads.n_dims = 3;
-  qg_heads.ne = {D, H, n, 1};
-  qg_heads.nb = {4, 2 * D * 4, 2 * H * D * 4, 2 * H * D * 4 * n};
-  TensorView gate_heads = qg_heads;
-  gate_heads.data = qg.as<float>() + D;
-  DS_TRY(copy(ctx, qg_heads, q));
-  DS_TRY(copy(ctx, gate_heads, gate));
-
-  DS_TRY(rms_norm(ctx, q, w.q_norm, c.rms_eps, q));  // per head over D
+  DS_TRY(rms_norm(ctx, q_heads, w.q_norm, c.rms_eps, q));  // per head over D
   DS_TRY(rms_norm(ctx, k, w.k_norm, c.rms_eps, k));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   DS_ASSIGN_OR_RETURN(TensorView o, S.f32({D, H, n}));

@@ -1,13 +1,27 @@
 // Gated DeltaNet layer forward (model spec section 4): projections, gates, causal conv with carried
 // state, SiLU, q/k L2 norm, the delta rule on the SSM state, gated RMSNorm, output projection.
+// Non-obvious choice: q, k and v are never copied out of the conv output: the L2 norms read q and k
+// as strided views of its rows (writing contiguous q, k) and the delta rule reads v in place.
 #include "model/model_internal.h"
 #include "ops/conv1d.h"
 #include "ops/delta_net.h"
-#include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/rms_norm.h"
 
 namespace ds {
+namespace {
+
+// Heads [n, n_head, head_dim] starting at column c0 of every row of the contiguous [n, row] tensor t:
+// a strided view (rows of head_dim contiguous, heads back to back, tokens at t's row stride).
+TensorView head_columns(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head) {
+  TensorView r = columns(t, c0, head_dim * n_head);
+  r.n_dims = 3;
+  r.ne = {head_dim, n_head, t.ne[1], 1};
+  r.nb = {4, 4 * head_dim, t.nb[1], t.nb[1] * t.ne[1]};
+  return r;
+}
+
+}  // namespace
 
 Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const TensorView& x_norm,
                         const TensorView& out) {
@@ -18,37 +32,35 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
   ModelScratch& S = call.scratch;
 
   // mixed = attn_qkv x [n, conv_dim];  z = attn_gate x [n, value_dim]
+  // b = ssm_beta x, a = ssm_alpha x [n, nv]: all four projections of x_norm in one call.
   DS_ASSIGN_OR_RETURN(TensorView mixed, S.f32({conv_dim, n}));
   DS_ASSIGN_OR_RETURN(TensorView z, S.f32({c.value_dim(), n}));
-  DS_TRY(matmul(ctx, w.wqkv, x_norm, mixed));
-  DS_TRY(matmul(ctx, w.wgate, x_norm, z));
-
-  // beta = sigmoid(ssm_beta x);  g = ssm_a * softplus(ssm_alpha x + dt_bias)   [n, nv]
   DS_ASSIGN_OR_RETURN(TensorView b, S.f32({nv, n}));
   DS_ASSIGN_OR_RETURN(TensorView a, S.f32({nv, n}));
+  {
+    const TensorView ws[] = {w.wqkv, w.wgate, w.wbeta, w.walpha};
+    const TensorView ys[] = {mixed, z, b, a};
+    DS_TRY(matmul_many(ctx, ws, x_norm, ys));
+  }
+
+  // beta = sigmoid(b);  g = ssm_a * softplus(a + dt_bias)   [n, nv]
   DS_ASSIGN_OR_RETURN(TensorView beta, S.f32({nv, n}));
   DS_ASSIGN_OR_RETURN(TensorView g, S.f32({nv, n}));
-  DS_TRY(matmul(ctx, w.wbeta, x_norm, b));
-  DS_TRY(matmul(ctx, w.walpha, x_norm, a));
   DS_TRY(delta_net_gates(ctx, a, b, w.dt_bias, w.ssm_a, g, beta));
   call.dump("deltanet.beta", beta);
   call.dump("deltanet.g", g);
 
   // c = silu(causal_conv(mixed)) with the layer's conv state
   DS_ASSIGN_OR_RETURN(TensorView conv, S.f32({conv_dim, n}));
-  DS_TRY(conv1d_causal(ctx, mixed, w.conv1d, call.state.conv_state(call.il), conv));
-  DS_TRY(silu(ctx, conv, conv));
+  DS_TRY(conv1d_causal_silu(ctx, mixed, w.conv1d, call.state.conv_state(call.il), conv));
   call.dump("deltanet.conv", conv);
 
-  // Split [q (nk*dk) ; k (nk*dk) ; v (nv*dv)] and L2-normalize q, k per head.
+  // c = [q (nk*dk) ; k (nk*dk) ; v (nv*dv)] per token; q, k L2-normalized per head.
   DS_ASSIGN_OR_RETURN(TensorView q, S.f32({dk, nk, n}));
   DS_ASSIGN_OR_RETURN(TensorView k, S.f32({dk, nk, n}));
-  DS_ASSIGN_OR_RETURN(TensorView v, S.f32({dv, nv, n}));
-  DS_TRY(copy(ctx, columns(conv, 0, key_dim), reshape(q, {key_dim, n})));
-  DS_TRY(copy(ctx, columns(conv, key_dim, key_dim), reshape(k, {key_dim, n})));
-  DS_TRY(copy(ctx, columns(conv, 2 * key_dim, c.value_dim()), reshape(v, {c.value_dim(), n})));
-  DS_TRY(l2_norm(ctx, q, c.rms_eps, q));
-  DS_TRY(l2_norm(ctx, k, c.rms_eps, k));
+  DS_TRY(l2_norm(ctx, head_columns(conv, 0, dk, nk), c.rms_eps, q));
+  DS_TRY(l2_norm(ctx, head_columns(conv, key_dim, dk, nk), c.rms_eps, k));
+  const TensorView v = head_columns(conv, 2 * key_dim, dv, nv);
 
   // Delta rule on the SSM state; o [n, nv, dv].
   DS_ASSIGN_OR_RETURN(TensorView o, S.f32({dv, nv, n}));
@@ -56,9 +68,7 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
   call.dump("deltanet.o", o);
 
   // y = RMSNorm(o; ssm_norm) * silu(z), per v-head over dv; then ssm_out.
-  DS_TRY(rms_norm(ctx, o, w.norm, c.rms_eps, o));
-  TensorView z_heads = reshape(z, {dv, nv, n});
-  DS_TRY(swiglu(ctx, z_heads, o, o));
+  DS_TRY(rms_norm_gated(ctx, o, w.norm, reshape(z, {dv, nv, n}), c.rms_eps, o));
   call.dump("deltanet.y", o);
   DS_TRY(matmul(ctx, w.wout, reshape(o, {c.value_dim(), n}), out));
   return Status::ok();

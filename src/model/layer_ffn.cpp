@@ -19,10 +19,10 @@ Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const 
   const int64_t n = call.n_tokens, n_ff = call.config.n_ff;
   DS_ASSIGN_OR_RETURN(TensorView g, call.scratch.f32({n_ff, n}));
   DS_ASSIGN_OR_RETURN(TensorView u, call.scratch.f32({n_ff, n}));
-  DS_TRY(matmul(call.ctx, w.gate, x_norm, g));
-  DS_TRY(matmul(call.ctx, w.up, x_norm, u));
-  DS_TRY(swiglu(call.ctx, g, u, g));  // silu(gate x) * (up x)
-  DS_TRY(matmul(call.ctx, w.down, g, out));
+  const TensorView ws[] = {w.gate, w.up};
+  const TensorView ys[] = {g, u};
+  DS_TRY(matmul_many(call.ctx, ws, x_norm, ys));
+  DS_TRY(matmul_swiglu(call.ctx, w.down, g, u, out));  // down (silu(gate x) * (up x)); g is scratch
   return Status::ok();
 }
 

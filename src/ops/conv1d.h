@@ -4,7 +4,8 @@
 //   state [K-1, C] (ne {C, K-1}) F32: the previous K-1 inputs, oldest first; read and updated
 //   y     [n_tokens, C] F32, overwritten; must not alias x
 // y[t, c] = sum_i w[c, i] * in[t - (K-1) + i, c], where inputs before t = 0 come from the state.
-// No activation: the model applies SiLU after.
+// No activation. conv1d_causal_silu: y = silu(conv1d_causal(x)), the model's step; the CPU runs the
+// two ops, CUDA applies the SiLU in the conv kernel.
 #pragma once
 
 #include "core/status.h"
@@ -15,5 +16,7 @@ namespace ds {
 
 Status conv1d_causal(const OpContext& ctx, const TensorView& x, const TensorView& w,
                      const TensorView& state, const TensorView& y);
+Status conv1d_causal_silu(const OpContext& ctx, const TensorView& x, const TensorView& w,
+                          const TensorView& state, const TensorView& y);
 
 }  // namespace ds

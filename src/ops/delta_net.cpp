@@ -1,5 +1,6 @@
 // delta_net / delta_net_gates dispatchers. The reference is always the recurrent loop; the fast CPU
-// path picks the recurrent or the chunked form.
+// path picks the recurrent or the chunked form. v may be a row-strided view; everything else is
+// contiguous.
 #include "ops/delta_net.h"
 
 #include "ops/op_check.h"
@@ -45,7 +46,12 @@ Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k,
   const char* op = "delta_net";
   DS_TRY(ops::check_contig(op, "q", ctx, q, DType::F32));
   DS_TRY(ops::check_contig(op, "k", ctx, k, DType::F32));
-  DS_TRY(ops::check_contig(op, "v", ctx, v, DType::F32));
+  DS_TRY(ops::check_tensor(op, "v", ctx, v, DType::F32));
+  // v is only read, so its rows may sit anywhere (a view of a wider row); see the contract.
+  if (v.nb[0] != 4 || v.nb[1] % 4 != 0 || v.nb[2] % 4 != 0 || v.nb[1] < 0 || v.nb[2] < 0) {
+    return invalid_argument("{}: v {} (strides {}, {}, {}): rows must be contiguous, strides multiples of 4 bytes",
+                            op, v.shape_string(), v.nb[0], v.nb[1], v.nb[2]);
+  }
   DS_TRY(ops::check_contig(op, "g", ctx, g, DType::F32));
   DS_TRY(ops::check_contig(op, "beta", ctx, beta, DType::F32));
   DS_TRY(ops::check_contig(op, "state", ctx, state, DType::F32));

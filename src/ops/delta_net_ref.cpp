@@ -32,7 +32,7 @@ void delta_net_recurrent(const OpContext&, const TensorView& q, const TensorView
     for (int64_t t = 0; t < n_tokens; ++t) {
       const float* qt = q.as<float>() + (t * nk + hk) * dk;
       const float* kt = k.as<float>() + (t * nk + hk) * dk;
-      const float* vt = v.as<float>() + (t * nv + h) * dv;
+      const float* vt = reinterpret_cast<const float*>(v.as<uint8_t>() + t * v.nb[2] + h * v.nb[1]);
       const double decay = std::exp(static_cast<double>(g.as<float>()[t * nv + h]));
       const double bt = beta.as<float>()[t * nv + h];
       for (int64_t i = 0; i < dk * dv; ++i) S[i] = static_cast<float>(S[i] * decay);

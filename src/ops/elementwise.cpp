@@ -75,11 +75,23 @@ Status swiglu(const OpContext& ctx, const TensorView& gate, const TensorView& up
 Status mul_sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& gate, const TensorView& y) {
   const char* op = "mul_sigmoid";
   DS_TRY(check_unary(op, ctx, x, y));
-  DS_TRY(ops::check_contig(op, "gate", ctx, gate, DType::F32));
-  const bool per_row = gate.ne[0] == 1 && gate.ne[1] == x.ne[1] && gate.ne[2] == x.ne[2] && gate.ne[3] == x.ne[3];
+  DS_TRY(ops::check_tensor(op, "gate", ctx, gate, DType::F32));
+  const bool per_row = gate.ne[0] == 1 && x.ne[0] != 1 && gate.ne[1] == x.ne[1] && gate.ne[2] == x.ne[2] &&
+                       gate.ne[3] == x.ne[3];
   if (gate.ne != x.ne && !per_row) {
     return invalid_argument("{}: gate {} must match x {} or hold one value per row", op, gate.shape_string(),
                             x.shape_string());
+  }
+  if (!gate.is_contiguous()) {
+    // One row stride for all rows (the kernels index rows of the flattened dims 1..3).
+    const bool uniform = gate.nb[0] == 4 && gate.nb[1] >= 4 * gate.ne[0] && gate.nb[1] % 4 == 0 &&
+                         (gate.ne[2] <= 1 || gate.nb[2] == gate.ne[1] * gate.nb[1]) &&
+                         (gate.ne[3] <= 1 || gate.nb[3] == gate.ne[2] * gate.nb[2]);
+    if (per_row || !uniform) {
+      return invalid_argument("{}: gate {} (strides {}, {}, {}) must be contiguous or rows at one stride", op,
+                              gate.shape_string(), gate.nb[1], gate.nb[2], gate.nb[3]);
+    }
+    if (gate.data == y.data && y.n_elements() > 0) return invalid_argument("{}: a strided gate must not alias y", op);
   }
   DS_CUDA_DISPATCH(mul_sigmoid, ctx, x, gate, y);
   run(ctx, ops::Eltwise::kMulSigmoid, x, gate, y);

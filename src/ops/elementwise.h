@@ -1,10 +1,14 @@
-// Element-wise ops on contiguous F32 tensors of equal shape (in place allowed: y may be a or x).
+// Element-wise ops on contiguous F32 tensors of equal shape (in place allowed: y may be a or x;
+// mul_sigmoid's gate may be row-strided).
 //   add:         y = a + b
 //   mul:         y = a * b
 //   silu:        y = x * sigmoid(x)
 //   sigmoid:     y = 1 / (1 + exp(-x))
 //   swiglu:      y = silu(gate) * up
-//   mul_sigmoid: y = x * sigmoid(gate); gate has x's shape, or ne {1, rows...} (one gate per row)
+//   mul_sigmoid: y = x * sigmoid(gate); gate has x's shape, or ne {1, rows...} (one gate per row).
+//     A gate of x's shape may be row-strided: rows of ne[0] contiguous at one stride nb[1] (a multiple of
+//     4 bytes, nb[2] = ne[1] nb[1], nb[3] = ne[2] nb[2]), e.g. the gate halves of interleaved
+//     [q_h; gate_h] attention heads. It must not overlap y.
 // copy: dst = src for tensors of one shape; src F32, dst F32 or F16 (converted, round to nearest
 //   even). Both may be strided in dims 1..3 (ne[0] contiguous), e.g. a KV chunk row range.
 #pragma once

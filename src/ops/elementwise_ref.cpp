@@ -15,9 +15,11 @@ void eltwise(const OpContext&, Eltwise kind, const TensorView& a, const TensorVi
   const float* pb = b.as<float>();
   float* py = y.as<float>();
   const bool per_row = kind == Eltwise::kMulSigmoid && b.ne[0] == 1 && row != 1;
+  // A row-strided gate (mul_sigmoid): element i at pb[(i / row) * b_stride + i % row].
+  const int64_t b_stride = !per_row && !b.is_contiguous() ? b.nb[1] / 4 : row;
   for (int64_t i = 0; i < n; ++i) {
     const double x = pa[i];
-    const double u = per_row ? pb[i / row] : pb[i];
+    const double u = per_row ? pb[i / row] : pb[(i / row) * b_stride + i % row];
     double r = 0.0;
     switch (kind) {
       case Eltwise::kAdd: r = x + u; break;

@@ -58,7 +58,7 @@ void delta_net_recurrent(const OpContext& ctx, const TensorView& q, const Tensor
       for (int64_t t = 0; t < n_tokens; ++t) {
         const float* qt = q.as<float>() + (t * nk + hk) * dk;
         const float* kt = k.as<float>() + (t * nk + hk) * dk;
-        const float* vt = v.as<float>() + (t * nv + h) * dv;
+        const float* vt = reinterpret_cast<const float*>(v.as<uint8_t>() + t * v.nb[2] + h * v.nb[1]);
         const float decay = std::exp(g.as<float>()[t * nv + h]);
         const float bt = beta.as<float>()[t * nv + h];
         std::fill(delta.begin(), delta.end(), 0.0f);
@@ -108,7 +108,7 @@ void delta_net_chunked(const OpContext& ctx, const TensorView& q, const TensorVi
         for (int64_t t = 0; t < L; ++t) {
           const float bt = beta.as<float>()[(c0 + t) * nv + h];
           const float eg = std::exp(G[t]);
-          const float* vt = v.as<float>() + ((c0 + t) * nv + h) * dv;
+          const float* vt = reinterpret_cast<const float*>(v.as<uint8_t>() + (c0 + t) * v.nb[2] + h * v.nb[1]);
           float* Dt = D.data() + t * dv;
           std::fill(tmp.begin(), tmp.end(), 0.0f);
           const float* kk = kt(t);

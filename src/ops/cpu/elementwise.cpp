@@ -1,4 +1,5 @@
-// Fast CPU element-wise ops (threads over contiguous ranges; float math) and MoE routing.
+// Fast CPU element-wise ops (threads over contiguous ranges; float math; mul_sigmoid reads a
+// row-strided gate) and MoE routing.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -19,6 +20,8 @@ void eltwise(const OpContext& ctx, Eltwise kind, const TensorView& a, const Tens
   const float* pb = b.as<float>();
   float* py = y.as<float>();
   const bool per_row = kind == Eltwise::kMulSigmoid && b.ne[0] == 1 && row != 1;
+  // A row-strided gate (mul_sigmoid): element i at pb[(i / row) * b_stride + i % row].
+  const int64_t b_stride = !per_row && !b.is_contiguous() ? b.nb[1] / 4 : row;
   auto body = [&](int64_t i0, int64_t i1, int) {
     switch (kind) {
       case Eltwise::kAdd: for (int64_t i = i0; i < i1; ++i) py[i] = pa[i] + pb[i]; break;
@@ -27,7 +30,11 @@ void eltwise(const OpContext& ctx, Eltwise kind, const TensorView& a, const Tens
       case Eltwise::kSigmoid: for (int64_t i = i0; i < i1; ++i) py[i] = sigmoid_f(pa[i]); break;
       case Eltwise::kSwiglu: for (int64_t i = i0; i < i1; ++i) py[i] = pa[i] * sigmoid_f(pa[i]) * pb[i]; break;
       case Eltwise::kMulSigmoid:
-        for (int64_t i = i0; i < i1; ++i) py[i] = pa[i] * sigmoid_f(per_row ? pb[i / row] : pb[i]);
+        if (b_stride != row) {
+          for (int64_t i = i0; i < i1; ++i) py[i] = pa[i] * sigmoid_f(pb[(i / row) * b_stride + i % row]);
+        } else {
+          for (int64_t i = i0; i < i1; ++i) py[i] = pa[i] * sigmoid_f(per_row ? pb[i / row] : pb[i]);
+        }
         break;
     }
   };

@@ -1,5 +1,6 @@
-// Fast CPU row norms and RoPE: threads over rows, 8 partial sums so the compiler vectorizes the
-// reduction without -ffast-math; RoPE frequencies computed once per call.
+// Fast CPU row norms (x rows may be strided, y contiguous) and RoPE: threads over rows, 8 partial
+// sums so the compiler vectorizes the reduction without -ffast-math; RoPE frequencies computed once
+// per call.
 #include <cmath>
 #include <vector>
 
@@ -24,7 +25,9 @@ void rms_norm(const OpContext& ctx, const TensorView& x, const float* w, float e
   const int64_t n = x.ne[0];
   ctx.threads().parallel_for(x.n_rows(), [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x.as<float>() + r * n;
+      const int64_t i1 = r % x.ne[1], i2 = r / x.ne[1] % x.ne[2], i3 = r / (x.ne[1] * x.ne[2]);
+      const float* xr =
+          reinterpret_cast<const float*>(x.as<uint8_t>() + i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]);
       float* yr = y.as<float>() + r * n;
       const float ss = sum_squares(xr, n);
       const float inv = 1.0f / std::sqrt(l2 ? ss + eps : ss / static_cast<float>(n) + eps);

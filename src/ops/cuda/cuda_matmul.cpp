@@ -1,6 +1,7 @@
 // Host entry of the CUDA matrix product (cuda_matmul.h): shape and device checks, path and kernel
-// choice, the q8 activation scratch, and the prefill path (BF16 weight tiles + cuBLAS). Compiled by the
-// C++ compiler; empty without DS_HAVE_CUDA.
+// choice, the q8 activation scratch, the prefill path (BF16 weight tiles + cuBLAS), and the fused forms
+// (matmul_many: one activation conversion for several weights; matmul_swiglu: SwiGLU inside the
+// quantizer). Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choice: cuBLAS sees the row-major product as column-major Y^T = W^T X^T, i.e.
 // op(A) = transpose of the [k, rows] BF16 tile (lda = k), B = activations (ldb = k), C = y (ldc = y's
 // row stride): no transposes are materialized, and a tile writes a column block of y in place.
@@ -10,10 +11,12 @@
 
 #include <array>
 #include <mutex>
+#include <vector>
 
 #include "core/check.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/ops_launch.h"
 
 namespace ds::cuda {
 namespace {
@@ -79,7 +82,10 @@ Status check_args(const TensorView& w, const TensorView& x, const TensorView& y,
   return device_status(device);
 }
 
-Status matmul_gemm(const TensorView& w, const TensorView& x, const TensorView& y, int device, cudaStream_t cs) {
+// x_bf16: x already converted to BF16 ([n_tokens, k] contiguous, f32_to_bf16_launch), or null to
+// convert here. F32 weights read x itself.
+Status matmul_gemm(const TensorView& w, const TensorView& x, const TensorView& y, int device, cudaStream_t cs,
+                   const void* x_bf16 = nullptr) {
   const int64_t k = w.ne[0], n_rows = w.ne[1], n_tokens = x.ne[1];
   const int64_t ldy = y.nb[1] / 4;
   DS_ASSIGN_OR_RETURN(BlasHandle * blas, blas_for_device(device));
@@ -95,13 +101,18 @@ Status matmul_gemm(const TensorView& w, const TensorView& x, const TensorView& y
                   "{}", shapes(w, x, y));
     return Status::ok();
   }
-  DS_ASSIGN_OR_RETURN(CudaBuffer xb, CudaBuffer::allocate(device, 2 * k * n_tokens));
-  DS_CUDA_TRY(f32_to_bf16_launch(x.as<float>(), x.nb[1] / 4, n_tokens, k, xb.data(), cs), "{}: to bf16",
-              shapes(w, x, y));
+  CudaBuffer own_xb;  // back to the cache on return; later users are ordered after the GEMMs
+  const void* xb = x_bf16;
+  if (xb == nullptr) {
+    DS_ASSIGN_OR_RETURN(own_xb, CudaBuffer::allocate(device, 2 * k * n_tokens));
+    DS_CUDA_TRY(f32_to_bf16_launch(x.as<float>(), x.nb[1] / 4, n_tokens, k, own_xb.data(), cs), "{}: to bf16",
+                shapes(w, x, y));
+    xb = own_xb.data();
+  }
   if (w.dtype == DType::BF16 && w.nb[1] % 2 == 0) {  // BF16 weights go to cuBLAS as they are
     DS_CUBLAS_TRY(cublasGemmEx(blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_rows),
                                static_cast<int>(n_tokens), static_cast<int>(k), &alpha, w.data, CUDA_R_16BF,
-                               static_cast<int>(w.nb[1] / 2), xb.data(), CUDA_R_16BF, static_cast<int>(k), &beta,
+                               static_cast<int>(w.nb[1] / 2), xb, CUDA_R_16BF, static_cast<int>(k), &beta,
                                y.data, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                   "{}", shapes(w, x, y));
     return Status::ok();
@@ -118,7 +129,7 @@ Status matmul_gemm(const TensorView& w, const TensorView& x, const TensorView& y
                 shapes(w, x, y), r0);
     DS_CUBLAS_TRY(cublasGemmEx(blas->handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
                                static_cast<int>(n_tokens), static_cast<int>(k), &alpha, wb.data(), CUDA_R_16BF,
-                               static_cast<int>(k), xb.data(), CUDA_R_16BF, static_cast<int>(k), &beta,
+                               static_cast<int>(k), xb, CUDA_R_16BF, static_cast<int>(k), &beta,
                                y.as<float>() + r0, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT),
                   "{}: rows {}", shapes(w, x, y), r0);
@@ -229,6 +240,112 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
               : kernel == MatvecKernel::kStaged ? "matvec_staged"
                                                 : "matvec_generic");
   return Status::ok();
+}
+
+Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
+                      int device, void* stream, MatmulPath path) {
+  if (ws.size() != ys.size()) {
+    return invalid_argument("matmul_many x {}: {} weights but {} outputs", x.shape_string(), ws.size(), ys.size());
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    DS_TRY(check_args(ws[i], x, ys[i], device).with_context(fmt::format("matmul_many product {}", i)));
+  }
+  const int64_t k = x.ne[0], n_tokens = x.ne[1];
+  if (n_tokens == 0 || ws.empty()) return Status::ok();
+  DeviceGuard guard(device);
+  auto cs = static_cast<cudaStream_t>(stream);
+  path = resolve_path(path, n_tokens);
+  if (path == MatmulPath::kGemm) {
+    bool want_bf16 = false;
+    for (const TensorView& w : ws) want_bf16 = want_bf16 || (w.dtype != DType::F32 && w.ne[1] > 0);
+    CudaBuffer xb;  // back to the cache on return; later users are ordered after the GEMMs
+    if (want_bf16) {
+      DS_ASSIGN_OR_RETURN(xb, CudaBuffer::allocate(device, 2 * k * n_tokens));
+      DS_CUDA_TRY(f32_to_bf16_launch(x.as<float>(), x.nb[1] / 4, n_tokens, k, xb.data(), cs),
+                  "matmul_many x {}: to bf16", x.shape_string());
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (ws[i].ne[1] == 0) continue;
+      DS_TRY(matmul_gemm(ws[i], x, ys[i], device, cs, xb.data()).with_context(fmt::format("matmul_many product {}", i)));
+    }
+    return Status::ok();
+  }
+  if (path != MatmulPath::kMatvec || n_tokens > kMatvecQ8MaxTokens) {  // no shared q8 activations
+    for (size_t i = 0; i < ws.size(); ++i) {
+      DS_TRY(matmul_on(ws[i], x, ys[i], device, stream, path).with_context(fmt::format("matmul_many product {}", i)));
+    }
+    return Status::ok();
+  }
+  // The weights the q8 kernel takes share one quantized copy of x; the rest (F32 / F16 / BF16,
+  // misaligned rows) run matmul_on with F32 activations.
+  std::vector<char> q8(ws.size(), 0);
+  bool any_q8 = false;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    q8[i] = ws[i].ne[1] > 0 && q8_applies_with_scratch(ws[i].dtype, matvec_args(ws[i], x, ys[i], nullptr, 0));
+    any_q8 = any_q8 || q8[i];
+  }
+  CudaBuffer act;  // back to the cache on return; later users of the block are ordered after this call
+  const int64_t act_bytes = any_q8 ? matvec_q8_act_bytes(k, n_tokens) : 0;
+  if (any_q8) {
+    DS_ASSIGN_OR_RETURN(act, CudaBuffer::allocate(device, act_bytes));
+    DS_CUDA_TRY(quantize_q8_launch(x.as<float>(), x.nb[1] / 4, nullptr, n_tokens, k, act.data(), nullptr, 0, cs),
+                "matmul_many x {}: quantize_q8", x.shape_string());
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (ws[i].ne[1] == 0) continue;
+    if (!q8[i]) {
+      DS_TRY(matmul_on(ws[i], x, ys[i], device, stream, path).with_context(fmt::format("matmul_many product {}", i)));
+      continue;
+    }
+    const MatvecLaunch l = matvec_args(ws[i], x, ys[i], act.data(), act_bytes);
+    DS_CUDA_TRY(matvec_q8_product_launch(ws[i].dtype, l, cs), "matmul_many product {}: {} (matvec_q8)", i,
+                shapes(ws[i], x, ys[i]));
+  }
+  return Status::ok();
+}
+
+Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const TensorView& up, const TensorView& y,
+                        int device, void* stream, MatmulPath path) {
+  DS_TRY(check_args(w, gate, y, device).with_context("matmul_swiglu"));
+  if (up.device != gate.device || up.dtype != DType::F32 || up.ne != gate.ne || up.nb[0] != 4 ||
+      up.nb[1] != gate.nb[1]) {
+    return invalid_argument("matmul_swiglu: up {} (row stride {} on {}) must match gate {} (row stride {} on {})",
+                            up.shape_string(), up.nb[1], up.device.to_string(), gate.shape_string(), gate.nb[1],
+                            gate.device.to_string());
+  }
+  const int64_t k = gate.ne[0], n_tokens = gate.ne[1];
+  if (n_tokens == 0 || w.ne[1] == 0) return Status::ok();
+  DeviceGuard guard(device);
+  auto cs = static_cast<cudaStream_t>(stream);
+  path = resolve_path(path, n_tokens);
+  if (path == MatmulPath::kMatvec && n_tokens <= kMatvecQ8MaxTokens) {
+    MatvecLaunch l = matvec_args(w, gate, y, nullptr, 0);
+    if (q8_applies_with_scratch(w.dtype, l)) {
+      const int64_t act_bytes = matvec_q8_act_bytes(k, n_tokens);
+      DS_ASSIGN_OR_RETURN(CudaBuffer act, CudaBuffer::allocate(device, act_bytes));
+      DS_CUDA_TRY(quantize_q8_launch(gate.as<float>(), gate.nb[1] / 4, up.as<float>(), n_tokens, k, act.data(),
+                                     nullptr, 0, cs),
+                  "matmul_swiglu {}: quantize_q8 (swiglu)", shapes(w, gate, y));
+      l.act = act.data();
+      l.act_bytes = act_bytes;
+      DS_CUDA_TRY(matvec_q8_product_launch(w.dtype, l, cs), "matmul_swiglu {} (matvec_q8)", shapes(w, gate, y));
+      return Status::ok();  // act returns to the cache; later users are ordered after the product
+    }
+  }
+  // gate = silu(gate) * up row by row (rows of k at the shared stride), then the plain product.
+  if (gate.nb[1] == 4 * k) {
+    DS_CUDA_TRY(eltwise_launch(EltKind::kSwiglu, gate.as<float>(), up.as<float>(), gate.as<float>(), k * n_tokens, k,
+                               false, cs),
+                "matmul_swiglu {}: swiglu", shapes(w, gate, y));
+  } else {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      float* g = reinterpret_cast<float*>(gate.row(t));
+      const float* u = reinterpret_cast<const float*>(up.row(t));
+      DS_CUDA_TRY(eltwise_launch(EltKind::kSwiglu, g, u, g, k, k, false, cs), "matmul_swiglu {}: swiglu row {}",
+                  shapes(w, gate, y), t);
+    }
+  }
+  return matmul_on(w, gate, y, device, stream, path).with_context("matmul_swiglu");
 }
 
 }  // namespace ds::cuda

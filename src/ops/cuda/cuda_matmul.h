@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/status.h"
 #include "core/tensor.h"
@@ -53,6 +54,19 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
 // CUDA graph: the graph keeps using the address after the call returns.
 Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, int device, void* stream,
                  MatmulPath path, void* scratch, int64_t scratch_bytes);
+
+// ys[i] = ws[i] x for every i (ops/matmul.h matmul_many), each product checked as matmul_on checks it.
+// Matrix-vector path: x is quantized to int8 blocks once (activation scratch from the caching
+// allocator) and every weight the q8 kernel takes reads that copy; the others run matmul_on. GEMM path:
+// x is converted to BF16 once and every GEMM reads it. Other explicit paths run matmul_on per weight.
+Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
+                      int device, void* stream, MatmulPath path = MatmulPath::kAuto);
+
+// y = w (silu(gate) * up) (ops/matmul.h matmul_swiglu); gate, up [k, n_tokens] F32 with contiguous rows
+// at one row stride. Where the q8 kernel applies, the SwiGLU happens inside the activation quantizer
+// (gate is left as it was); otherwise gate is overwritten with silu(gate) * up and matmul_on runs.
+Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const TensorView& up, const TensorView& y,
+                        int device, void* stream, MatmulPath path = MatmulPath::kAuto);
 
 // Scratch bytes the q8 kernel needs for k x n_tokens activations with weight type t; 0 when it does not
 // run for that type and token count. Layout: int8 codes [n_tokens, k] at offset 0, then float2

@@ -11,6 +11,7 @@
 #include "ops/cuda/cuda_registry.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <vector>
 
@@ -61,13 +62,28 @@ Status ids_to_host(const OpContext& ctx, const TensorView& ids, int64_t n, std::
 }
 
 Status elt(const OpContext& ctx, const char* op, EltKind kind, const TensorView& a, const TensorView* b,
-           const TensorView& y, bool b_per_row = false) {
+           const TensorView& y, bool b_per_row = false, int64_t b_row_stride = 0) {
   DS_TRY(device_status(ctx.device.index));
   DS_TRY(check_device_memory(op, {&a, b ? b : &a, &y}));
   DeviceGuard guard(ctx.device.index);
   DS_CUDA_TRY(eltwise_launch(kind, f32(a), b ? f32(*b) : nullptr, f32(y), y.n_elements(), y.ne[0], b_per_row,
-                             stream_of(ctx)),
+                             stream_of(ctx), b_row_stride),
               "{} {}", op, y.shape_string());
+  return Status::ok();
+}
+
+// The rows of x (contiguous rows, dims 1..3 strided; the op dispatchers checked the strides).
+RowMap row_map(const TensorView& x) { return RowMap{x.ne[1], x.ne[2], x.nb[1] / 4, x.nb[2] / 4, x.nb[3] / 4}; }
+
+Status row_norm(const OpContext& ctx, const char* op, const TensorView& x, const TensorView* w, const TensorView* z,
+            float eps, bool l2, const TensorView& y) {
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(check_device_memory(op, {&x, w ? w : &x, z ? z : &x, &y}));
+  if (x.n_rows() > INT32_MAX) return unsupported("{}: x {}: more than 2^31 - 1 rows on CUDA", op, x.shape_string());
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(norm_launch(f32(x), row_map(x), w ? f32(*w) : nullptr, z ? f32(*z) : nullptr, f32(y), x.ne[0],
+                          x.n_rows(), eps, l2, stream_of(ctx)),
+              "{} x {} (strides {}, {}, {})", op, x.shape_string(), x.nb[1], x.nb[2], x.nb[3]);
   return Status::ok();
 }
 
@@ -76,6 +92,21 @@ Status elt(const OpContext& ctx, const char* op, EltKind kind, const TensorView&
 Status matmul(const OpContext& ctx, const TensorView& w, const TensorView& x, const TensorView& y) {
   DS_TRY(check_device_memory("matmul", {&w, &x, &y}));
   return matmul_on(w, x, y, ctx.device.index, ctx.cuda_stream);
+}
+
+Status matmul_many(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
+                   std::span<const TensorView> ys) {
+  DS_TRY(check_device_memory("matmul_many", {&x}));
+  for (size_t i = 0; i < ws.size() && i < ys.size(); ++i) {
+    DS_TRY(check_device_memory("matmul_many", {&ws[i], &ys[i]}));
+  }
+  return matmul_many_on(ws, x, ys, ctx.device.index, ctx.cuda_stream);
+}
+
+Status matmul_swiglu(const OpContext& ctx, const TensorView& w, const TensorView& gate, const TensorView& up,
+                     const TensorView& y) {
+  DS_TRY(check_device_memory("matmul_swiglu", {&w, &gate, &up, &y}));
+  return matmul_swiglu_on(w, gate, up, y, ctx.device.index, ctx.cuda_stream);
 }
 
 Status get_rows(const OpContext& ctx, const TensorView& table, const TensorView& ids, const TensorView& y) {
@@ -101,21 +132,16 @@ Status get_rows(const OpContext& ctx, const TensorView& table, const TensorView&
 }
 
 Status rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y) {
-  DS_TRY(device_status(ctx.device.index));
-  DS_TRY(check_device_memory("rms_norm", {&x, &w, &y}));
-  DeviceGuard guard(ctx.device.index);
-  DS_CUDA_TRY(norm_launch(f32(x), f32(w), f32(y), x.ne[0], x.n_rows(), eps, false, stream_of(ctx)), "rms_norm x {}",
-              x.shape_string());
-  return Status::ok();
+  return row_norm(ctx, "rms_norm", x, &w, nullptr, eps, false, y);
 }
 
 Status l2_norm(const OpContext& ctx, const TensorView& x, float eps, const TensorView& y) {
-  DS_TRY(device_status(ctx.device.index));
-  DS_TRY(check_device_memory("l2_norm", {&x, &y}));
-  DeviceGuard guard(ctx.device.index);
-  DS_CUDA_TRY(norm_launch(f32(x), nullptr, f32(y), x.ne[0], x.n_rows(), eps, true, stream_of(ctx)), "l2_norm x {}",
-              x.shape_string());
-  return Status::ok();
+  return row_norm(ctx, "l2_norm", x, nullptr, nullptr, eps, true, y);
+}
+
+Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z, float eps,
+                      const TensorView& y) {
+  return row_norm(ctx, "rms_norm_gated", x, &w, &z, eps, false, y);
 }
 
 Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, int64_t pos0) {
@@ -148,8 +174,8 @@ Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k,
                  const TensorView& out, DeltaNetMode mode) {
   DS_TRY(device_status(ctx.device.index));
   DS_TRY(check_device_memory("delta_net", {&q, &k, &v, &g, &beta, &state, &out}));
-  const DeltaNetArgs a{f32(q), f32(k), f32(v), f32(g), f32(beta), f32(state), f32(out),
-                       q.ne[0], q.ne[1], v.ne[0], v.ne[1], q.ne[2]};
+  const DeltaNetArgs a{f32(q),  f32(k),  f32(v),  f32(g),  f32(beta), f32(state), f32(out), q.ne[0],
+                       q.ne[1], v.ne[0], v.ne[1], q.ne[2], v.nb[1] / 4, v.nb[2] / 4};
   if (a.nv > kDeltaNetMaxHeads) {
     return unsupported("delta_net: nv {} > {} on CUDA (v {})", a.nv, kDeltaNetMaxHeads, v.shape_string());
   }
@@ -172,17 +198,29 @@ Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k,
   return Status::ok();
 }
 
-Status conv1d_causal(const OpContext& ctx, const TensorView& x, const TensorView& w,
-                     const TensorView& state, const TensorView& y) {
+namespace {
+Status conv1d(const OpContext& ctx, const char* op, const TensorView& x, const TensorView& w, const TensorView& state,
+              const TensorView& y, bool silu) {
   DS_TRY(device_status(ctx.device.index));
-  DS_TRY(check_device_memory("conv1d_causal", {&x, &w, &state, &y}));
+  DS_TRY(check_device_memory(op, {&x, &w, &state, &y}));
   if (w.ne[0] > kConvMaxKernel) {
-    return unsupported("conv1d_causal: kernel {} > {} on CUDA (w {})", w.ne[0], kConvMaxKernel, w.shape_string());
+    return unsupported("{}: kernel {} > {} on CUDA (w {})", op, w.ne[0], kConvMaxKernel, w.shape_string());
   }
   DeviceGuard guard(ctx.device.index);
-  DS_CUDA_TRY(conv1d_launch(f32(x), f32(w), f32(state), f32(y), x.ne[0], x.ne[1], w.ne[0], stream_of(ctx)),
-              "conv1d_causal x {} w {}", x.shape_string(), w.shape_string());
+  DS_CUDA_TRY(conv1d_launch(f32(x), f32(w), f32(state), f32(y), x.ne[0], x.ne[1], w.ne[0], stream_of(ctx), silu),
+              "{} x {} w {}", op, x.shape_string(), w.shape_string());
   return Status::ok();
+}
+}  // namespace
+
+Status conv1d_causal(const OpContext& ctx, const TensorView& x, const TensorView& w,
+                     const TensorView& state, const TensorView& y) {
+  return conv1d(ctx, "conv1d_causal", x, w, state, y, false);
+}
+
+Status conv1d_causal_silu(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& state,
+                          const TensorView& y) {
+  return conv1d(ctx, "conv1d_causal_silu", x, w, state, y, true);
 }
 
 Status add(const OpContext& ctx, const TensorView& a, const TensorView& b, const TensorView& y) {
@@ -202,7 +240,9 @@ Status swiglu(const OpContext& ctx, const TensorView& gate, const TensorView& up
 }
 Status mul_sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& gate, const TensorView& y) {
   const bool per_row = gate.ne[0] == 1 && x.ne[0] != 1;
-  return elt(ctx, "mul_sigmoid", EltKind::kMulSigmoid, x, &gate, y, per_row);
+  // A row-strided gate (the dispatcher checked one stride for all rows) is indexed by that stride.
+  const int64_t b_row_stride = !per_row && !gate.is_contiguous() ? gate.nb[1] / 4 : 0;
+  return elt(ctx, "mul_sigmoid", EltKind::kMulSigmoid, x, &gate, y, per_row, b_row_stride);
 }
 
 Status copy(const OpContext& ctx, const TensorView& src, const TensorView& dst) {
@@ -318,11 +358,13 @@ void register_ops() {
                   DType::Q5_K, DType::Q6_K}) {
     if (!matmul_supported(t)) continue;
     op_register("matmul", DeviceKind::kCuda, t);
+    op_register("matmul_many", DeviceKind::kCuda, t);
+    op_register("matmul_swiglu", DeviceKind::kCuda, t);
     op_register("get_rows", DeviceKind::kCuda, t);
     op_register("moe_ffn", DeviceKind::kCuda, t);
   }
-  for (const char* op : {"rms_norm", "l2_norm", "rope_neox", "attention", "delta_net_gates", "delta_net",
-                         "conv1d_causal", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
+  for (const char* op : {"rms_norm", "l2_norm", "rms_norm_gated", "rope_neox", "attention", "delta_net_gates",
+                         "delta_net", "conv1d_causal", "conv1d_causal_silu", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
                          "moe_route"}) {
     op_register(op, DeviceKind::kCuda, DType::F32);
   }

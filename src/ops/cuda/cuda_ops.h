@@ -15,9 +15,15 @@
 namespace ds::cuda {
 
 Status matmul(const OpContext& ctx, const TensorView& w, const TensorView& x, const TensorView& y);
+Status matmul_many(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
+                   std::span<const TensorView> ys);
+Status matmul_swiglu(const OpContext& ctx, const TensorView& w, const TensorView& gate, const TensorView& up,
+                     const TensorView& y);
 Status get_rows(const OpContext& ctx, const TensorView& table, const TensorView& ids, const TensorView& y);
 Status rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y);
 Status l2_norm(const OpContext& ctx, const TensorView& x, float eps, const TensorView& y);
+Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z, float eps,
+                      const TensorView& y);
 Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, int64_t pos0);
 Status attention(const OpContext& ctx, const TensorView& q, std::span<const TensorView> k_chunks,
                  std::span<const TensorView> v_chunks, int64_t n_kv, int64_t pos0, float scale,
@@ -30,6 +36,8 @@ Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k,
                  const TensorView& out, DeltaNetMode mode);
 Status conv1d_causal(const OpContext& ctx, const TensorView& x, const TensorView& w,
                      const TensorView& state, const TensorView& y);
+Status conv1d_causal_silu(const OpContext& ctx, const TensorView& x, const TensorView& w,
+                          const TensorView& state, const TensorView& y);
 Status add(const OpContext& ctx, const TensorView& a, const TensorView& b, const TensorView& y);
 Status mul(const OpContext& ctx, const TensorView& a, const TensorView& b, const TensorView& y);
 Status silu(const OpContext& ctx, const TensorView& x, const TensorView& y);

@@ -18,6 +18,8 @@
 // registers (read and written once per call, 16-byte accesses), so a decode step of nv = 48 heads of
 // 128 x 128 runs on 192 CTAs. dn_generic_kernel (one CTA per head, state in device memory) covers
 // every other shape.
+// v may be a strided view (head and token strides, e.g. the v columns of the conv output rows); every
+// other operand is contiguous.
 // Non-obvious choice: F32 CUDA-core arithmetic throughout (no tensor cores) to stay within 1e-4 of the
 // recurrent reference; the chunk matrices are staged in shared memory with rows padded by 4 floats so
 // column-parallel float4 reads are free of bank conflicts.
@@ -208,7 +210,7 @@ template <int DK>
 __global__ void __launch_bounds__(kScanThreads, 2)
     dn_scan_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                    const float* __restrict__ scratch, float* __restrict__ state, float* __restrict__ out, int nk,
-                   int nv, int dv, int n_tokens, float scale) {
+                   int nv, int dv, int n_tokens, float scale, int64_t v_hs, int64_t v_ts) {
   using L = ScanSmem<DK>;
   constexpr int kRowsUpd = DK / 16;
   static_assert(kRowsUpd % 2 == 0, "state-update rows are read in pairs");
@@ -236,7 +238,8 @@ __global__ void __launch_bounds__(kScanThreads, 2)
     stage_rows<DK>(q, Qs, t0, n_in, nk, hk, tid, kScanThreads);
     for (int idx = tid; idx < kChunk * kBV; idx += kScanThreads) {
       const int t = idx / kBV, jj = idx % kBV;
-      X[idx] = t < n_in ? __ldg(v + (static_cast<int64_t>(t0 + t) * nv + h) * dv + j0 + jj) : 0.f;
+      X[idx] = t < n_in ? __ldg(v + static_cast<int64_t>(t0 + t) * v_ts + static_cast<int64_t>(h) * v_hs + j0 + jj)
+                        : 0.f;
     }
     for (int idx = tid; idx < kMat / 4; idx += kScanThreads) {  // Tb [64][64] -> M [64][kLdm]
       *reinterpret_cast<float4*>(M + (idx / 16) * L::kLdm + (idx % 16) * 4) =
@@ -374,7 +377,8 @@ template <int DK>
 __global__ void __launch_bounds__(kRecThreads)
     dn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                         const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
-                        float* __restrict__ out, int nk, int nv, int dv, int64_t n_tokens, float scale) {
+                        float* __restrict__ out, int nk, int nv, int dv, int64_t n_tokens, float scale, int64_t v_hs,
+                        int64_t v_ts) {
   constexpr int kRows = DK / 16;
   constexpr int kWarps = kRecThreads / 32;
   __shared__ float qs[DK], ks[DK];
@@ -410,7 +414,7 @@ __global__ void __launch_bounds__(kRecThreads)
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) kv = f4_add(kv, red_k[w][cq]);
     const int64_t row = (t * nv + h) * dv + j;
-    const float4 vt = *reinterpret_cast<const float4*>(v + row);
+    const float4 vt = *reinterpret_cast<const float4*>(v + t * v_ts + h * v_hs + j);
     const float4 d = make_float4(bt * (vt.x - decay * kv.x), bt * (vt.y - decay * kv.y),
                                  bt * (vt.z - decay * kv.z), bt * (vt.w - decay * kv.w));
     float4 po = make_float4(0.f, 0.f, 0.f, 0.f);  // partial S_new^T q
@@ -443,7 +447,7 @@ __global__ void __launch_bounds__(kRecThreads)
 // Any shape: CTA h = v-head; thread j = column j of the head's state S[dk][dv] in device memory.
 __global__ void dn_generic_kernel(const float* q, const float* k, const float* v, const float* g,
                                   const float* beta, float* state, float* out, int64_t dk, int64_t nk, int64_t dv,
-                                  int64_t nv, int64_t n_tokens) {
+                                  int64_t nv, int64_t n_tokens, int64_t v_hs, int64_t v_ts) {
   extern __shared__ float qk[];  // [2 * dk]: q then k of the current token
   const int64_t h = blockIdx.x, hk = h % nk;
   float* S = state + h * dk * dv;
@@ -463,7 +467,7 @@ __global__ void dn_generic_kernel(const float* q, const float* k, const float* v
         S[i * dv + j] = s;
         kv = fmaf(s, qk[dk + i], kv);
       }
-      const float d = bt * (v[(t * nv + h) * dv + j] - kv);
+      const float d = bt * (v[t * v_ts + h * v_hs + j] - kv);
       float o = 0.0f;
       for (int64_t i = 0; i < dk; ++i) {
         const float s = fmaf(qk[dk + i], d, S[i * dv + j]);
@@ -476,6 +480,9 @@ __global__ void dn_generic_kernel(const float* q, const float* k, const float* v
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// v's strides in elements (0 in the args = contiguous).
+int64_t v_head_stride(const DeltaNetArgs& a) { return a.v_head_stride > 0 ? a.v_head_stride : a.dv; }
+int64_t v_token_stride(const DeltaNetArgs& a) { return a.v_token_stride > 0 ? a.v_token_stride : a.nv * a.dv; }
 
 template <int DK>
 cudaError_t recurrent_fast(const DeltaNetArgs& a, cudaStream_t s) {
@@ -483,7 +490,8 @@ cudaError_t recurrent_fast(const DeltaNetArgs& a, cudaStream_t s) {
   dn_recurrent_kernel<DK><<<grid, kRecThreads, 0, s>>>(a.q, a.k, a.v, a.g, a.beta, a.state, a.out,
                                                        static_cast<int>(a.nk), static_cast<int>(a.nv),
                                                        static_cast<int>(a.dv), a.n_tokens,
-                                                       1.0f / sqrtf(static_cast<float>(DK)));
+                                                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a),
+                                                       v_token_stride(a));
   return cudaGetLastError();
 }
 
@@ -509,8 +517,8 @@ cudaError_t chunked(const DeltaNetArgs& a, float* scratch, cudaStream_t s) {
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     dn_scan_kernel<DK><<<dim3(static_cast<unsigned>(dv / kBV), static_cast<unsigned>(nv)), kScanThreads, scan_smem,
-                         s>>>(q, k, a.v + t0 * a.nv * a.dv, scratch, a.state, a.out + t0 * a.nv * a.dv, nk, nv, dv,
-                              n, scale);
+                         s>>>(q, k, a.v + t0 * v_token_stride(a), scratch, a.state, a.out + t0 * a.nv * a.dv, nk,
+                              nv, dv, n, scale, v_head_stride(a), v_token_stride(a));
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -522,7 +530,7 @@ cudaError_t chunked(const DeltaNetArgs& a, float* scratch, cudaStream_t s) {
 bool delta_net_recurrent_fast(const DeltaNetArgs& a) {
   const bool dk_ok = a.dk == 32 || a.dk == 64 || a.dk == 128 || a.dk == 256;
   return dk_ok && a.dv % kBV == 0 && a.nv <= kDeltaNetMaxHeads && aligned16(a.state) && aligned16(a.v) &&
-         aligned16(a.out);
+         aligned16(a.out) && v_head_stride(a) % 4 == 0 && v_token_stride(a) % 4 == 0;
 }
 
 bool delta_net_chunked_ok(const DeltaNetArgs& a) {
@@ -552,7 +560,8 @@ cudaError_t delta_net_recurrent_launch(const DeltaNetArgs& a, cudaStream_t s) {
   const int threads = static_cast<int>(std::min<int64_t>(1024, (a.dv + 31) / 32 * 32));
   const size_t smem = static_cast<size_t>(2 * a.dk) * sizeof(float);
   dn_generic_kernel<<<static_cast<unsigned>(a.nv), threads, smem, s>>>(a.q, a.k, a.v, a.g, a.beta, a.state, a.out,
-                                                                       a.dk, a.nk, a.dv, a.nv, a.n_tokens);
+                                                                       a.dk, a.nk, a.dv, a.nv, a.n_tokens,
+                                                                       v_head_stride(a), v_token_stride(a));
   return cudaGetLastError();
 }
 

@@ -13,7 +13,8 @@
 namespace ds::cuda {
 
 // One delta_net call: q, k [n_tokens, nk, dk]; v, out [n_tokens, nv, dv]; g, beta [n_tokens, nv];
-// state [nv, dk, dv] read and written. All F32, contiguous, device memory.
+// state [nv, dk, dv] read and written. All F32, device memory, contiguous except v, whose head and
+// token strides may be given (a view of the conv output rows).
 struct DeltaNetArgs {
   const float* q = nullptr;
   const float* k = nullptr;
@@ -23,6 +24,8 @@ struct DeltaNetArgs {
   float* state = nullptr;
   float* out = nullptr;
   int64_t dk = 0, nk = 0, dv = 0, nv = 0, n_tokens = 0;
+  int64_t v_head_stride = 0;   // elements between v's heads; 0 = dv (contiguous)
+  int64_t v_token_stride = 0;  // elements between v's tokens; 0 = nv * dv (contiguous)
 };
 
 constexpr int64_t kDeltaNetChunk = 64;              // tokens per chunk, as in the CPU chunked form
@@ -34,7 +37,7 @@ constexpr int64_t kDeltaNetMaxHeads = 65535;        // nv is a grid dimension
 constexpr int64_t kDeltaNetGenericMaxDk = 6144;     // generic recurrent kernel: q and k rows in 48 KB smem
 
 // The recurrent kernel with the state in registers: dk in {32, 64, 128, 256}, dv % 32 == 0, state,
-// v and out 16-byte aligned. Other shapes take the generic recurrent kernel (state in device memory).
+// v and out 16-byte aligned, v's strides multiples of 4 elements. Other shapes take the generic recurrent kernel (state in device memory).
 bool delta_net_recurrent_fast(const DeltaNetArgs& a);
 // The chunked kernels: dk in {32, 64, 128}, dv % 32 == 0, q and k 16-byte aligned.
 bool delta_net_chunked_ok(const DeltaNetArgs& a);

@@ -1,7 +1,8 @@
-// CUDA kernels and launchers of the non-matrix ops: element-wise family, strided copy, RMS/L2 norm,
-// NeoX RoPE (also at a device-side position), get_rows, causal conv1d with state, DeltaNet gates, MoE
-// routing and the row gather/scatter used by the expert FFN (the DeltaNet recurrence itself is in
-// delta_net.cu). Host entries (checks, Status) are in cuda_ops.cpp and cuda_attention.cpp.
+// CUDA kernels and launchers of the non-matrix ops: element-wise family, strided copy, RMS/L2 norm
+// (strided input rows, optional SiLU gate: rms_norm_gated), NeoX RoPE (also at a device-side
+// position), get_rows, causal conv1d with state (optional SiLU output: conv1d_causal_silu), DeltaNet
+// gates, MoE routing and the row gather/scatter used by the expert FFN (the DeltaNet recurrence itself
+// is in delta_net.cu). Host entries (checks, Status) are in cuda_ops.cpp and cuda_attention.cpp.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,11 +28,20 @@ unsigned blocks_for(int64_t n, int threads = kThreads) {
 __device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + __expf(-v)); }
 
 __global__ void eltwise_kernel(EltKind kind, const float* a, const float* b, float* y, int64_t n, int64_t row,
-                               bool b_per_row) {
+                               bool b_per_row, int64_t b_row_stride) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = a[i];
-  const float u = b ? (b_per_row ? b[i / row] : b[i]) : 0.0f;
+  float u = 0.0f;
+  if (b) {
+    if (b_per_row) {
+      u = b[i / row];
+    } else if (b_row_stride > 0) {
+      u = b[(i / row) * b_row_stride + i % row];
+    } else {
+      u = b[i];
+    }
+  }
   float r;
   switch (kind) {
     case EltKind::kAdd: r = x + u; break;
@@ -81,10 +91,15 @@ __device__ float block_sum(float v) {
 
 // One block per row, sized to the row (norm_threads): a thread keeps its kNormPer elements in registers
 // between the sum and the scaling, so the row is read once and all its loads are in flight together.
+// x rows are found through the RowMap (strided views: no copy first); y and gate are contiguous.
 constexpr int kNormPer = 8;
-__global__ void norm_kernel(const float* x, const float* w, float* y, int64_t n, float eps, bool l2) {
-  const float* xr = x + blockIdx.x * n;
-  float* yr = y + blockIdx.x * n;
+__global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const float* gate, float* y, int64_t n,
+                            float eps, bool l2) {
+  const int64_t r = blockIdx.x;
+  const int64_t i1 = r % xmap.ne1, i2 = r / xmap.ne1 % xmap.ne2, i3 = r / (xmap.ne1 * xmap.ne2);
+  const float* xr = x + i1 * xmap.s1 + i2 * xmap.s2 + i3 * xmap.s3;
+  float* yr = y + r * n;
+  const float* gr = gate ? gate + r * n : nullptr;
   float v[kNormPer];
   float ss = 0.0f;
 #pragma unroll
@@ -101,10 +116,24 @@ __global__ void norm_kernel(const float* x, const float* w, float* y, int64_t n,
 #pragma unroll
   for (int j = 0; j < kNormPer; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    if (i < n) yr[i] = w ? v[j] * inv * w[i] : v[j] * inv;
+    if (i < n) {
+      const float o = w ? v[j] * inv * w[i] : v[j] * inv;
+      if (gr) {
+        const float g = gr[i];
+        yr[i] = g * sigmoidf(g) * o;  // as EltKind::kSwiglu(gate, o)
+      } else {
+        yr[i] = o;
+      }
+    }
   }
   for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
-    yr[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+    const float o = w ? xr[i] * inv * w[i] : xr[i] * inv;
+    if (gr) {
+      const float g = gr[i];
+      yr[i] = g * sigmoidf(g) * o;
+    } else {
+      yr[i] = o;
+    }
   }
 }
 
@@ -150,7 +179,7 @@ __global__ void get_rows_kernel(const uint8_t* table, int64_t row_stride, int64_
 constexpr int kConvTileTokens = 32;
 
 __global__ void conv1d_kernel(const float* x, const float* w, const float* state, float* y, int64_t n_ch,
-                              int64_t n_tokens, int kernel) {
+                              int64_t n_tokens, int kernel, bool silu) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n_ch) return;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kConvTileTokens;
@@ -179,7 +208,7 @@ __global__ void conv1d_kernel(const float* x, const float* w, const float* state
       if (i == kernel - 1) last = taps[i];
     }
     acc = fmaf(last, cur, acc);
-    y[t * n_ch + c] = acc;
+    y[t * n_ch + c] = silu ? acc * sigmoidf(acc) : acc;  // silu as EltKind::kSilu
 #pragma unroll
     for (int i = 0; i + 1 < kConvMaxKernel; ++i) {
       if (i < kernel - 2) win[i] = win[i + 1];
@@ -304,9 +333,10 @@ unsigned row_blocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(
 }  // namespace
 
 cudaError_t eltwise_launch(EltKind kind, const float* a, const float* b, float* y, int64_t n, int64_t row,
-                           bool b_per_row, cudaStream_t s) {
+                           bool b_per_row, cudaStream_t s, int64_t b_row_stride) {
   if (n <= 0) return cudaSuccess;
-  eltwise_kernel<<<blocks_for(n), kThreads, 0, s>>>(kind, a, b, y, n, row, b_per_row);
+  if (row <= 0 || b_row_stride < 0) return cudaErrorInvalidValue;
+  eltwise_kernel<<<blocks_for(n), kThreads, 0, s>>>(kind, a, b, y, n, row, b_per_row, b_row_stride);
   return cudaGetLastError();
 }
 
@@ -321,10 +351,11 @@ cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cuda
   return cudaGetLastError();
 }
 
-cudaError_t norm_launch(const float* x, const float* w, float* y, int64_t n, int64_t rows, float eps, bool l2,
-                        cudaStream_t s) {
+cudaError_t norm_launch(const float* x, const RowMap& xmap, const float* w, const float* gate, float* y, int64_t n,
+                        int64_t rows, float eps, bool l2, cudaStream_t s) {
   if (rows <= 0) return cudaSuccess;
-  norm_kernel<<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, w, y, n, eps, l2);
+  if (rows > INT_MAX || n <= 0 || xmap.ne1 <= 0 || xmap.ne2 <= 0) return cudaErrorInvalidValue;
+  norm_kernel<<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, xmap, w, gate, y, n, eps, l2);
   return cudaGetLastError();
 }
 
@@ -368,12 +399,12 @@ cudaError_t get_rows_launch(DType t, const void* table, int64_t row_stride, int6
 }
 
 cudaError_t conv1d_launch(const float* x, const float* w, float* state, float* y, int64_t n_ch, int64_t n_tokens,
-                          int64_t kernel, cudaStream_t s) {
+                          int64_t kernel, cudaStream_t s, bool silu) {
   if (kernel < 1 || kernel > kConvMaxKernel) return cudaErrorInvalidValue;
   const int64_t tiles = (n_tokens + kConvTileTokens - 1) / kConvTileTokens;
   if (tiles > kMaxGridY) return cudaErrorInvalidValue;
   const dim3 grid(blocks_for(n_ch, 128), static_cast<unsigned>(tiles));
-  conv1d_kernel<<<grid, 128, 0, s>>>(x, w, state, y, n_ch, n_tokens, static_cast<int>(kernel));
+  conv1d_kernel<<<grid, 128, 0, s>>>(x, w, state, y, n_ch, n_tokens, static_cast<int>(kernel), silu);
   conv1d_state_kernel<<<blocks_for(n_ch, 128), 128, 0, s>>>(x, state, n_ch, n_tokens, static_cast<int>(kernel));
   return cudaGetLastError();
 }

@@ -14,28 +14,37 @@ namespace ds::cuda {
 
 enum class EltKind : int { kAdd, kMul, kSilu, kSigmoid, kSwiglu, kMulSigmoid };
 
-// y[i] = f(a[i], b[i]) over n elements; kMulSigmoid with b_per_row: b[i / row].
+// y[i] = f(a[i], b[i]) over n elements; kMulSigmoid with b_per_row: b[i / row]. b_row_stride > 0: b is
+// row-strided, element i at b[(i / row) * b_row_stride + i % row] (rows of `row` contiguous).
 cudaError_t eltwise_launch(EltKind kind, const float* a, const float* b, float* y, int64_t n, int64_t row,
-                           bool b_per_row, cudaStream_t s);
+                           bool b_per_row, cudaStream_t s, int64_t b_row_stride = 0);
 // Row-wise strided copy: rows of ne0 floats; row (i1, i2, i3) at byte offsets i1*nb1 + i2*nb2 + i3*nb3.
 struct CopyShape {
   int64_t ne[4];
   int64_t src_nb[4], dst_nb[4];
 };
 cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cudaStream_t s);
-// y = x / sqrt(mean(x^2) + eps) * w (w may be null), or l2: x / sqrt(sum(x^2) + eps); rows of n.
-cudaError_t norm_launch(const float* x, const float* w, float* y, int64_t n, int64_t rows, float eps, bool l2,
-                        cudaStream_t s);
+// Rows of a strided view: row r = (i1, i2, i3) = (r % ne1, r / ne1 % ne2, r / (ne1 ne2)) starts at
+// element i1 s1 + i2 s2 + i3 s3. Contiguous rows of n: {rows, 1, n, 0, 0} (row_map_contiguous).
+struct RowMap {
+  int64_t ne1 = 1, ne2 = 1;
+  int64_t s1 = 0, s2 = 0, s3 = 0;  // elements
+};
+inline RowMap row_map_contiguous(int64_t n, int64_t rows) { return RowMap{rows, 1, n, 0, 0}; }
+// y = x / sqrt(mean(x^2) + eps) * w (w may be null), or l2: x / sqrt(sum(x^2) + eps); then, with gate,
+// y = silu(gate) * y. rows of n; x rows at `xmap`; y and gate contiguous [rows, n].
+cudaError_t norm_launch(const float* x, const RowMap& xmap, const float* w, const float* gate, float* y, int64_t n,
+                        int64_t rows, float eps, bool l2, cudaStream_t s);
 // In place NeoX rotary embedding on x [n_tokens, n_head, head_dim].
 cudaError_t rope_neox_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
                              float base, int64_t pos0, cudaStream_t s);
 // y[t, :] = dequantized table row ids[t] (ids already validated), rows of n elements at row stride.
 cudaError_t get_rows_launch(DType t, const void* table, int64_t row_stride, int64_t n, const int32_t* ids,
                             int64_t n_tokens, float* y, cudaStream_t s);
-// Causal depthwise conv with state (see ops/conv1d.h); kernel <= kConvMaxKernel.
+// Causal depthwise conv with state (see ops/conv1d.h); kernel <= kConvMaxKernel. silu: y = silu(conv).
 constexpr int kConvMaxKernel = 8;
 cudaError_t conv1d_launch(const float* x, const float* w, float* state, float* y, int64_t n_ch, int64_t n_tokens,
-                          int64_t kernel, cudaStream_t s);
+                          int64_t kernel, cudaStream_t s, bool silu = false);
 // g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(b); rows of nv.
 cudaError_t delta_net_gates_launch(const float* alpha, const float* b, const float* dt_bias, const float* ssm_a,
                                    float* g, float* beta, int64_t nv, int64_t rows, cudaStream_t s);

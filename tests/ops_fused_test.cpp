@@ -1,0 +1,301 @@
+// Fused ops on the CPU against the unfused chains they replace: matmul_many (one input, several
+// weights), matmul_swiglu (SwiGLU + down projection), conv1d_causal_silu, rms_norm_gated; and the
+// strided views that replace split copies (row norms, mul_sigmoid's gate, delta_net's v) against a
+// copy followed by the contiguous op. The CPU forms run the same arithmetic, so results must be
+// bit-identical (fast and reference paths); bad arguments come back as a Status naming the op.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ops/conv1d.h"
+#include "ops/delta_net.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/rms_norm.h"
+#include "ops_test_util.h"
+#include "quant/quant.h"
+
+namespace ds {
+namespace {
+
+using test::Host;
+
+struct QWeight {
+  std::vector<uint8_t> bytes;
+  TensorView t;
+};
+
+QWeight random_weight(DType type, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+  std::vector<float> f(static_cast<size_t>(n_in * n_out));
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (float& x : f) x = d(rng);
+  QWeight w;
+  w.bytes.resize(static_cast<size_t>(dtype_row_bytes(type, n_in) * n_out));
+  quant::quantize_rows(type, f.data(), w.bytes.data(), n_out, n_in);
+  w.t = TensorView::contiguous(w.bytes.data(), type, {n_in, n_out});
+  return w;
+}
+
+// First index where a and b differ bitwise (NaN patterns included), or -1.
+int64_t first_bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) != 0) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+TEST(OpsFused, MatmulManyEqualsSeparateProducts) {
+  std::mt19937 rng(31);
+  const int64_t n_in = 512;
+  const DType types[] = {DType::Q4_K, DType::Q8_0, DType::F32, DType::Q6_K};
+  const int64_t rows[] = {40, 17, 3, 1};
+  std::vector<QWeight> ws;
+  for (int i = 0; i < 4; ++i) ws.push_back(random_weight(types[i], n_in, rows[i], rng));
+  for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
+    for (int64_t n_tok : {1, 3, 20}) {
+      Host x({n_in, n_tok});
+      x.random(rng);
+      std::vector<Host> fused, single;
+      std::vector<TensorView> wv, yv;
+      for (int i = 0; i < 4; ++i) {
+        fused.emplace_back(std::initializer_list<int64_t>{rows[i], n_tok});
+        single.emplace_back(std::initializer_list<int64_t>{rows[i], n_tok});
+        wv.push_back(ws[i].t);
+      }
+      for (int i = 0; i < 4; ++i) yv.push_back(fused[i].t);
+      ASSERT_TRUE(matmul_many(ctx, wv, x.t, yv).is_ok());
+      for (int i = 0; i < 4; ++i) {
+        ASSERT_TRUE(matmul(ctx, ws[i].t, x.t, single[i].t).is_ok());
+        const int64_t bad = first_bit_difference(fused[i].v, single[i].v);
+        EXPECT_EQ(bad, -1) << "product " << i << " (" << dtype_name(types[i]) << ") tokens " << n_tok
+                           << " reference " << ctx.reference << ": first difference at " << bad;
+      }
+    }
+  }
+}
+
+TEST(OpsFused, MatmulManyChecksEveryProduct) {
+  std::mt19937 rng(32);
+  QWeight a = random_weight(DType::Q8_0, 64, 8, rng), b = random_weight(DType::Q8_0, 64, 4, rng);
+  Host x({64, 2}), ya({8, 2}), yb({4, 2}), wrong({5, 2});
+  const TensorView ws[] = {a.t, b.t};
+  {
+    const TensorView ys[] = {ya.t};
+    const Status s = matmul_many(test::fast_ctx(), ws, x.t, ys);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("matmul_many"), std::string::npos) << s.message();
+  }
+  {
+    const TensorView ys[] = {ya.t, wrong.t};
+    const Status s = matmul_many(test::fast_ctx(), ws, x.t, ys);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("product 1"), std::string::npos) << s.message();
+  }
+  {
+    QWeight c = random_weight(DType::Q8_0, 64, 8, rng);
+    const TensorView ws2[] = {a.t, c.t};
+    const TensorView ys[] = {ya.t, ya.t};
+    const Status s = matmul_many(test::fast_ctx(), ws2, x.t, ys);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("alias"), std::string::npos) << s.message();
+  }
+  const TensorView none[] = {ya.t};
+  EXPECT_TRUE(matmul_many(test::fast_ctx(), std::span<const TensorView>(), x.t,
+                          std::span<const TensorView>(none, 0)).is_ok());
+}
+
+TEST(OpsFused, MatmulSwigluEqualsSwigluThenMatmul) {
+  std::mt19937 rng(33);
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::F32, DType::BF16}) {
+    for (auto [n_ff, n_out, n_tok] : {std::tuple<int64_t, int64_t, int64_t>{256, 1, 1}, {512, 33, 3}, {1024, 16, 17}}) {
+      QWeight w = random_weight(type, n_ff, n_out, rng);
+      for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
+        Host gate({n_ff, n_tok}), up({n_ff, n_tok}), y({n_out, n_tok}), y_ref({n_out, n_tok});
+        gate.random(rng, -4, 4);
+        up.random(rng, -2, 2);
+        Host gate2 = gate;
+        gate2.t.data = gate2.v.data();
+        ASSERT_TRUE(matmul_swiglu(ctx, w.t, gate.t, up.t, y.t).is_ok());
+        ASSERT_TRUE(swiglu(ctx, gate2.t, up.t, gate2.t).is_ok());
+        ASSERT_TRUE(matmul(ctx, w.t, gate2.t, y_ref.t).is_ok());
+        const int64_t bad = first_bit_difference(y.v, y_ref.v);
+        EXPECT_EQ(bad, -1) << dtype_name(type) << " " << n_ff << "x" << n_out << " tokens " << n_tok << " reference "
+                           << ctx.reference << ": first difference at " << bad;
+      }
+    }
+  }
+}
+
+TEST(OpsFused, MatmulSwigluRejectsMismatchedUp) {
+  std::mt19937 rng(34);
+  QWeight w = random_weight(DType::Q8_0, 64, 8, rng);
+  Host gate({64, 2}), up({64, 3}), y({8, 2});
+  const Status s = matmul_swiglu(test::fast_ctx(), w.t, gate.t, up.t, y.t);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("matmul_swiglu"), std::string::npos) << s.message();
+}
+
+// Columns [c0, c0 + head_dim * n_head) of every row of the contiguous [n, row] tensor t as heads
+// [n, n_head, head_dim] at head stride head_stride elements: a strided view.
+TensorView heads_view(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head, int64_t head_stride) {
+  TensorView r = t;
+  r.data = t.as<float>() + c0;
+  r.n_dims = 3;
+  r.ne = {head_dim, n_head, t.ne[1], 1};
+  r.nb = {4, 4 * head_stride, t.nb[1], t.nb[1] * t.ne[1]};
+  return r;
+}
+
+TEST(OpsFused, NormsReadStridedRows) {
+  std::mt19937 rng(35);
+  // DeltaNet: q heads of a fused [q; k; v] row (head stride = head_dim); attention: the q halves of
+  // interleaved [q_h; gate_h] heads (head stride = 2 head_dim).
+  struct Case { int64_t head_dim, n_head, row, c0, head_stride, n; };
+  for (Case c : {Case{16, 2, 80, 32, 16, 3}, Case{128, 4, 1536, 512, 128, 2}, Case{8, 3, 48, 0, 16, 5},
+                 Case{256, 2, 1024, 0, 512, 1}, Case{1, 1, 3, 2, 1, 4}}) {
+    Host src({c.row, c.n}), w({c.head_dim});
+    src.random(rng, -3, 3);
+    w.random(rng, 0.5, 1.5);
+    const TensorView view = heads_view(src.t, c.c0, c.head_dim, c.n_head, c.head_stride);
+    for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
+      Host packed({c.head_dim, c.n_head, c.n});
+      ASSERT_TRUE(copy(ctx, view, packed.t).is_ok());
+      for (int l2 = 0; l2 < 2; ++l2) {
+        Host y({c.head_dim, c.n_head, c.n}), y_ref({c.head_dim, c.n_head, c.n});
+        if (l2) {
+          ASSERT_TRUE(l2_norm(ctx, view, 1e-6f, y.t).is_ok());
+          ASSERT_TRUE(l2_norm(ctx, packed.t, 1e-6f, y_ref.t).is_ok());
+        } else {
+          ASSERT_TRUE(rms_norm(ctx, view, w.t, 1e-6f, y.t).is_ok());
+          ASSERT_TRUE(rms_norm(ctx, packed.t, w.t, 1e-6f, y_ref.t).is_ok());
+        }
+        const int64_t bad = first_bit_difference(y.v, y_ref.v);
+        EXPECT_EQ(bad, -1) << (l2 ? "l2_norm" : "rms_norm") << " head_dim " << c.head_dim << " stride "
+                           << c.head_stride << " reference " << ctx.reference << ": first difference at " << bad;
+      }
+    }
+  }
+  // In place needs a contiguous x; a strided y is refused.
+  Host src({48, 2}), w({8}), y({8, 3, 2});
+  const TensorView view = heads_view(src.t, 0, 8, 3, 16);
+  Status s = rms_norm(test::fast_ctx(), view, w.t, 1e-6f, view);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  s = l2_norm(test::fast_ctx(), y.t, 1e-6f, view);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("l2_norm"), std::string::npos) << s.message();
+}
+
+TEST(OpsFused, MulSigmoidReadsStridedGate) {
+  std::mt19937 rng(36);
+  for (auto [D, H, n] : {std::tuple<int64_t, int64_t, int64_t>{4, 2, 3}, {256, 3, 2}, {1, 5, 1}}) {
+    Host qg({2 * H * D, n}), x({D, H, n});
+    qg.random(rng, -4, 4);
+    x.random(rng, -2, 2);
+    const TensorView gate = heads_view(qg.t, D, D, H, 2 * D);
+    for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
+      Host packed({D, H, n}), y({D, H, n}), y_ref({D, H, n});
+      ASSERT_TRUE(copy(ctx, gate, packed.t).is_ok());
+      Status st = mul_sigmoid(ctx, x.t, gate, y.t);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      ASSERT_TRUE(mul_sigmoid(ctx, x.t, packed.t, y_ref.t).is_ok());
+      const int64_t bad = first_bit_difference(y.v, y_ref.v);
+      EXPECT_EQ(bad, -1) << "D " << D << " H " << H << " reference " << ctx.reference << ": first difference at "
+                         << bad;
+      // In place on x, as the attention output gate runs it.
+      Host xi = x;
+      xi.t.data = xi.v.data();
+      ASSERT_TRUE(mul_sigmoid(ctx, xi.t, gate, xi.t).is_ok());
+      EXPECT_EQ(first_bit_difference(xi.v, y_ref.v), -1) << "in place, D " << D;
+    }
+  }
+  // Rows that do not share one stride are refused.
+  Host qg({64, 2}), x({4, 2, 2});
+  TensorView gate = heads_view(qg.t, 4, 4, 2, 8);
+  gate.nb[2] = 4 * 60;  // token stride != n_head * head stride
+  const Status s = mul_sigmoid(test::fast_ctx(), x.t, gate, x.t);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("mul_sigmoid"), std::string::npos) << s.message();
+}
+
+TEST(OpsFused, DeltaNetReadsStridedV) {
+  std::mt19937 rng(37);
+  struct Case { int64_t dk, nk, nv, n; };
+  for (Case c : {Case{8, 1, 2, 1}, Case{16, 2, 4, 19}, Case{32, 1, 3, 70}}) {
+    const int64_t dv = c.dk, key_dim = c.dk * c.nk, row = 2 * key_dim + dv * c.nv;
+    Host conv({row, c.n}), g({c.nv, c.n}), beta({c.nv, c.n}), s0({dv, c.dk, c.nv});
+    conv.random(rng);
+    g.random(rng, -1.0f, -0.05f);
+    beta.random(rng, 0.1f, 0.9f);
+    s0.random(rng, -0.5f, 0.5f);
+    Host q({c.dk, c.nk, c.n}), k({c.dk, c.nk, c.n});
+    ASSERT_TRUE(l2_norm(test::fast_ctx(), heads_view(conv.t, 0, c.dk, c.nk, c.dk), 1e-6f, q.t).is_ok());
+    ASSERT_TRUE(l2_norm(test::fast_ctx(), heads_view(conv.t, key_dim, c.dk, c.nk, c.dk), 1e-6f, k.t).is_ok());
+    const TensorView v = heads_view(conv.t, 2 * key_dim, dv, c.nv, dv);
+    Host v_packed({dv, c.nv, c.n});
+    ASSERT_TRUE(copy(test::fast_ctx(), v, v_packed.t).is_ok());
+    for (auto [ref, mode] : {std::pair<bool, DeltaNetMode>{true, DeltaNetMode::kRecurrent},
+                             {false, DeltaNetMode::kRecurrent}, {false, DeltaNetMode::kChunked}}) {
+      const OpContext ctx = ref ? test::ref_ctx() : test::fast_ctx();
+      Host o({dv, c.nv, c.n}), o_ref({dv, c.nv, c.n}), st = s0, st_ref = s0;
+      st.t.data = st.v.data();
+      st_ref.t.data = st_ref.v.data();
+      ASSERT_TRUE(delta_net(ctx, q.t, k.t, v, g.t, beta.t, st.t, o.t, mode).is_ok());
+      ASSERT_TRUE(delta_net(ctx, q.t, k.t, v_packed.t, g.t, beta.t, st_ref.t, o_ref.t, mode).is_ok());
+      EXPECT_EQ(first_bit_difference(o.v, o_ref.v), -1) << "out, tokens " << c.n << " mode " << static_cast<int>(mode)
+                                                        << " reference " << ref;
+      EXPECT_EQ(first_bit_difference(st.v, st_ref.v), -1) << "state, tokens " << c.n;
+    }
+  }
+}
+
+TEST(OpsFused, Conv1dSiluEqualsConvThenSilu) {
+  std::mt19937 rng(38);
+  for (int64_t n_tokens : {1, 2, 33}) {
+    for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
+      Host x({300, n_tokens}), w({4, 300}), st({300, 3});
+      x.random(rng, -3, 3);
+      w.random(rng);
+      st.random(rng);
+      Host st2 = st, y({300, n_tokens}), y_ref({300, n_tokens});
+      st2.t.data = st2.v.data();
+      ASSERT_TRUE(conv1d_causal_silu(ctx, x.t, w.t, st.t, y.t).is_ok());
+      ASSERT_TRUE(conv1d_causal(ctx, x.t, w.t, st2.t, y_ref.t).is_ok());
+      ASSERT_TRUE(silu(ctx, y_ref.t, y_ref.t).is_ok());
+      EXPECT_EQ(first_bit_difference(y.v, y_ref.v), -1) << "tokens " << n_tokens;
+      EXPECT_EQ(first_bit_difference(st.v, st2.v), -1) << "state, tokens " << n_tokens;
+    }
+  }
+  Host x({8, 2}), w({4, 8}), st({8, 3});
+  const Status s = conv1d_causal_silu(test::fast_ctx(), x.t, w.t, st.t, x.t);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("conv1d_causal_silu"), std::string::npos) << s.message();
+}
+
+TEST(OpsFused, RmsNormGatedEqualsNormThenSwiglu) {
+  std::mt19937 rng(39);
+  for (auto [dv, nv, n] : {std::tuple<int64_t, int64_t, int64_t>{128, 4, 3}, {7, 1, 1}, {64, 3, 5}}) {
+    for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
+      Host o({dv, nv, n}), w({dv}), z({dv, nv, n}), y({dv, nv, n}), y_ref({dv, nv, n});
+      o.random(rng, -3, 3);
+      w.random(rng, 0.5, 1.5);
+      z.random(rng, -4, 4);
+      ASSERT_TRUE(rms_norm_gated(ctx, o.t, w.t, z.t, 1e-6f, y.t).is_ok());
+      ASSERT_TRUE(rms_norm(ctx, o.t, w.t, 1e-6f, y_ref.t).is_ok());
+      ASSERT_TRUE(swiglu(ctx, z.t, y_ref.t, y_ref.t).is_ok());
+      EXPECT_EQ(first_bit_difference(y.v, y_ref.v), -1) << dv << "x" << nv << "x" << n;
+      // In place on o, as the DeltaNet layer runs it.
+      ASSERT_TRUE(rms_norm_gated(ctx, o.t, w.t, z.t, 1e-6f, o.t).is_ok());
+      EXPECT_EQ(first_bit_difference(o.v, y_ref.v), -1) << "in place " << dv << "x" << nv << "x" << n;
+    }
+  }
+  Host o({8, 2}), w({8}), z({8, 3});
+  const Status s = rms_norm_gated(test::fast_ctx(), o.t, w.t, z.t, 1e-6f, o.t);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rms_norm_gated"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace ds
