@@ -1,0 +1,505 @@
+// The fused and strided CUDA ops of the decode step against the CPU reference of the unfused chain on
+// the same inputs: matmul_many (also bit-exact against one CUDA matmul per weight: the same kernels on
+// the same converted activations), matmul_swiglu, rms_norm / l2_norm on strided rows, mul_sigmoid
+// with a strided gate, delta_net with a strided v (recurrent fast / generic and chunked kernels),
+// conv1d_causal_silu, rms_norm_gated; real 27B shapes and odd ones; and the fused ops captured into a
+// CUDA graph and replayed on new inputs. Outputs start as NaN, so an element a kernel never wrote
+// fails; a failure prints the first bad index, both values and the worst error. Skipped without a
+// CUDA build or device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "ops_test_util.h"
+#include "quant/quant.h"
+
+#if DS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "ops/conv1d.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_matmul.h"
+#include "ops/delta_net.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/rms_norm.h"
+#endif
+
+namespace ds {
+namespace {
+
+#if DS_HAVE_CUDA
+
+using test::Host;
+
+// Tolerances, max |cuda - ref| / max(1, max |ref|), stated once:
+constexpr double kTol = test::kTolF32;    // single-pass F32 ops against the double reference
+constexpr double kTolLong = 1e-4;         // DeltaNet: F32 sums over tokens and dk
+constexpr double kTolQ8 = test::kTolQuant;  // quantized weights (int8 activations or BF16 GEMM)
+constexpr double kTolF32Weights = 1e-4;   // F32 weights: F32 kernels / F32 cuBLAS, sums of k products
+
+// Compares got with want (row-major, rows of `row` elements): passes when max |got - want| <= tol *
+// max(1, max |want|) and no NaN; otherwise names the first element past the bound.
+::testing::AssertionResult matches(const std::vector<float>& got, const std::vector<float>& want, double tol,
+                                 int64_t row) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  }
+  double scale = 1.0;
+  for (float w : want) scale = std::max(scale, static_cast<double>(std::fabs(w)));
+  double worst = 0.0;
+  int64_t first = -1, n_bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const bool bad = !(err <= tol * scale);  // NaN is bad
+    if (bad && first < 0) first = static_cast<int64_t>(i);
+    n_bad += bad;
+    if (std::isfinite(err)) worst = std::max(worst, err);
+  }
+  if (n_bad == 0) return ::testing::AssertionSuccess();
+  const size_t f = static_cast<size_t>(first);
+  return ::testing::AssertionFailure() << n_bad << " of " << got.size() << " elements past " << tol << " * " << scale
+                                       << "; first at " << first << " (row " << first / row << ", column "
+                                       << first % row << "): got " << got[f] << " want " << want[f]
+                                       << "; worst |diff| " << worst << " (" << worst / scale << " relative)";
+}
+
+// Bit-exact comparison (same kernels on the same data), with the first differing element.
+::testing::AssertionResult identical(const std::vector<float>& got, const std::vector<float>& want, int64_t row) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], 4) != 0) {
+      return ::testing::AssertionFailure() << "first difference at " << i << " (row " << i / row << ", column "
+                                           << i % row << "): " << got[i] << " vs " << want[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Weight rows quantized from random floats: host bytes, their dequantized values and the device copy.
+struct QWeight {
+  DType type;
+  int64_t k, rows;
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // [rows, k]
+  TensorView host, dev;
+};
+
+// The reference product y[t, r] = sum_i deq[r, i] x[t, i] in double, as ops::ref::matmul computes it,
+// parallel over rows (the real shapes have up to 89M weights).
+std::vector<float> reference_product(const QWeight& w, const std::vector<float>& x, int64_t n_tokens) {
+  std::vector<float> y(static_cast<size_t>(w.rows * n_tokens));
+  ThreadPool::global().parallel_for(w.rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* wr = w.deq.data() + r * w.k;
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* xt = x.data() + t * w.k;
+        double acc = 0.0;
+        for (int64_t i = 0; i < w.k; ++i) acc += static_cast<double>(wr[i]) * xt[i];
+        y[static_cast<size_t>(t * w.rows + r)] = static_cast<float>(acc);
+      }
+    }
+  });
+  return y;
+}
+
+// Heads [n, n_head, head_dim] at column c0 of every row of the contiguous [n, row] tensor t, heads
+// head_stride elements apart: a strided view (the layout of the model's q / k / v and q / gate).
+TensorView heads_view(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head, int64_t head_stride) {
+  TensorView r = t;
+  r.data = t.as<float>() + c0;
+  r.n_dims = 3;
+  r.ne = {head_dim, n_head, t.ne[1], 1};
+  r.nb = {4, 4 * head_stride, t.nb[1], t.nb[1] * t.ne[1]};
+  return r;
+}
+
+class CudaFusedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    auto s = cuda::Stream::create(0);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    stream_ = std::move(*s);
+    ctx_.device = Device{DeviceKind::kCuda, 0};
+    ctx_.cuda_stream = stream_.handle();
+  }
+
+  // A device copy of a host tensor (same shape and strides), kept alive by the fixture.
+  TensorView up(const TensorView& h, int64_t bytes) {
+    auto b = cuda::CudaBuffer::allocate(0, bytes);
+    EXPECT_TRUE(b.is_ok());
+    EXPECT_TRUE(cuda::copy_to_device(b->data(), h.data, bytes, stream_).is_ok());
+    TensorView d = h;
+    d.data = b->data();
+    d.device = ctx_.device;
+    bufs_.push_back(std::move(*b));
+    return d;
+  }
+  TensorView up(const Host& h) { return up(h.t, static_cast<int64_t>(4 * h.v.size())); }
+  // The same host tensor's bytes again (new inputs for a captured graph).
+  void reload(const TensorView& d, const Host& h) {
+    ASSERT_TRUE(cuda::copy_to_device(d.data, h.v.data(), static_cast<int64_t>(4 * h.v.size()), stream_).is_ok());
+  }
+  std::vector<float> down(const TensorView& d, int64_t n) {
+    std::vector<float> out(static_cast<size_t>(n));
+    EXPECT_TRUE(cuda::copy_to_host(out.data(), d.data, 4 * n, stream_).is_ok());
+    const Status s = stream_.synchronize();
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    return out;
+  }
+
+  QWeight weight(DType type, int64_t k, int64_t rows) {
+    QWeight w{type, k, rows, {}, {}, {}, {}};
+    std::vector<float> f(static_cast<size_t>(k * rows));
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    for (float& x : f) x = nd(rng_);
+    const int n_threads = ThreadPool::global().n_threads();
+    w.bytes.resize(static_cast<size_t>(dtype_row_bytes(type, k) * rows));
+    quant::quantize_rows(type, f.data(), w.bytes.data(), rows, k, n_threads);
+    w.deq.resize(f.size());
+    quant::dequantize_rows(type, w.bytes.data(), w.deq.data(), rows, k, n_threads);
+    w.host = TensorView::contiguous(w.bytes.data(), type, {k, rows});
+    w.dev = up(w.host, static_cast<int64_t>(w.bytes.size()));
+    return w;
+  }
+
+  cuda::Stream stream_;
+  OpContext ctx_;
+  std::vector<cuda::CudaBuffer> bufs_;
+  std::mt19937 rng_{4321};
+};
+
+double weight_tol(DType t) { return t == DType::F32 ? kTolF32Weights : kTolQ8; }
+
+class CudaFusedMatmulTest : public CudaFusedTest {
+ protected:
+  void run_many(const std::vector<QWeight>& ws, int64_t n_tokens, const std::string& what) {
+    const int64_t k = ws[0].k;
+    SCOPED_TRACE(::testing::Message() << what << ", " << n_tokens << " tokens");
+    Host x({k, n_tokens});
+    x.random(rng_, -2, 2);
+    const TensorView dx = up(x);
+    std::vector<TensorView> dws, dys, dys_single;
+    for (const QWeight& w : ws) {
+      Host out({w.rows, n_tokens});
+      dws.push_back(w.dev);
+      dys.push_back(up(out));
+      dys_single.push_back(up(out));
+    }
+    const Status s = matmul_many(ctx_, dws, dx, dys);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const QWeight& w = ws[i];
+      ASSERT_TRUE(matmul(ctx_, w.dev, dx, dys_single[i]).is_ok());
+      const std::vector<float> got = down(dys[i], w.rows * n_tokens), single = down(dys_single[i], w.rows * n_tokens);
+      const cuda::MatmulKernel kern = cuda::matmul_kernel(w.dev, dx, dys[i]);
+      // The same kernels on the same converted activations: bit-identical today; the bound only
+      // allows for a matvec kernel that one day quantizes inside the product.
+      EXPECT_TRUE(matches(got, single, 1e-5, w.rows))
+          << "product " << i << " (" << dtype_name(w.type) << " " << w.k << "x" << w.rows << ", "
+          << cuda::matmul_kernel_name(kern) << ") vs one matmul; bit-identical: "
+          << (identical(got, single, w.rows) ? "yes" : "no");
+      EXPECT_TRUE(matches(got, reference_product(w, x.v, n_tokens), weight_tol(w.type), w.rows))
+          << "product " << i << " (" << dtype_name(w.type) << " " << w.k << "x" << w.rows << ", "
+          << cuda::matmul_kernel_name(kern) << ") vs CPU reference";
+    }
+  }
+
+  // y = w (silu(gate) * up) against the CPU chain (reference) and the CUDA chain (swiglu, matmul).
+  void run_swiglu(const QWeight& w, int64_t n_tokens) {
+    const int64_t k = w.k;
+    SCOPED_TRACE(::testing::Message() << "matmul_swiglu " << dtype_name(w.type) << " " << k << "x" << w.rows << ", "
+                                      << n_tokens << " tokens");
+    Host gate({k, n_tokens}), upv({k, n_tokens}), y({w.rows, n_tokens});
+    gate.random(rng_, -4, 4);
+    upv.random(rng_, -2, 2);
+    const TensorView dg = up(gate), du = up(upv), dy = up(y), dg2 = up(gate), dy2 = up(y);
+    const Status s = matmul_swiglu(ctx_, w.dev, dg, du, dy);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_TRUE(swiglu(ctx_, dg2, du, dg2).is_ok());
+    ASSERT_TRUE(matmul(ctx_, w.dev, dg2, dy2).is_ok());
+    const std::vector<float> got = down(dy, w.rows * n_tokens);
+    // The quantizer computes silu(gate) * up with the element-wise kernel's formula; a last-bit
+    // difference may move one int8 code by one step, hence a small bound rather than bit equality.
+    EXPECT_TRUE(matches(got, down(dy2, w.rows * n_tokens), 2e-3, w.rows)) << "vs CUDA swiglu + matmul";
+    Host g_ref = gate;
+    g_ref.t.data = g_ref.v.data();
+    ASSERT_TRUE(swiglu(test::ref_ctx(), g_ref.t, upv.t, g_ref.t).is_ok());
+    EXPECT_TRUE(matches(got, reference_product(w, g_ref.v, n_tokens), weight_tol(w.type), w.rows))
+        << "vs CPU reference chain";
+  }
+};
+
+TEST_F(CudaFusedMatmulTest, ManyMixedTypesSmall) {
+  // q8-capable types share one quantized input; F32 / BF16 take matmul_on's float kernels.
+  std::vector<QWeight> ws;
+  ws.push_back(weight(DType::Q4_K, 512, 40));
+  ws.push_back(weight(DType::Q8_0, 512, 17));
+  ws.push_back(weight(DType::F32, 512, 3));
+  ws.push_back(weight(DType::Q6_K, 512, 1));
+  ws.push_back(weight(DType::BF16, 512, 9));
+  ws.push_back(weight(DType::Q5_0, 512, 33));
+  for (int64_t n : {1, 2, 8, 9, 16, 40}) run_many(ws, n, "mixed 512");
+}
+
+TEST_F(CudaFusedMatmulTest, ManyRealShapes) {
+  // 27B DeltaNet: qkv [5120 -> 10240], z [5120 -> 6144], beta / alpha [5120 -> 48]; attention
+  // q+gate [5120 -> 12288], k / v [5120 -> 1024].
+  std::vector<QWeight> dn;
+  dn.push_back(weight(DType::Q4_K, 5120, 10240));
+  dn.push_back(weight(DType::Q4_K, 5120, 6144));
+  dn.push_back(weight(DType::Q8_0, 5120, 48));
+  dn.push_back(weight(DType::F32, 5120, 48));
+  for (int64_t n : {1, 4, 12}) run_many(dn, n, "deltanet 5120");
+  std::vector<QWeight> at;
+  at.push_back(weight(DType::Q4_K, 5120, 12288));
+  at.push_back(weight(DType::Q6_K, 5120, 1024));
+  at.push_back(weight(DType::Q5_K, 5120, 1024));
+  for (int64_t n : {1, 8}) run_many(at, n, "attention 5120");
+}
+
+TEST_F(CudaFusedMatmulTest, ManyRejectsMismatchedOutputs) {
+  std::vector<QWeight> ws;
+  ws.push_back(weight(DType::Q8_0, 64, 8));
+  ws.push_back(weight(DType::Q8_0, 64, 4));
+  Host x({64, 2}), y0({8, 2}), y1({5, 2});
+  const TensorView dws[] = {ws[0].dev, ws[1].dev};
+  const TensorView dys[] = {up(y0), up(y1)};
+  const Status s = matmul_many(ctx_, dws, up(x), dys);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("product 1"), std::string::npos) << s.message();
+}
+
+TEST_F(CudaFusedMatmulTest, SwigluDownProjection) {
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+    const QWeight w = weight(t, 1024, 96);
+    for (int64_t n : {1, 3, 8, 9, 20}) run_swiglu(w, n);
+  }
+  for (DType t : {DType::F32, DType::BF16}) {  // no q8 kernel: swiglu into gate, then the float product
+    const QWeight w = weight(t, 256, 33);
+    for (int64_t n : {1, 12}) run_swiglu(w, n);
+  }
+  const QWeight real = weight(DType::Q6_K, 17408, 5120);  // 27B dense FFN down
+  for (int64_t n : {1, 2}) run_swiglu(real, n);
+}
+
+TEST_F(CudaFusedTest, NormsReadStridedRows) {
+  struct Case { int64_t head_dim, n_head, row, c0, head_stride, n; };
+  // DeltaNet q and k out of the 27B conv row (10240 = 2 * 16 * 128 + 48 * 128); attention q halves of
+  // QG (24 heads of 256, stride 512); odd sizes.
+  for (Case c : {Case{128, 16, 10240, 0, 128, 1}, Case{128, 16, 10240, 2048, 128, 3},
+                 Case{256, 24, 12288, 0, 512, 1}, Case{256, 24, 12288, 0, 512, 5}, Case{33, 3, 200, 7, 40, 2},
+                 Case{1, 2, 9, 1, 3, 4}, Case{5000, 1, 10001, 3, 5000, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << c.head_dim << " heads " << c.n_head << " stride "
+                                      << c.head_stride << " tokens " << c.n);
+    Host src({c.row, c.n}), w({c.head_dim});
+    src.random(rng_, -3, 3);
+    w.random(rng_, 0.5, 1.5);
+    const TensorView view = heads_view(src.t, c.c0, c.head_dim, c.n_head, c.head_stride);
+    const TensorView dview = heads_view(up(src), c.c0, c.head_dim, c.n_head, c.head_stride);
+    const TensorView dw = up(w);
+    const int64_t n_out = c.head_dim * c.n_head * c.n;
+    Host ref({c.head_dim, c.n_head, c.n}), out({c.head_dim, c.n_head, c.n});
+    ASSERT_TRUE(rms_norm(test::ref_ctx(), view, w.t, 1e-6f, ref.t).is_ok());
+    TensorView dy = up(out);
+    ASSERT_TRUE(rms_norm(ctx_, dview, dw, 1e-6f, dy).is_ok());
+    EXPECT_TRUE(matches(down(dy, n_out), ref.v, kTol, c.head_dim)) << "rms_norm";
+    ref.poison();
+    dy = up(out);
+    ASSERT_TRUE(l2_norm(test::ref_ctx(), view, 1e-6f, ref.t).is_ok());
+    ASSERT_TRUE(l2_norm(ctx_, dview, 1e-6f, dy).is_ok());
+    EXPECT_TRUE(matches(down(dy, n_out), ref.v, kTol, c.head_dim)) << "l2_norm";
+  }
+}
+
+TEST_F(CudaFusedTest, MulSigmoidReadsStridedGate) {
+  for (auto [D, H, n] : {std::tuple<int64_t, int64_t, int64_t>{256, 24, 1}, {256, 24, 7}, {3, 5, 2}, {1, 4, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "D " << D << " H " << H << " tokens " << n);
+    Host qg({2 * H * D, n}), x({D, H, n}), ref({D, H, n});
+    qg.random(rng_, -4, 4);
+    x.random(rng_, -2, 2);
+    const TensorView gate = heads_view(qg.t, D, D, H, 2 * D);
+    const TensorView dgate = heads_view(up(qg), D, D, H, 2 * D);
+    ASSERT_TRUE(mul_sigmoid(test::ref_ctx(), x.t, gate, ref.t).is_ok());
+    const TensorView dx = up(x);
+    ASSERT_TRUE(mul_sigmoid(ctx_, dx, dgate, dx).is_ok());  // in place on x, as the attention layer runs it
+    EXPECT_TRUE(matches(down(dx, D * H * n), ref.v, kTol, D));
+  }
+}
+
+TEST_F(CudaFusedTest, DeltaNetReadsStridedV) {
+  struct Case { int64_t dk, nk, dv, nv, n, pad; DeltaNetMode mode; };
+  // pad: extra floats at the start of the conv row buffer, moving v off 16-byte alignment (generic kernel).
+  for (Case c : {Case{128, 16, 128, 48, 1, 0, DeltaNetMode::kRecurrent},   // 27B decode, fast kernel
+                 Case{128, 16, 128, 48, 3, 0, DeltaNetMode::kRecurrent},
+                 Case{128, 2, 128, 4, 130, 0, DeltaNetMode::kChunked},    // chunked scan, two chunks + tail
+                 Case{128, 2, 128, 4, 5, 1, DeltaNetMode::kRecurrent},    // misaligned v: generic kernel
+                 Case{64, 2, 40, 4, 6, 0, DeltaNetMode::kRecurrent}}) {   // dv % 32 != 0: generic kernel
+    SCOPED_TRACE(::testing::Message() << "dk " << c.dk << " nk " << c.nk << " dv " << c.dv << " nv " << c.nv
+                                      << " tokens " << c.n << " pad " << c.pad << " mode " << static_cast<int>(c.mode));
+    const int64_t key_dim = c.dk * c.nk, row = 2 * key_dim + c.dv * c.nv;
+    Host conv({row * c.n + c.pad}), g({c.nv, c.n}), beta({c.nv, c.n}), st({c.dv, c.dk, c.nv});
+    conv.random(rng_);
+    g.random(rng_, -1.0f, -0.05f);
+    beta.random(rng_, 0.1f, 0.9f);
+    st.random(rng_, -0.1f, 0.1f);
+    TensorView rows_h = TensorView::contiguous(conv.v.data() + c.pad, DType::F32, {row, c.n});
+    const TensorView dconv_all = up(conv);
+    TensorView rows_d = rows_h;
+    rows_d.data = static_cast<float*>(dconv_all.data) + c.pad;
+    rows_d.device = ctx_.device;
+    // q, k: L2-normalized from the strided views, as the layer does (checked by NormsReadStridedRows).
+    Host q({c.dk, c.nk, c.n}), k({c.dk, c.nk, c.n});
+    ASSERT_TRUE(l2_norm(test::ref_ctx(), heads_view(rows_h, 0, c.dk, c.nk, c.dk), 1e-6f, q.t).is_ok());
+    ASSERT_TRUE(l2_norm(test::ref_ctx(), heads_view(rows_h, key_dim, c.dk, c.nk, c.dk), 1e-6f, k.t).is_ok());
+    const TensorView v_h = heads_view(rows_h, 2 * key_dim, c.dv, c.nv, c.dv);
+    const TensorView v_d = heads_view(rows_d, 2 * key_dim, c.dv, c.nv, c.dv);
+    Host st_ref = st, ref({c.dv, c.nv, c.n}), out({c.dv, c.nv, c.n});
+    st_ref.t.data = st_ref.v.data();
+    const TensorView dst = up(st), dout = up(out);
+    ASSERT_TRUE(delta_net(test::ref_ctx(), q.t, k.t, v_h, g.t, beta.t, st_ref.t, ref.t, DeltaNetMode::kRecurrent).is_ok());
+    const Status s = delta_net(ctx_, up(q), up(k), v_d, up(g), up(beta), dst, dout, c.mode);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_TRUE(matches(down(dout, c.dv * c.nv * c.n), ref.v, kTolLong, c.dv)) << "out";
+    EXPECT_TRUE(matches(down(dst, c.dv * c.dk * c.nv), st_ref.v, kTolLong, c.dv)) << "state";
+  }
+}
+
+TEST_F(CudaFusedTest, Conv1dSiluCarriesState) {
+  for (auto [n_ch, n_tokens] : {std::pair<int64_t, int64_t>{10240, 1}, {10240, 2}, {300, 33}, {300, 100}, {7, 5}}) {
+    SCOPED_TRACE(::testing::Message() << n_ch << " channels, " << n_tokens << " tokens");
+    Host x({n_ch, n_tokens}), w({4, n_ch}), st({n_ch, 3}), ref({n_ch, n_tokens}), out({n_ch, n_tokens});
+    x.random(rng_, -3, 3);
+    w.random(rng_);
+    st.random(rng_);
+    Host st_ref = st;
+    st_ref.t.data = st_ref.v.data();
+    const TensorView dst = up(st), dy = up(out);
+    ASSERT_TRUE(conv1d_causal(test::ref_ctx(), x.t, w.t, st_ref.t, ref.t).is_ok());
+    ASSERT_TRUE(silu(test::ref_ctx(), ref.t, ref.t).is_ok());
+    ASSERT_TRUE(conv1d_causal_silu(ctx_, up(x), up(w), dst, dy).is_ok());
+    EXPECT_TRUE(matches(down(dy, n_ch * n_tokens), ref.v, kTol, n_ch)) << "y";
+    EXPECT_TRUE(matches(down(dst, n_ch * 3), st_ref.v, kTol, n_ch)) << "state";
+  }
+}
+
+TEST_F(CudaFusedTest, RmsNormGatedMatchesChain) {
+  for (auto [dv, nv, n] : {std::tuple<int64_t, int64_t, int64_t>{128, 48, 1}, {128, 48, 6}, {33, 3, 2}, {1, 1, 1},
+                           {9000, 1, 2}}) {
+    SCOPED_TRACE(::testing::Message() << dv << " x " << nv << " x " << n);
+    Host o({dv, nv, n}), w({dv}), z({dv, nv, n}), ref({dv, nv, n}), out({dv, nv, n});
+    o.random(rng_, -3, 3);
+    w.random(rng_, 0.5, 1.5);
+    z.random(rng_, -4, 4);
+    ASSERT_TRUE(rms_norm(test::ref_ctx(), o.t, w.t, 1e-6f, ref.t).is_ok());
+    ASSERT_TRUE(swiglu(test::ref_ctx(), z.t, ref.t, ref.t).is_ok());
+    const TensorView dout = up(out), dz = up(z), dw = up(w);
+    ASSERT_TRUE(rms_norm_gated(ctx_, up(o), dw, dz, 1e-6f, dout).is_ok());
+    EXPECT_TRUE(matches(down(dout, dv * nv * n), ref.v, kTol, dv)) << "out of place";
+    const TensorView dio = up(o);
+    ASSERT_TRUE(rms_norm_gated(ctx_, dio, dw, dz, 1e-6f, dio).is_ok());
+    EXPECT_TRUE(matches(down(dio, dv * nv * n), ref.v, kTol, dv)) << "in place";
+  }
+}
+
+// One token through the fused ops, captured as a CUDA graph after a warm-up step (so every scratch
+// block comes from the allocator's cache) and replayed on new inputs: the ops must neither
+// synchronize nor allocate from the driver during capture, and the replay must see the new data.
+TEST_F(CudaFusedMatmulTest, FusedOpsReplayInACudaGraph) {
+  const int64_t k = 1024, n_ff = 512;
+  std::vector<QWeight> ws;
+  ws.push_back(weight(DType::Q4_K, k, n_ff));
+  ws.push_back(weight(DType::Q4_K, k, n_ff));
+  ws.push_back(weight(DType::F32, k, 16));
+  const QWeight wd = weight(DType::Q6_K, n_ff, k);  // q8 path: matmul_swiglu leaves gate as it was
+  const int64_t D = 64, H = 4;
+  Host x({k, 1}), qg({2 * H * D, 1}), onorm({D, H, 1}), z({D, H, 1}), wn({D}), o({D, H, 1});
+  Host gate_out({n_ff, 1}), up_out({n_ff, 1}), small_out({16, 1}), down_out({k, 1}), qn({D, H, 1}), y({D, H, 1});
+  wn.random(rng_, 0.5, 1.5);
+  const TensorView dx = up(x), dqg = up(qg), dz = up(z), dwn = up(wn), dox = up(o);
+  const TensorView dgate = up(gate_out), dup = up(up_out), dsmall = up(small_out), ddown = up(down_out);
+  const TensorView dqn = up(qn), dy = up(y);
+  const TensorView dq_heads = heads_view(dqg, 0, D, H, 2 * D), dg_heads = heads_view(dqg, D, D, H, 2 * D);
+  auto step = [&]() -> Status {
+    const TensorView dws[] = {ws[0].dev, ws[1].dev, ws[2].dev};
+    const TensorView dys[] = {dgate, dup, dsmall};
+    DS_TRY(matmul_many(ctx_, dws, dx, dys));
+    DS_TRY(matmul_swiglu(ctx_, wd.dev, dgate, dup, ddown));
+    DS_TRY(rms_norm(ctx_, dq_heads, dwn, 1e-6f, dqn));
+    DS_TRY(mul_sigmoid(ctx_, dqn, dg_heads, dqn));
+    return rms_norm_gated(ctx_, dox, dwn, dz, 1e-6f, dy);
+  };
+  auto load = [&]() {
+    for (Host* h : {&x, &qg, &z, &o}) h->random(rng_, -2, 2);
+    reload(dx, x);
+    reload(dqg, qg);
+    reload(dz, z);
+    reload(dox, o);
+  };
+  auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    Host g_ref({n_ff, 1}), u_ref({n_ff, 1}), s_ref({16, 1}), d_ref({k, 1}), q_ref({D, H, 1}), y_ref({D, H, 1});
+    ASSERT_TRUE(matmul(test::ref_ctx(), ws[0].host, x.t, g_ref.t).is_ok());
+    ASSERT_TRUE(matmul(test::ref_ctx(), ws[1].host, x.t, u_ref.t).is_ok());
+    ASSERT_TRUE(matmul(test::ref_ctx(), ws[2].host, x.t, s_ref.t).is_ok());
+    EXPECT_TRUE(matches(down(dgate, n_ff), g_ref.v, kTolQ8, n_ff)) << "gate";
+    EXPECT_TRUE(matches(down(dup, n_ff), u_ref.v, kTolQ8, n_ff)) << "up";
+    EXPECT_TRUE(matches(down(dsmall, 16), s_ref.v, kTolF32Weights, 16)) << "f32 weight";
+    // The down projection from the CUDA gate / up (the product's own error is checked above).
+    Host g_dev({n_ff, 1}), u_dev({n_ff, 1});
+    g_dev.v = down(dgate, n_ff);
+    u_dev.v = down(dup, n_ff);
+    g_dev.t.data = g_dev.v.data();
+    u_dev.t.data = u_dev.v.data();
+    ASSERT_TRUE(swiglu(test::ref_ctx(), g_dev.t, u_dev.t, g_dev.t).is_ok());
+    ASSERT_TRUE(matmul(test::ref_ctx(), wd.host, g_dev.t, d_ref.t).is_ok());
+    EXPECT_TRUE(matches(down(ddown, k), d_ref.v, kTolQ8, k)) << "down";
+    ASSERT_TRUE(rms_norm(test::ref_ctx(), heads_view(qg.t, 0, D, H, 2 * D), wn.t, 1e-6f, q_ref.t).is_ok());
+    ASSERT_TRUE(mul_sigmoid(test::ref_ctx(), q_ref.t, heads_view(qg.t, D, D, H, 2 * D), q_ref.t).is_ok());
+    EXPECT_TRUE(matches(down(dqn, D * H), q_ref.v, kTol, D)) << "q norm + gate";
+    ASSERT_TRUE(rms_norm(test::ref_ctx(), o.t, wn.t, 1e-6f, y_ref.t).is_ok());
+    ASSERT_TRUE(swiglu(test::ref_ctx(), z.t, y_ref.t, y_ref.t).is_ok());
+    EXPECT_TRUE(matches(down(dy, D * H), y_ref.v, kTol, D)) << "rms_norm_gated";
+  };
+  load();
+  Status s = step();
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  check("warm-up");
+
+  const cudaStream_t cs = static_cast<cudaStream_t>(stream_.handle());
+  const int64_t allocs_before = cuda::DeviceAllocator::for_device(0).stats().n_device_allocs;
+  ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  s = step();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(cs, &graph);
+  ASSERT_TRUE(s.is_ok()) << "during capture: " << s.to_string();
+  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+  EXPECT_EQ(cuda::DeviceAllocator::for_device(0).stats().n_device_allocs, allocs_before)
+      << "the captured step allocated device memory";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 3; ++rep) {
+    load();
+    ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+    check("graph replay");
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+#else  // !DS_HAVE_CUDA
+
+TEST(CudaFusedTest, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif
+
+}  // namespace
+}  // namespace ds
