@@ -413,6 +413,25 @@ TEST_F(CudaFusedTest, RmsNormGatedMatchesChain) {
 // One token through the fused ops, captured as a CUDA graph after a warm-up step (so every scratch
 // block comes from the allocator's cache) and replayed on new inputs: the ops must neither
 // synchronize nor allocate from the driver during capture, and the replay must see the new data.
+TEST_F(CudaFusedTest, AddRmsNormMatchesChain) {
+  // 9000 > 8 x 1024 elements: the kernel's tail loop (re-reads the written-back sum).
+  for (auto [e, n] : {std::pair<int64_t, int64_t>{5120, 1}, {2048, 5}, {33, 3}, {1, 1}, {9000, 2}}) {
+    SCOPED_TRACE(::testing::Message() << e << " x " << n);
+    Host x({e, n}), r({e, n}), w({e}), sum({e, n}), ref({e, n}), out({e, n});
+    x.random(rng_, -3, 3);
+    r.random(rng_, -3, 3);
+    w.random(rng_, 0.5, 1.5);
+    sum.v = x.v;
+    ASSERT_TRUE(add(test::ref_ctx(), sum.t, r.t, sum.t).is_ok());
+    ASSERT_TRUE(rms_norm(test::ref_ctx(), sum.t, w.t, 1e-6f, ref.t).is_ok());
+    const TensorView dx = up(x), dout = up(out);
+    ASSERT_TRUE(add_rms_norm(ctx_, dx, up(r), up(w), 1e-6f, dout).is_ok());
+    EXPECT_TRUE(matches(down(dx, e * n), sum.v, 1e-6, e)) << "x += r";
+    EXPECT_TRUE(matches(down(dout, e * n), ref.v, kTol, e)) << "y";
+    EXPECT_FALSE(add_rms_norm(ctx_, dx, up(r), up(w), 1e-6f, dx).is_ok()) << "y aliasing x is refused";
+  }
+}
+
 TEST_F(CudaFusedMatmulTest, FusedOpsReplayInACudaGraph) {
   const int64_t k = 1024, n_ff = 512;
   std::vector<QWeight> ws;

@@ -297,5 +297,29 @@ TEST(OpsFused, RmsNormGatedEqualsNormThenSwiglu) {
   EXPECT_NE(s.message().find("rms_norm_gated"), std::string::npos) << s.message();
 }
 
+TEST(OpsFused, AddRmsNormEqualsAddThenNorm) {
+  std::mt19937 rng(41);
+  for (auto [e, n] : {std::pair<int64_t, int64_t>{64, 3}, {7, 1}, {5120, 2}}) {
+    for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
+      Host x({e, n}), r({e, n}), w({e}), y({e, n}), sum({e, n}), y_ref({e, n});
+      x.random(rng, -3, 3);
+      r.random(rng, -3, 3);
+      w.random(rng, 0.5, 1.5);
+      sum.v = x.v;
+      ASSERT_TRUE(add(ctx, sum.t, r.t, sum.t).is_ok());
+      ASSERT_TRUE(rms_norm(ctx, sum.t, w.t, 1e-6f, y_ref.t).is_ok());
+      ASSERT_TRUE(add_rms_norm(ctx, x.t, r.t, w.t, 1e-6f, y.t).is_ok());
+      EXPECT_EQ(first_bit_difference(x.v, sum.v), -1) << "x += r, " << e << "x" << n;
+      EXPECT_EQ(first_bit_difference(y.v, y_ref.v), -1) << "y, " << e << "x" << n;
+    }
+  }
+  Host x({8, 2}), r({8, 2}), w({8}), r_bad({8, 3});
+  Status s = add_rms_norm(test::fast_ctx(), x.t, r.t, w.t, 1e-6f, x.t);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "y aliasing x";
+  s = add_rms_norm(test::fast_ctx(), x.t, r_bad.t, w.t, 1e-6f, r.t);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "shape mismatch";
+  EXPECT_NE(s.message().find("add_rms_norm"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace ds

@@ -332,27 +332,34 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
   const ModelScratch::Mark layer_mark = scratch_->mark();
   const int32_t* d_pos = cuda_ ? cuda_step_pos() : nullptr;
   const int64_t max_kv = std::min(n_ctx_, (pos0 + n + 1023) / 1024 * 1024);
+  // Each residual add is fused with the norm that follows it (add_rms_norm); cur holds the normalized
+  // input of the next block.
+  if (range.first < range.last) {
+    DS_TRY(rms_norm(ctx_, x, weights_.layers[static_cast<size_t>(range.first)].attn_norm, config_.rms_eps, cur));
+  }
   for (int64_t il = range.first; il < range.last; ++il) {
     const LayerWeights& L = weights_.layers[static_cast<size_t>(il)];
     const LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n, d_pos, max_kv};
     // h = x + Mixer(RMSNorm(x; attn_norm))
-    DS_TRY(rms_norm(ctx_, x, L.attn_norm, config_.rms_eps, cur));
     if (L.kind == LayerKind::kAttention) {
       DS_TRY(attention_forward(call, L.attn, attn_index++, cur, mix));
     } else {
       DS_TRY(deltanet_forward(call, L.deltanet, cur, mix));
     }
     call.dump("attn_out", mix);
-    DS_TRY(add(ctx_, x, mix, x));
     // out = h + FFN(RMSNorm(h; post_attention_norm))
-    DS_TRY(rms_norm(ctx_, x, L.post_attention_norm, config_.rms_eps, cur));
+    DS_TRY(add_rms_norm(ctx_, x, mix, L.post_attention_norm, config_.rms_eps, cur));
     if (config_.is_moe()) {
       DS_TRY(moe_ffn_forward(call, L.moe, cur, mix));
     } else {
       DS_TRY(dense_ffn_forward(call, L.ffn, cur, mix));
     }
     call.dump("ffn_out", mix);
-    DS_TRY(add(ctx_, x, mix, x));
+    if (il + 1 < range.last) {
+      DS_TRY(add_rms_norm(ctx_, x, mix, weights_.layers[static_cast<size_t>(il + 1)].attn_norm, config_.rms_eps, cur));
+    } else {
+      DS_TRY(add(ctx_, x, mix, x));
+    }
     call.dump("out", x);
     scratch_->rollback(layer_mark);  // release the layer's intermediates
   }

@@ -1,5 +1,6 @@
-// rms_norm / l2_norm / rms_norm_gated dispatchers: F32 rows over ne[0] (x row-strided, y contiguous),
-// weight [ne0]. The CPU form of rms_norm_gated is the unfused chain (rms_norm, then swiglu).
+// rms_norm / l2_norm / rms_norm_gated / add_rms_norm dispatchers: F32 rows over ne[0] (x row-strided, y
+// contiguous), weight [ne0]. The CPU forms of the fused ones are the unfused chains (rms_norm, then
+// swiglu; add, then rms_norm).
 #include "ops/rms_norm.h"
 
 #include "ops/elementwise.h"
@@ -73,6 +74,27 @@ Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorVie
   DS_CUDA_DISPATCH(rms_norm_gated, ctx, x, w, z, eps, y);
   run_cpu(ctx, x, w.as<float>(), eps, false, y);
   return swiglu(ctx, z, y, y);  // y = silu(z) * y
+}
+
+Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w, float eps,
+                    const TensorView& y) {
+  const char* op = "add_rms_norm";
+  DS_TRY(ops::check_contig(op, "x", ctx, x, DType::F32));
+  DS_TRY(ops::check_contig(op, "r", ctx, r, DType::F32));
+  DS_TRY(ops::check_same_shape(op, "x", x, "r", r));
+  DS_TRY(check_rows(op, ctx, x, y));
+  DS_TRY(ops::check_contig(op, "w", ctx, w, DType::F32));
+  if (w.n_elements() != x.ne[0]) {
+    return invalid_argument("{}: w {} does not match x {}", op, w.shape_string(), x.shape_string());
+  }
+  if (x.n_elements() > 0 && (y.data == x.data || y.data == r.data)) {
+    return invalid_argument("{}: y must alias neither x nor r", op);
+  }
+  if (x.n_elements() == 0) return Status::ok();
+  DS_CUDA_DISPATCH(add_rms_norm, ctx, x, r, w, eps, y);
+  DS_TRY(add(ctx, x, r, x));
+  run_cpu(ctx, x, w.as<float>(), eps, false, y);
+  return Status::ok();
 }
 
 }  // namespace ds

@@ -4,6 +4,8 @@
 //   l2_norm:  y = x / sqrt(sum(x^2) + eps)
 //   rms_norm_gated: y = rms_norm(x; w) * silu(z), z with x's shape, contiguous (the DeltaNet output
 //     norm; the same values as rms_norm followed by swiglu(z, y, y))
+//   add_rms_norm: x += r, then y = rms_norm(x; w): the residual add of one block fused with the norm
+//     that starts the next (x, r contiguous with one shape; y contiguous, aliasing neither)
 // x may be a strided view: rows of ne[0] contiguous (nb[0] = 4), dims 1..3 at any stride that is a
 // multiple of 4 bytes, e.g. the q columns of each token's fused qkv row, or every other head of
 // interleaved [q_h; gate_h] heads. y has x's shape and is contiguous. In place (y == x) is allowed
@@ -20,5 +22,7 @@ Status rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& w, 
 Status l2_norm(const OpContext& ctx, const TensorView& x, float eps, const TensorView& y);
 Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z, float eps,
                       const TensorView& y);
+Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w, float eps,
+                    const TensorView& y);
 
 }  // namespace ds

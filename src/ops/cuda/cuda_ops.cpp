@@ -76,13 +76,13 @@ Status elt(const OpContext& ctx, const char* op, EltKind kind, const TensorView&
 RowMap row_map(const TensorView& x) { return RowMap{x.ne[1], x.ne[2], x.nb[1] / 4, x.nb[2] / 4, x.nb[3] / 4}; }
 
 Status row_norm(const OpContext& ctx, const char* op, const TensorView& x, const TensorView* w, const TensorView* z,
-            float eps, bool l2, const TensorView& y) {
+            float eps, bool l2, const TensorView& y, const TensorView* r = nullptr) {
   DS_TRY(device_status(ctx.device.index));
-  DS_TRY(check_device_memory(op, {&x, w ? w : &x, z ? z : &x, &y}));
+  DS_TRY(check_device_memory(op, {&x, w ? w : &x, z ? z : &x, r ? r : &x, &y}));
   if (x.n_rows() > INT32_MAX) return unsupported("{}: x {}: more than 2^31 - 1 rows on CUDA", op, x.shape_string());
   DeviceGuard guard(ctx.device.index);
   DS_CUDA_TRY(norm_launch(f32(x), row_map(x), w ? f32(*w) : nullptr, z ? f32(*z) : nullptr, f32(y), x.ne[0],
-                          x.n_rows(), eps, l2, stream_of(ctx)),
+                          x.n_rows(), eps, l2, stream_of(ctx), r ? f32(*r) : nullptr),
               "{} x {} (strides {}, {}, {})", op, x.shape_string(), x.nb[1], x.nb[2], x.nb[3]);
   return Status::ok();
 }
@@ -142,6 +142,11 @@ Status l2_norm(const OpContext& ctx, const TensorView& x, float eps, const Tenso
 Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z, float eps,
                       const TensorView& y) {
   return row_norm(ctx, "rms_norm_gated", x, &w, &z, eps, false, y);
+}
+
+Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w, float eps,
+                    const TensorView& y) {
+  return row_norm(ctx, "add_rms_norm", x, &w, nullptr, eps, false, y, &r);
 }
 
 Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, int64_t pos0) {
@@ -363,7 +368,7 @@ void register_ops() {
     op_register("get_rows", DeviceKind::kCuda, t);
     op_register("moe_ffn", DeviceKind::kCuda, t);
   }
-  for (const char* op : {"rms_norm", "l2_norm", "rms_norm_gated", "rope_neox", "attention", "delta_net_gates",
+  for (const char* op : {"rms_norm", "l2_norm", "rms_norm_gated", "add_rms_norm", "rope_neox", "attention", "delta_net_gates",
                          "delta_net", "conv1d_causal", "conv1d_causal_silu", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
                          "moe_route"}) {
     op_register(op, DeviceKind::kCuda, DType::F32);

@@ -24,6 +24,8 @@ Status rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& w, 
 Status l2_norm(const OpContext& ctx, const TensorView& x, float eps, const TensorView& y);
 Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z, float eps,
                       const TensorView& y);
+Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w, float eps,
+                    const TensorView& y);
 Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, int64_t pos0);
 Status attention(const OpContext& ctx, const TensorView& q, std::span<const TensorView> k_chunks,
                  std::span<const TensorView> v_chunks, int64_t n_kv, int64_t pos0, float scale,

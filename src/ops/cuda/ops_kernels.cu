@@ -94,47 +94,46 @@ __device__ float block_sum(float v) {
 // x rows are found through the RowMap (strided views: no copy first); y and gate are contiguous.
 constexpr int kNormPer = 8;
 __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const float* gate, float* y, int64_t n,
-                            float eps, bool l2) {
+                            float eps, bool l2, const float* res) {
   const int64_t r = blockIdx.x;
   const int64_t i1 = r % xmap.ne1, i2 = r / xmap.ne1 % xmap.ne2, i3 = r / (xmap.ne1 * xmap.ne2);
   const float* xr = x + i1 * xmap.s1 + i2 * xmap.s2 + i3 * xmap.s3;
   float* yr = y + r * n;
   const float* gr = gate ? gate + r * n : nullptr;
+  const float* rr = res ? res + r * n : nullptr;
+  float* xo = res ? const_cast<float*>(xr) : nullptr;  // add_rms_norm: x is contiguous and updated in place
   float v[kNormPer];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormPer; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    v[j] = i < n ? xr[i] : 0.0f;
+    v[j] = i < n ? (rr ? xr[i] + rr[i] : xr[i]) : 0.0f;
+    if (rr && i < n) xo[i] = v[j];
     ss = fmaf(v[j], v[j], ss);
   }
+  // Rows longer than kNormPer * 1024: each thread re-reads (after writing back) only its own elements.
   for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
-    ss = fmaf(xr[i], xr[i], ss);  // rows longer than kNormPer * 1024
+    const float e = rr ? xr[i] + rr[i] : xr[i];
+    if (rr) xo[i] = e;
+    ss = fmaf(e, e, ss);
   }
   ss = block_sum(ss);
   const float inv = l2 ? rsqrtf(ss + eps) : rsqrtf(ss / static_cast<float>(n) + eps);
-#pragma unroll
-  for (int j = 0; j < kNormPer; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    if (i < n) {
-      const float o = w ? v[j] * inv * w[i] : v[j] * inv;
-      if (gr) {
-        const float g = gr[i];
-        yr[i] = g * sigmoidf(g) * o;  // as EltKind::kSwiglu(gate, o)
-      } else {
-        yr[i] = o;
-      }
-    }
-  }
-  for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
-    const float o = w ? xr[i] * inv * w[i] : xr[i] * inv;
+  auto put = [&](int64_t i, float e) {
+    const float o = w ? e * inv * w[i] : e * inv;
     if (gr) {
       const float g = gr[i];
-      yr[i] = g * sigmoidf(g) * o;
+      yr[i] = g * sigmoidf(g) * o;  // as EltKind::kSwiglu(gate, o)
     } else {
       yr[i] = o;
     }
+  };
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (i < n) put(i, v[j]);
   }
+  for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) put(i, xr[i]);
 }
 
 // Threads for a row of n: a multiple of 32 covering n in kNormPer elements each, 32 .. 1024.
@@ -352,10 +351,10 @@ cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cuda
 }
 
 cudaError_t norm_launch(const float* x, const RowMap& xmap, const float* w, const float* gate, float* y, int64_t n,
-                        int64_t rows, float eps, bool l2, cudaStream_t s) {
+                        int64_t rows, float eps, bool l2, cudaStream_t s, const float* res) {
   if (rows <= 0) return cudaSuccess;
   if (rows > INT_MAX || n <= 0 || xmap.ne1 <= 0 || xmap.ne2 <= 0) return cudaErrorInvalidValue;
-  norm_kernel<<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, xmap, w, gate, y, n, eps, l2);
+  norm_kernel<<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, xmap, w, gate, y, n, eps, l2, res);
   return cudaGetLastError();
 }
 

@@ -32,9 +32,10 @@ struct RowMap {
 };
 inline RowMap row_map_contiguous(int64_t n, int64_t rows) { return RowMap{rows, 1, n, 0, 0}; }
 // y = x / sqrt(mean(x^2) + eps) * w (w may be null), or l2: x / sqrt(sum(x^2) + eps); then, with gate,
-// y = silu(gate) * y. rows of n; x rows at `xmap`; y and gate contiguous [rows, n].
+// y = silu(gate) * y. rows of n; x rows at `xmap`; y and gate contiguous [rows, n]. With `res`
+// (contiguous [rows, n]; x then contiguous too): x += res first, written back to x, and normalized.
 cudaError_t norm_launch(const float* x, const RowMap& xmap, const float* w, const float* gate, float* y, int64_t n,
-                        int64_t rows, float eps, bool l2, cudaStream_t s);
+                        int64_t rows, float eps, bool l2, cudaStream_t s, const float* res = nullptr);
 // In place NeoX rotary embedding on x [n_tokens, n_head, head_dim].
 cudaError_t rope_neox_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
                              float base, int64_t pos0, cudaStream_t s);
