@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
+#include "ops/cuda/matvec_q8v5.cuh"
 #include "quant/quant.h"
 
 #if DS_HAVE_CUDA
@@ -23,11 +24,6 @@
 
 namespace ds {
 namespace {
-
-#if DS_HAVE_CUDA
-
-using cuda::MatmulKernel;
-using cuda::MatmulPath;
 
 const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q5_0,
                         DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
@@ -149,20 +145,6 @@ Weights make_weights(DType t, int64_t k, int64_t n_rows) {
   return w;
 }
 
-struct Case {
-  int64_t n_tokens;
-  int64_t x_stride, y_stride;  // elements (>= k, >= n_rows)
-  MatmulPath path;
-  int64_t x_offset = 0;        // elements: shifts x off 16-byte alignment
-  int64_t w_offset = 0;        // bytes: shifts the weights off 16-byte alignment
-};
-
-std::string describe(const Weights& w, const Case& c, MatmulKernel kernel) {
-  return fmt::format("{} k={} rows={} tokens={} path={} kernel={} x_offset={} w_offset={}", dtype_name(w.type), w.k,
-                     w.n_rows, c.n_tokens, static_cast<int>(c.path), cuda::matmul_kernel_name(kernel), c.x_offset,
-                     c.w_offset);
-}
-
 // Per output: the value, the bound it must meet, and what it was compared with (for the message).
 struct Check {
   const char* what;
@@ -201,6 +183,211 @@ struct Check {
                       << worst_ratio;
   }
 };
+
+// ---- q8 kernel v5: host emulation of its per-lane code (ops/cuda/matvec_q8v5.cuh) ----
+// Runs without a device: the same loads, realignment, decode and dot products as the kernel, with every
+// load checked against the bounds of the weight and activation arrays (the weight array ends exactly at
+// the last row, so a read past the tensor aborts). Compared with the float64 product on the quantized
+// activations (bound kTolKernel, as the device kernel on the device-quantized activations).
+
+// Activations quantized as quantize_q8 does: per 32-element block d = amax / 127, q = round(x / d).
+struct Q8Act {
+  std::vector<int8_t> q;   // [n_tokens, k]
+  std::vector<float> ds;   // [n_tokens, k / 32] pairs (d, d * sum q)
+  std::vector<float> xq;   // [n_tokens, k]: q * d, what the kernel multiplies
+};
+
+Q8Act quantize_q8_host(const std::vector<float>& x, int64_t n_tokens, int64_t k) {
+  Q8Act a{std::vector<int8_t>(static_cast<size_t>(n_tokens * k)), std::vector<float>(static_cast<size_t>(n_tokens * k / 16)),
+          std::vector<float>(static_cast<size_t>(n_tokens * k))};
+  for (int64_t b = 0; b < n_tokens * k / 32; ++b) {
+    const float* xb = x.data() + 32 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = std::max(-127, std::min(127, static_cast<int>(std::nearbyint(xb[i] * id))));
+      a.q[static_cast<size_t>(32 * b + i)] = static_cast<int8_t>(q);
+      a.xq[static_cast<size_t>(32 * b + i)] = static_cast<float>(q) * d;
+      sum += q;
+    }
+    a.ds[static_cast<size_t>(2 * b)] = d;
+    a.ds[static_cast<size_t>(2 * b + 1)] = d * static_cast<float>(sum);
+  }
+  return a;
+}
+
+// Loads of the emulation must stay inside these arrays (cleared on destruction).
+struct EmulationBounds {
+  template <typename A, typename B, typename C>
+  EmulationBounds(const A& w, const B& q, const C& ds) {
+    auto& r = cuda::kern::q8v5_host_ranges();
+    auto add = [&](const void* p, size_t bytes) {
+      r.lo[r.n] = reinterpret_cast<uintptr_t>(p);
+      r.hi[r.n] = r.lo[r.n] + bytes;
+      ++r.n;
+    };
+    r.n = 0;
+    add(w.data(), w.size() * sizeof(w[0]));
+    add(q.data(), q.size() * sizeof(q[0]));
+    add(ds.data(), ds.size() * sizeof(ds[0]));
+  }
+  ~EmulationBounds() { cuda::kern::q8v5_host_ranges().n = 0; }
+};
+
+// Compares y[t * y_stride + r] (t < n_tokens, r < n_rows) with weight rows `wref` times act rows `xq`:
+// kernel bound kTolKernel * sum (|w| + 2|o|) |x'|. Row padding of y must still be NaN.
+void expect_q8_product(const float* wref, const float* off, const float* xq, int64_t k, int64_t n_rows,
+                       int64_t n_tokens, const std::vector<float>& y, int64_t y_stride, const std::string& where) {
+  Check c{"kernel on the q8 activations"};
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      double ref = 0.0, mag = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double wv = wref[r * k + j], xv = xq[t * k + j];
+        ref += wv * xv;
+        mag += (std::fabs(wv) + 2.0 * off[r * k + j]) * std::fabs(xv);
+      }
+      c.add(t, r, y[static_cast<size_t>(t * y_stride + r)], ref, kTolKernel * mag);
+    }
+    for (int64_t r = n_rows; r < y_stride; ++r) {
+      EXPECT_TRUE(std::isnan(y[static_cast<size_t>(t * y_stride + r)])) << where << ": wrote past the row end";
+    }
+  }
+  c.expect(where);
+}
+
+template <DType T, int kNT, int kRows, int kDepth>
+void emulate_case(const Weights& w, int64_t n_tokens, int split) {
+  const int64_t k = w.k, n_rows = w.n_rows, y_stride = n_rows + 3;
+  const Q8Act act = quantize_q8_host(random_floats(n_tokens * k, static_cast<uint32_t>(k + n_tokens)), n_tokens, k);
+  std::vector<float> y(static_cast<size_t>(n_tokens * y_stride), NAN);
+  cuda::kern::Q8v5Args a{w.bytes.data(), dtype_row_bytes(w.type, k), act.q.data(), act.ds.data(), y.data(), y_stride,
+                         n_rows, k, static_cast<int>(n_tokens)};
+  {
+    const EmulationBounds bounds(w.bytes, act.q, act.ds);
+    const int64_t groups = (n_rows + kRows - 1) / kRows;
+    ThreadPool::global().parallel_for(groups, [&](int64_t g0, int64_t g1, int) {
+      cuda::kern::q8v5_emulate<T, kNT, kRows, kDepth>(a, split, 1, g0, g1);
+    }, 16);
+  }
+  const std::string where = fmt::format("v5 emulation {} k={} rows={} tokens={} (kNT {} kRows {} kDepth {} split {})",
+                                        dtype_name(w.type), k, n_rows, n_tokens, kNT, kRows, kDepth, split);
+  expect_q8_product(w.ref.data(), w.off.data(), act.xq.data(), k, n_rows, n_tokens, y, y_stride, where);
+}
+
+// Every configuration the workbench and production instantiate, on one weight matrix.
+template <DType T>
+void emulate_configs(int64_t k, int64_t n_rows) {
+  const Weights w = make_weights(T, k, n_rows);
+  for (int split : {1, 2, 4}) emulate_case<T, 1, 2, 1>(w, 1, split);
+  emulate_case<T, 1, 1, 2>(w, 1, 1);
+  emulate_case<T, 1, 4, 1>(w, 1, 1);
+  emulate_case<T, 2, 2, 1>(w, 2, 1);
+  emulate_case<T, 4, 2, 1>(w, 3, 4);
+  emulate_case<T, 4, 2, 1>(w, 4, 1);
+  emulate_case<T, 8, 2, 1>(w, 5, 2);
+  emulate_case<T, 8, 2, 1>(w, 8, 1);
+}
+
+template <DType T>
+void emulate_shapes() {
+  constexpr int64_t bs = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256 : 32;
+  emulate_configs<T>(bs, 1);                 // one block
+  emulate_configs<T>(bs * 3, 7);             // rows not a multiple of the rows per warp
+  emulate_configs<T>(1280, 33);              // a partial 1024-element step
+  emulate_configs<T>(2048 + 512, 19);
+  emulate_configs<T>(5120, 5);               // 5 steps: uneven over 2 and 4 warps of a split
+  if (bs == 32) {
+    emulate_configs<T>(96, 5);
+    emulate_configs<T>(1024 + 160, 21);
+  }
+}
+
+TEST(MatvecQ8v5Emulation, Q4_0) { emulate_shapes<DType::Q4_0>(); }
+TEST(MatvecQ8v5Emulation, Q5_0) { emulate_shapes<DType::Q5_0>(); }
+TEST(MatvecQ8v5Emulation, Q8_0) { emulate_shapes<DType::Q8_0>(); }
+TEST(MatvecQ8v5Emulation, Q4_K) { emulate_shapes<DType::Q4_K>(); }
+TEST(MatvecQ8v5Emulation, Q5_K) { emulate_shapes<DType::Q5_K>(); }
+TEST(MatvecQ8v5Emulation, Q6_K) { emulate_shapes<DType::Q6_K>(); }
+
+// A real model shape at one token (the production configuration).
+TEST(MatvecQ8v5Emulation, RealShapes) {
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+    const Weights w = make_weights(t, 5120, 1024);
+    if (t == DType::Q4_K) emulate_case<DType::Q4_K, 1, 2, 1>(w, 1, 1);
+    if (t == DType::Q6_K) emulate_case<DType::Q6_K, 1, 2, 1>(w, 1, 1);
+    if (t == DType::Q8_0) emulate_case<DType::Q8_0, 1, 2, 1>(w, 1, 4);
+  }
+}
+
+// Gathered (MoE) mode: slot s multiplies expert ids[s] with activation row s / x_div; slots with an
+// invalid id are skipped (their outputs stay NaN).
+template <DType T>
+void emulate_gathered() {
+  const int64_t k = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 512 : 96, n_rows = 11;
+  const int n_expert = 3, x_div = 2;
+  const std::vector<int32_t> ids = {2, -1, 0, 3, 1, 2};
+  const int n_slots = static_cast<int>(ids.size());
+  const int64_t row_bytes = dtype_row_bytes(T, k), expert_stride = (n_rows * row_bytes + 15) / 16 * 16;
+  std::vector<Weights> experts;
+  std::vector<uint8_t> all(static_cast<size_t>(expert_stride * (n_expert - 1) + n_rows * row_bytes));
+  for (int e = 0; e < n_expert; ++e) {
+    experts.push_back(make_weights(T, k, n_rows + e));  // different seeds; the first n_rows rows are used
+    std::memcpy(all.data() + e * expert_stride, experts.back().bytes.data(), static_cast<size_t>(n_rows * row_bytes));
+  }
+  const int64_t act_rows = (n_slots + x_div - 1) / x_div;
+  const Q8Act act = quantize_q8_host(random_floats(act_rows * k, 99), act_rows, k);
+  std::vector<float> y(static_cast<size_t>(n_slots * (n_rows + 1)), NAN);
+  cuda::kern::Q8v5Args a{all.data(), row_bytes, act.q.data(), act.ds.data(), y.data(), n_rows + 1, n_rows, k, 1};
+  a.ids = ids.data();
+  a.w_expert_stride = expert_stride;
+  a.n_expert = n_expert;
+  a.x_div = x_div;
+  {
+    const EmulationBounds bounds(all, act.q, act.ds);
+    cuda::kern::q8v5_emulate<T, 1, 2, 1>(a, 2, n_slots, 0, n_rows);
+  }
+  for (int s = 0; s < n_slots; ++s) {
+    const std::string where = fmt::format("v5 gathered emulation {} slot {} expert {}", dtype_name(T), s, ids[s]);
+    const std::vector<float> ys(y.begin() + s * (n_rows + 1), y.begin() + (s + 1) * (n_rows + 1));
+    if (ids[s] < 0 || ids[s] >= n_expert) {
+      EXPECT_TRUE(std::all_of(ys.begin(), ys.end(), [](float v) { return std::isnan(v); })) << where;
+      continue;
+    }
+    const Weights& w = experts[static_cast<size_t>(ids[s])];
+    expect_q8_product(w.ref.data(), w.off.data(), act.xq.data() + (s / x_div) * k, k, n_rows, 1, ys, n_rows + 1, where);
+  }
+}
+
+TEST(MatvecQ8v5Emulation, Gathered) {
+  emulate_gathered<DType::Q4_0>();
+  emulate_gathered<DType::Q5_0>();
+  emulate_gathered<DType::Q8_0>();
+  emulate_gathered<DType::Q4_K>();
+  emulate_gathered<DType::Q5_K>();
+  emulate_gathered<DType::Q6_K>();
+}
+
+#if DS_HAVE_CUDA
+
+using cuda::MatmulKernel;
+using cuda::MatmulPath;
+
+struct Case {
+  int64_t n_tokens;
+  int64_t x_stride, y_stride;  // elements (>= k, >= n_rows)
+  MatmulPath path;
+  int64_t x_offset = 0;        // elements: shifts x off 16-byte alignment
+  int64_t w_offset = 0;        // bytes: shifts the weights off 16-byte alignment
+};
+
+std::string describe(const Weights& w, const Case& c, MatmulKernel kernel) {
+  return fmt::format("{} k={} rows={} tokens={} path={} kernel={} x_offset={} w_offset={}", dtype_name(w.type), w.k,
+                     w.n_rows, c.n_tokens, static_cast<int>(c.path), cuda::matmul_kernel_name(kernel), c.x_offset,
+                     c.w_offset);
+}
 
 // Checks the q8 scratch: per block d = amax / 127, |x - q d| <= d/2, s = d * sum q. Returns x' = q d.
 std::vector<float> check_q8_scratch(const std::vector<uint8_t>& scratch, const std::vector<float>& x,
