@@ -20,6 +20,7 @@
 
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_matmul.h"
+#include "ops/cuda/matvec_launch.h"
 #endif
 
 namespace ds {
@@ -46,8 +47,6 @@ constexpr double kTolF32 = 2e-5;
 constexpr double kTolGemmBf16 = 5e-3;
 constexpr double kTolKernel = 2e-5;
 constexpr double kTolQ8 = 1e-2;
-
-bool have_gpu() { return cuda::device_count() > 0; }
 
 // Random row bytes for type t: floats for plain types; random bytes with each block's fp16 scale fields
 // overwritten by values in [0.002, 0.02) for quantized types.
@@ -375,6 +374,8 @@ TEST(MatvecQ8v5Emulation, Gathered) {
 using cuda::MatmulKernel;
 using cuda::MatmulPath;
 
+bool have_gpu() { return cuda::device_count() > 0; }
+
 struct Case {
   int64_t n_tokens;
   int64_t x_stride, y_stride;  // elements (>= k, >= n_rows)
@@ -626,6 +627,197 @@ TEST_P(CudaMatmulTest, RealModelShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulTest, ::testing::ValuesIn(kTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+// ---- q8 versions v4 / v5 on the device ----
+// Every version of the q8 product on the same device-quantized activations: each against the float64
+// product on those activations (kernel bound) and on the original ones (end to end), and against v4
+// (twice the kernel bound), through matvec_q8_product_launch_version, the forced kernels of
+// matvec_q8_product_launch / matvec_launch and the default pick. Outputs start as NaN; row padding must
+// stay NaN.
+const std::vector<cuda::MatvecQ8Version> kQ8Versions = {cuda::MatvecQ8Version::kV4, cuda::MatvecQ8Version::kV5,
+                                         cuda::MatvecQ8Version::kV5Persistent, cuda::MatvecQ8Version::kV5SplitK};
+
+void run_q8_versions(const Weights& w, const cuda::CudaBuffer& wd, int64_t n_tokens) {
+  const int dev = 0;
+  const int64_t k = w.k, n_rows = w.n_rows, y_stride = n_rows + 3, y_elems = y_stride * n_tokens;
+  auto stream = cuda::Stream::create(dev);
+  ASSERT_TRUE(stream.is_ok()) << stream.status().to_string();
+  auto cs = static_cast<cudaStream_t>(stream->handle());
+  const std::vector<float> x = random_floats(n_tokens * k, static_cast<uint32_t>(k * 7 + n_tokens));
+  const int64_t act_bytes = cuda::matvec_q8_act_bytes(k, n_tokens);
+  auto xd = cuda::CudaBuffer::allocate(dev, 4 * n_tokens * k);
+  auto act = cuda::CudaBuffer::allocate(dev, act_bytes);
+  ASSERT_TRUE(xd.is_ok() && act.is_ok());
+  ASSERT_TRUE(cuda::copy_to_device(xd->data(), x.data(), 4 * n_tokens * k, *stream).is_ok());
+  // Outputs: one per version, then forced v5 / default through the product launch, then matvec_launch
+  // with kQ8v5 (which quantizes itself into its own scratch).
+  const int n_out = static_cast<int>(kQ8Versions.size()) + 3;
+  std::vector<cuda::CudaBuffer> yd;
+  for (int i = 0; i < n_out; ++i) {
+    auto b = cuda::CudaBuffer::allocate(dev, 4 * y_elems);
+    ASSERT_TRUE(b.is_ok());
+    ASSERT_TRUE(cuda::fill_bytes(b->data(), 0xFF, 4 * y_elems, *stream).is_ok());
+    yd.push_back(std::move(*b));
+  }
+  auto own_act = cuda::CudaBuffer::allocate(dev, act_bytes);
+  ASSERT_TRUE(own_act.is_ok());
+  ASSERT_EQ(cuda::quantize_q8_launch(static_cast<const float*>(xd->data()), k, nullptr, n_tokens, k, act->data(),
+                                     nullptr, 0, cs),
+            cudaSuccess);
+  cuda::MatvecLaunch l{wd.data(), dtype_row_bytes(w.type, k), static_cast<const float*>(xd->data()), k, nullptr,
+                       y_stride, n_rows, k, static_cast<int>(n_tokens)};
+  l.act = act->data();
+  l.act_bytes = act_bytes;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < kQ8Versions.size(); ++i) {
+    l.y = static_cast<float*>(yd[i].data());
+    EXPECT_EQ(cuda::matvec_q8_product_launch_version(w.type, l, kQ8Versions[i], cs), cudaSuccess);
+    names.push_back(cuda::matvec_q8_version_name(kQ8Versions[i]));
+  }
+  l.y = static_cast<float*>(yd[kQ8Versions.size()].data());
+  EXPECT_EQ(cuda::matvec_q8_product_launch(w.type, l, cuda::MatvecKernel::kQ8v5, cs), cudaSuccess);
+  names.push_back("product kQ8v5");
+  l.y = static_cast<float*>(yd[kQ8Versions.size() + 1].data());
+  EXPECT_EQ(cuda::matvec_q8_product_launch(w.type, l, cs), cudaSuccess);
+  names.push_back(std::string("product default (") +
+                  cuda::matvec_q8_version_name(cuda::matvec_q8_pick_version(w.type, n_rows, k, static_cast<int>(n_tokens))) +
+                  ")");
+  l.y = static_cast<float*>(yd[kQ8Versions.size() + 2].data());
+  l.act = own_act->data();
+  EXPECT_EQ(cuda::matvec_pick(w.type, l, cuda::MatvecKernel::kQ8v5), cuda::MatvecKernel::kQ8v5);
+  EXPECT_EQ(cuda::matvec_launch(w.type, l, cuda::MatvecKernel::kQ8v5, cs), cudaSuccess);
+  names.push_back("matvec_launch kQ8v5");
+
+  std::vector<std::vector<float>> y(static_cast<size_t>(n_out), std::vector<float>(static_cast<size_t>(y_elems)));
+  for (int i = 0; i < n_out; ++i) {
+    EXPECT_TRUE(cuda::copy_to_host(y[static_cast<size_t>(i)].data(), yd[static_cast<size_t>(i)].data(), 4 * y_elems,
+                                   *stream)
+                    .is_ok());
+  }
+  std::vector<uint8_t> act_host(static_cast<size_t>(act_bytes));
+  EXPECT_TRUE(cuda::copy_to_host(act_host.data(), act->data(), act_bytes, *stream).is_ok());
+  const Status sync = stream->synchronize();
+  ASSERT_TRUE(sync.is_ok()) << sync.to_string();
+  const std::string base = fmt::format("{} rows={} k={} tokens={}", dtype_name(w.type), n_rows, k, n_tokens);
+  const std::vector<float> xq = check_q8_scratch(act_host, x, 0, k, n_tokens, k, base);
+
+  // References once: exact, on the quantized activations, and the bounds.
+  const size_t n_outputs = static_cast<size_t>(n_tokens * n_rows);
+  std::vector<double> ref(n_outputs), ref_q(n_outputs), bound_q(n_outputs), bound_e2e(n_outputs);
+  ThreadPool::global().parallel_for(n_tokens * n_rows, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / n_rows, r = i % n_rows;
+      const float* wr = w.ref.data() + r * k;
+      const float* orow = w.off.data() + r * k;
+      double a = 0, aq = 0, mq = 0, qerr = 0;
+      for (int64_t b = 0; b < k / 32; ++b) {
+        double amax = 0, wsum = 0;
+        for (int64_t j = 32 * b; j < 32 * b + 32; ++j) {
+          const double xv = x[static_cast<size_t>(t * k + j)], xqv = xq[static_cast<size_t>(t * k + j)];
+          a += wr[j] * xv;
+          aq += wr[j] * xqv;
+          mq += (std::fabs(static_cast<double>(wr[j])) + 2.0 * orow[j]) * std::fabs(xqv);
+          amax = std::max(amax, std::fabs(xv));
+          wsum += std::fabs(static_cast<double>(wr[j]));
+        }
+        qerr += amax / 127.0 * 0.5 * 1.001 * wsum;
+      }
+      ref[static_cast<size_t>(i)] = a;
+      ref_q[static_cast<size_t>(i)] = aq;
+      bound_q[static_cast<size_t>(i)] = kTolKernel * mq;
+      bound_e2e[static_cast<size_t>(i)] = qerr + kTolKernel * mq;
+    }
+  }, 256);
+  for (int v = 0; v < n_out; ++v) {
+    const std::vector<float>& yv = y[static_cast<size_t>(v)];
+    const std::string where = base + " " + names[static_cast<size_t>(v)];
+    Check kern{"kernel on the q8 activations"}, e2e{"end to end"}, v4{"agreement with v4"};
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const size_t i = static_cast<size_t>(t * n_rows + r);
+        const double got = yv[static_cast<size_t>(t * y_stride + r)];
+        kern.add(t, r, got, ref_q[i], bound_q[i]);
+        e2e.add(t, r, got, ref[i], bound_e2e[i]);
+        v4.add(t, r, got, y[0][static_cast<size_t>(t * y_stride + r)], 2.0 * bound_q[i]);
+      }
+      for (int64_t r = n_rows; r < y_stride; ++r) {
+        EXPECT_TRUE(std::isnan(yv[static_cast<size_t>(t * y_stride + r)])) << where << ": wrote past the row end";
+      }
+    }
+    kern.expect(where);
+    e2e.expect(where);
+    v4.expect(where);
+  }
+}
+
+void q8_versions_shapes(DType t, int64_t k, int64_t n_rows, const std::vector<int64_t>& tokens) {
+  const Weights w = make_weights(t, k, n_rows);
+  const cuda::CudaBuffer wd = upload(w);
+  for (int64_t nt : tokens) run_q8_versions(w, wd, nt);
+}
+
+const DType kQ8Types[] = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+class CudaMatvecQ8VersionsTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// Edge shapes: one block, rows not a multiple of the 2 rows per warp or the 8 rows of a CTA, partial
+// 1024-element steps, steps not a multiple of the split.
+TEST_P(CudaMatvecQ8VersionsTest, TokenCountsAndEdgeShapes) {
+  const DType t = GetParam();
+  const int64_t bs = dtype_block_size(t);
+  const std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 8};
+  q8_versions_shapes(t, bs, 1, tokens);
+  q8_versions_shapes(t, bs * 3, 7, tokens);
+  q8_versions_shapes(t, 1280, 33, tokens);
+  q8_versions_shapes(t, 2048 + 512, 19, {1, 8});
+  q8_versions_shapes(t, 5120, 37, {1, 3});
+  if (bs == 32) {
+    q8_versions_shapes(t, 96, 5, tokens);
+    q8_versions_shapes(t, 1024 + 160, 21, {1, 3, 8});
+    q8_versions_shapes(t, 2080, 3, {2, 7});
+  }
+}
+
+// The 27B and 35B-A3B decode shapes (rows x k).
+TEST_P(CudaMatvecQ8VersionsTest, RealModelShapes) {
+  const DType t = GetParam();
+  const int64_t shapes[][2] = {{17408, 5120}, {5120, 17408}, {10240, 5120}, {6144, 5120}, {5120, 6144},
+                               {48, 5120},    {1024, 5120},  {2048, 512},   {512, 2048},  {8192, 2048}};
+  for (const auto& s : shapes) q8_versions_shapes(t, s[1], s[0], s[0] * s[1] > 20'000'000 ? std::vector<int64_t>{1, 8}
+                                                                                         : std::vector<int64_t>{1, 2, 5});
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaMatvecQ8VersionsTest, ::testing::ValuesIn(kQ8Types),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+// Host logic only (runs without a device): the forced q8 kernels apply where kQ8 does and fall back
+// like it; the pick table gives a q8 version for every shape.
+TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
+  alignas(16) static uint8_t fake[16];
+  for (DType t : kTypes) {
+    cuda::MatvecLaunch l{fake, dtype_row_bytes(t, 1024), reinterpret_cast<const float*>(fake), 1024,
+                         reinterpret_cast<float*>(fake), 64, 64, 1024, 4};
+    l.act = fake;
+    l.act_bytes = cuda::matvec_q8_act_bytes(1024, 4);
+    for (cuda::MatvecKernel q : {cuda::MatvecKernel::kQ8, cuda::MatvecKernel::kQ8v4, cuda::MatvecKernel::kQ8v5}) {
+      EXPECT_EQ(cuda::matvec_pick(t, l, q), is_quant(t) ? q : cuda::MatvecKernel::kStaged) << dtype_name(t);
+    }
+    cuda::MatvecLaunch off = l;
+    off.w = fake + 2;  // not 16-byte aligned: no q8 version
+    EXPECT_NE(cuda::matvec_pick(t, off, cuda::MatvecKernel::kQ8v5), cuda::MatvecKernel::kQ8v5) << dtype_name(t);
+  }
+  for (int nt = 1; nt <= 8; ++nt) {
+    for (int64_t rows : {48, 1024, 5120, 17408}) {
+      const cuda::MatvecQ8Version v = cuda::matvec_q8_pick_version(DType::Q4_K, rows, 5120, nt);
+      EXPECT_STRNE(cuda::matvec_q8_version_name(v), "?");
+    }
+  }
+}
 
 // Which kernel runs where: the q8 kernel for quantized weights at 1..8 tokens on aligned rows; the
 // F32-activation kernels for float weights, 9..16 tokens, and the F32 path. Host logic only: runs
