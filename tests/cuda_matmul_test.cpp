@@ -10,7 +10,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/dtype.h"
 #include "core/half.h"
