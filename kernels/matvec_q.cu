@@ -4,7 +4,7 @@
 // Build (after the CMake build in build-gpu, for the CPU reference in libdeltaserve_lib):
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
 //     kernels/matvec_q.cu build-gpu/libdeltaserve_lib.a -lcublas -o build-gpu/matvec_q
-// Run: build-gpu/matvec_q [out.tsv]
+// Run: build-gpu/matvec_q [out.tsv] [all|legacy|v5]   (legacy: v1..v4 and gemm; v5: the q8 section)
 // Versions:
 //   v1 generic: one warp per (row, token), byte loads, decode1 per element (the fallback path).
 //   v2 staged:  CTA of 128 threads owns 4 rows, 16-byte loads of ~1-2 KB row chunks into shared memory,
@@ -23,6 +23,17 @@
 //               Checked against the reference on the device-quantized activations (kernel error) and
 //               on the original ones (end to end, bound 1e-2 of sum|w x|).
 //   v4r2:       v4 with 2 rows per warp.
+//   v5 section (run_v5_section; kernel in ops/cuda/matvec_q8v5.cuh): the q8 product without shared
+//               memory: each lane loads its 32-element piece of kRows rows with 16-byte __ldg loads into
+//               a register ring kDepth steps ahead of the dot products (2-byte aligned blocks realigned
+//               in registers); CTAs of 4 warps. Against v4 on the same quantized activations, product
+//               alone, at the 27B and 35B-A3B decode shapes, 1/2/4/8 tokens:
+//     v5        2 rows per warp, prefetch 1 step, one warp per row group, grid = all row groups.
+//     v5p       v5 on a persistent grid (resident CTAs stride over the row groups).
+//     v5s2/v5s4 v5 with split-K: 2 / 4 warps share a row group's steps, summed in shared memory.
+//     v5r1d2    1 row per warp, prefetch 2 steps (v5r1d2s4: split 4; v5r1d2p: persistent).
+//     v5r1      1 row per warp, prefetch 1 step (fewest registers for q6_K; v5r1s4: split 4).
+//     v5r4      4 rows per warp (q4_K, q4_0 at one token only: the others' rings need too many registers).
 //   gemm:       dequantize to BF16 tiles + cublasGemmEx (BF16 in, F32 accumulate), for prefill.
 // Non-obvious choice: timed runs rotate over enough copies of the weights to exceed 4x the L2 size, so
 // small matrices are timed from device memory, not from the 50 MB L2.
@@ -41,6 +52,7 @@
 #include "core/thread_pool.h"
 #include "ops/cuda/matvec_kernels.cuh"
 #include "ops/cuda/matvec_q8.cuh"
+#include "ops/cuda/matvec_q8v5.cuh"
 #include "quant/quant.h"
 
 using namespace ds;
@@ -331,10 +343,258 @@ struct V4Summary {
   double us[9] = {};  // v4 (quantize + product) by token count
 };
 
+
+// ---- v5 section: the int8-activation product, v4 against the v5 variants, at the model shapes ----
+// Every version runs on the same device-quantized activations (the quantize kernel is timed once per
+// shape and token count) and is timed as the product alone, from device memory (the weights rotate over
+// copies totalling 4x the L2), then checked against references computed once per (shape, tokens).
+struct V5Config {
+  const char* name;
+  int rows, depth, split;  // rows per warp, prefetch depth (steps), warps per row group
+  bool persistent;         // grid capped at the resident CTAs
+  int max_nt;              // token buckets instantiated
+};
+const V5Config kV5Configs[] = {
+    {"v5", 2, 1, 1, false, 8},       {"v5p", 2, 1, 1, true, 8},          {"v5s2", 2, 1, 2, false, 8},
+    {"v5s4", 2, 1, 4, false, 8},     {"v5r1d2", 1, 2, 1, false, 8},      {"v5r1d2s4", 1, 2, 4, false, 8},
+    {"v5r1d2p", 1, 2, 1, true, 8},   {"v5r1", 1, 1, 1, false, 8},        {"v5r1s4", 1, 1, 4, false, 8},
+    {"v5r4", 4, 1, 1, false, 1},  // q4_K and q4_0 only
+};
+bool v5_runs(DType t, const V5Config& c, int nt) {
+  return nt <= c.max_nt && (c.rows != 4 || t == DType::Q4_K || t == DType::Q4_0);
+}
+constexpr int kV5NumConfigs = sizeof(kV5Configs) / sizeof(kV5Configs[0]);
+
+template <DType T, int kRows, int kDepth>
+void launch_v5_rows(const ds::cuda::kern::Q8v5Args& a, const V5Config& c, cudaStream_t s) {
+  using namespace ds::cuda::kern;
+  if (a.n_tokens <= 1) {
+    CK((q8v5_launch<T, 1, kRows, kDepth>(a, 1, c.split, c.persistent, s)));
+  } else if constexpr (kRows <= 2) {
+    if (a.n_tokens <= 2) CK((q8v5_launch<T, 2, kRows, kDepth>(a, 1, c.split, c.persistent, s)));
+    else if (a.n_tokens <= 4) CK((q8v5_launch<T, 4, kRows, kDepth>(a, 1, c.split, c.persistent, s)));
+    else CK((q8v5_launch<T, 8, kRows, kDepth>(a, 1, c.split, c.persistent, s)));
+  } else {
+    std::abort();  // more rows: one token only (v5_runs)
+  }
+}
+
+template <DType T>
+void launch_v5_typed(const ds::cuda::kern::Q8v5Args& a, const V5Config& c, cudaStream_t s) {
+  if constexpr (ds::cuda::qdec::q8_supported(T)) {
+    if (c.rows == 2 && c.depth == 1) launch_v5_rows<T, 2, 1>(a, c, s);
+    else if (c.rows == 1 && c.depth == 2) launch_v5_rows<T, 1, 2>(a, c, s);
+    else if (c.rows == 1 && c.depth == 1) launch_v5_rows<T, 1, 1>(a, c, s);
+    else if constexpr (ds::cuda::kern::Q8v5Type<T>::kRaw <= 8) {  // 4 rows: only the light load rings
+      if (c.rows == 4 && c.depth == 1) launch_v5_rows<T, 4, 1>(a, c, s);
+      else std::abort();
+    } else {
+      std::abort();
+    }
+  } else {
+    std::abort();
+  }
+}
+
+void launch_v5(DType t, const ds::cuda::kern::Q8v5Args& a, const V5Config& c, cudaStream_t s) {
+  switch (t) {
+#define X(name) case DType::name: launch_v5_typed<DType::name>(a, c, s); break;
+    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
+#undef X
+    default: std::abort();
+  }
+}
+
+// Per (shape, tokens): the float64 references, end to end (original activations) and on the
+// device-quantized activations, with their magnitudes sum |w x|.
+struct V5Refs {
+  std::vector<double> ref, mag, ref_q, mag_q;  // [nt, rows]
+};
+V5Refs v5_refs(const Problem& p, const std::vector<float>& x, const std::vector<float>& xq, int nt) {
+  V5Refs r;
+  const size_t n = static_cast<size_t>(nt * p.n_rows);
+  r.ref.assign(n, 0);
+  r.mag.assign(n, 0);
+  r.ref_q.assign(n, 0);
+  r.mag_q.assign(n, 0);
+  ThreadPool::global().parallel_for(p.n_rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t row = r0; row < r1; ++row) {
+      const float* w = p.ref_w.data() + row * p.k;
+      for (int t = 0; t < nt; ++t) {
+        double a = 0, m = 0, aq = 0, mq = 0;
+        const float* xr = x.data() + t * p.k;
+        const float* xqr = xq.data() + t * p.k;
+        for (int64_t j = 0; j < p.k; ++j) {
+          const double e = static_cast<double>(w[j]) * xr[j], eq = static_cast<double>(w[j]) * xqr[j];
+          a += e;
+          m += std::fabs(e);
+          aq += eq;
+          mq += std::fabs(eq);
+        }
+        const size_t i = static_cast<size_t>(t * p.n_rows + row);
+        r.ref[i] = a;
+        r.mag[i] = m;
+        r.ref_q[i] = aq;
+        r.mag_q[i] = mq;
+      }
+    }
+  }, 16);
+  return r;
+}
+
+// Worst relative errors of y [nt, rows] (end to end, kernel); NaN (unwritten) gives inf. Prints the
+// first output over the kernel bound.
+void v5_errors(const V5Refs& r, const std::vector<float>& y, int nt, int64_t rows, double* err, double* err_q) {
+  *err = 0;
+  *err_q = 0;
+  bool printed = false;
+  for (int t = 0; t < nt; ++t) {
+    for (int64_t row = 0; row < rows; ++row) {
+      const size_t i = static_cast<size_t>(t * rows + row);
+      const double e = std::fabs(y[i] - r.ref[i]) / (r.mag[i] + 1e-30);
+      const double eq = std::fabs(y[i] - r.ref_q[i]) / (r.mag_q[i] + 1e-30);
+      *err = std::max(*err, std::isnan(e) ? INFINITY : e);
+      *err_q = std::max(*err_q, std::isnan(eq) ? INFINITY : eq);
+      if (!(eq <= 5e-5) && !printed) {
+        printed = true;
+        std::printf("    first bad output: token %d row %lld got %.6g ref %.6g (quantized-activation ref)\n", t,
+                    (long long)row, y[i], r.ref_q[i]);
+      }
+    }
+  }
+}
+
+struct V5Row {
+  std::string type;
+  int64_t rows, k;
+  int nt;
+  double mb, quant_us, v4_us, us[kV5NumConfigs];
+};
+
+int run_v5_section(double read_gbs, int64_t l2_bytes) {
+  struct Shape { int64_t n_rows, k; };  // rows x k, as in the brief
+  const Shape shapes[] = {{17408, 5120}, {5120, 17408}, {10240, 5120}, {6144, 5120}, {5120, 6144},
+                          {48, 5120},    {1024, 5120},  {2048, 512},   {512, 2048},  {8192, 2048}};
+  const DType types[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::Q5_0};
+  const int token_counts[] = {1, 2, 4, 8};
+  cudaStream_t s = nullptr;
+  int failures = 0;
+  std::vector<V5Row> rows;
+  for (DType t : types) {
+    for (const Shape& sh : shapes) {
+      Problem p{t, sh.k, sh.n_rows};
+      p.w = random_weights(t, p.n_rows, p.k, static_cast<uint32_t>(p.k + p.n_rows));
+      p.bytes = static_cast<int64_t>(p.w.size());
+      p.copies = static_cast<int>(std::max<int64_t>(1, (4 * l2_bytes + p.bytes - 1) / p.bytes));
+      const int64_t cs = copy_stride(p);
+      CK(cudaMalloc(&p.dw, cs * p.copies));
+      CK(cudaMemcpy(p.dw, p.w.data(), p.bytes, cudaMemcpyHostToDevice));
+      for (int c = 1; c < p.copies; ++c) CK(cudaMemcpy(p.dw + c * cs, p.dw, p.bytes, cudaMemcpyDeviceToDevice));
+      p.ref_w.resize(static_cast<size_t>(p.k * p.n_rows));
+      quant::dequantize_rows(t, p.w.data(), p.ref_w.data(), p.n_rows, p.k, ThreadPool::global().n_threads());
+      float *dx, *dy;
+      uint8_t* dact;
+      CK(cudaMalloc(&dx, 4 * 8 * p.k));
+      CK(cudaMalloc(&dy, 4 * 8 * p.n_rows));
+      CK(cudaMalloc(&dact, ds::cuda::kern::q8_act_bytes(p.k, 8)));
+      std::vector<float> x(static_cast<size_t>(8 * p.k));
+      std::mt19937 rng(11);
+      std::normal_distribution<float> nd;
+      for (auto& v : x) v = nd(rng);
+      CK(cudaMemcpy(dx, x.data(), 4 * x.size(), cudaMemcpyHostToDevice));
+      for (int nt : token_counts) {
+        quantize(dx, p.k, nt, dact, s);
+        CK(cudaDeviceSynchronize());
+        const V5Refs refs = v5_refs(p, x, dequantized_act(dact, p.k, nt), nt);
+        const float quant_ms = median_ms([&](int) { quantize(dx, p.k, nt, dact, s); }, 20);
+        const double bytes = p.bytes + ds::cuda::kern::q8_act_bytes(p.k, nt) + 4.0 * nt * p.n_rows;
+        V5Row row{dtype_name(t), p.n_rows, p.k, nt, p.bytes / 1e6, quant_ms * 1e3, 0, {}};
+        const ds::cuda::kern::MatvecQ8Args a4{p.dw, dtype_row_bytes(t, p.k), reinterpret_cast<const int8_t*>(dact),
+                                              reinterpret_cast<const float2*>(dact + ds::cuda::kern::q8_ds_offset(p.k, nt)),
+                                              dy, p.n_rows, p.n_rows, p.k, nt};
+        // index -1: v4, then the v5 configurations
+        for (int vi = -1; vi < kV5NumConfigs; ++vi) {
+          if (vi >= 0 && !v5_runs(t, kV5Configs[vi], nt)) continue;
+          auto run = [&](const uint8_t* w) {
+            ds::cuda::kern::MatvecQ8Args b = a4;
+            b.w = w;
+            if (vi < 0) {
+              MatvecArgs m{w, b.w_stride, dx, p.k, dy, p.n_rows, p.n_rows, p.k, nt};
+              launch(t, Version::kV4, m, dact, s);
+            } else {
+              launch_v5(t, ds::cuda::kern::q8v5_args(b), kV5Configs[vi], s);
+            }
+          };
+          CK(cudaMemset(dy, 0xFF, 4 * 8 * p.n_rows));
+          run(p.dw);
+          CK(cudaGetLastError());
+          CK(cudaDeviceSynchronize());
+          std::vector<float> y(static_cast<size_t>(nt * p.n_rows));
+          CK(cudaMemcpy(y.data(), dy, 4 * y.size(), cudaMemcpyDeviceToHost));
+          double err, err_q;
+          const char* name = vi < 0 ? "v4" : kV5Configs[vi].name;
+          v5_errors(refs, y, nt, p.n_rows, &err, &err_q);
+          const bool ok = err <= 1e-2 && err_q <= 5e-5;
+          if (!ok) failures++;
+          const int reps = p.bytes > (16 << 20) ? 20 : 50;
+          const float ms = median_ms([&](int i) { run(p.dw + (i % p.copies) * cs); }, reps);
+          const double gbs = bytes / (ms * 1e-3) / 1e9;
+          (vi < 0 ? row.v4_us : row.us[vi]) = ms * 1e3;
+          std::printf("v5sec %-5s rows=%-6lld k=%-6lld t=%d %-9s %8.2f us %7.0f GB/s %5.1f%% of read  err %.1e kernel err %.1e %s\n",
+                      dtype_name(t), (long long)p.n_rows, (long long)p.k, nt, name, ms * 1e3, gbs, 100 * gbs / read_gbs,
+                      err, err_q, ok ? "ok" : "FAIL");
+          std::fprintf(g_tsv, "q8\t%s\t%lld\t%lld\t%d\t%s\t%.3f\t%.1f\t%.4f\t%.2e\t%.2e\n", dtype_name(t),
+                       (long long)p.n_rows, (long long)p.k, nt, name, ms * 1e3, gbs, gbs / read_gbs, err, err_q);
+        }
+        rows.push_back(row);
+      }
+      CK(cudaFree(dx));
+      CK(cudaFree(dy));
+      CK(cudaFree(dact));
+      CK(cudaFree(p.dw));
+    }
+  }
+  // Summary: per (type, shape, tokens) the product time of v4 and each v5 version (us), % of the read
+  // bandwidth of the best, and the quantize time that comes on top of any of them.
+  std::printf("\n== q8 product (alone), v4 vs v5 versions: us; %% of read bandwidth %.0f GB/s for v4 and the best ==\n",
+              read_gbs);
+  std::printf("%-5s %6s x %-6s t  %7s %7s", "type", "rows", "k", "MB", "quant");
+  std::printf(" %8s", "v4");
+  for (const V5Config& c : kV5Configs) std::printf(" %8s", c.name);
+  std::printf("  v4%%   best%%  best\n");
+  for (const V5Row& r : rows) {
+    const double bytes = r.mb * 1e6 + ds::cuda::kern::q8_act_bytes(r.k, r.nt) + 4.0 * r.nt * r.rows;
+    auto pct = [&](double us) { return 100.0 * bytes / (us * 1e-6) / 1e9 / read_gbs; };
+    std::printf("%-5s %6lld x %-6lld %d  %7.2f %7.2f %8.2f", r.type.c_str(), (long long)r.rows, (long long)r.k, r.nt,
+                r.mb, r.quant_us, r.v4_us);
+    int best = -1;
+    double best_us = r.v4_us;
+    for (int i = 0; i < kV5NumConfigs; ++i) {
+      if (r.us[i] > 0) {
+        std::printf(" %8.2f", r.us[i]);
+        if (r.us[i] < best_us) {
+          best_us = r.us[i];
+          best = i;
+        }
+      } else {
+        std::printf(" %8s", "-");
+      }
+    }
+    std::printf("  %4.1f  %5.1f  %s\n", pct(r.v4_us), pct(best_us), best < 0 ? "v4" : kV5Configs[best].name);
+  }
+  std::printf("v5 section check failures: %d\n", failures);
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   g_tsv = std::fopen(argc > 1 ? argv[1] : "matvec_q.tsv", "w");
+  const std::string section = argc > 2 ? argv[2] : "all";  // all | legacy (v1..v4, gemm) | v5
+  if (section != "all" && section != "legacy" && section != "v5") {
+    std::fprintf(stderr, "usage: matvec_q [out.tsv] [all|legacy|v5]\n");
+    return 2;
+  }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0;
@@ -359,6 +619,7 @@ int main(int argc, char** argv) {
   std::vector<V4Summary> v4_summary;
 
   for (DType t : kTypes) {
+    if (section == "v5") break;
     for (const Shape& sh : shapes) {
       Problem p{t, sh.k, sh.n_rows};
       setup(p, prop.l2CacheSize);
@@ -499,6 +760,7 @@ int main(int argc, char** argv) {
                 v.type.c_str(), v.v4_gbs, 100 * v.v4_gbs / read_gbs, 100 * v.v3_gbs / read_gbs, v.v4k_gbs,
                 100 * v.v4k_gbs / read_gbs, v.v4k_us, v.us[2], v.us[4], v.us[8]);
   }
+  if (section != "legacy") failures += run_v5_section(read_gbs, prop.l2CacheSize);
   std::printf("check failures: %d\n", failures);
   std::fclose(g_tsv);
   CB(cublasDestroy(blas));

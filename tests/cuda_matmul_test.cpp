@@ -10,24 +10,24 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/dtype.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
+#include "ops/cuda/matvec_q8v5.cuh"
 #include "quant/quant.h"
 
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_matmul.h"
+#include "ops/cuda/matvec_launch.h"
 #endif
 
 namespace ds {
 namespace {
-
-#if DS_HAVE_CUDA
-
-using cuda::MatmulKernel;
-using cuda::MatmulPath;
 
 const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q5_0,
                         DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
@@ -50,8 +50,6 @@ constexpr double kTolF32 = 2e-5;
 constexpr double kTolGemmBf16 = 5e-3;
 constexpr double kTolKernel = 2e-5;
 constexpr double kTolQ8 = 1e-2;
-
-bool have_gpu() { return cuda::device_count() > 0; }
 
 // Random row bytes for type t: floats for plain types; random bytes with each block's fp16 scale fields
 // overwritten by values in [0.002, 0.02) for quantized types.
@@ -149,20 +147,6 @@ Weights make_weights(DType t, int64_t k, int64_t n_rows) {
   return w;
 }
 
-struct Case {
-  int64_t n_tokens;
-  int64_t x_stride, y_stride;  // elements (>= k, >= n_rows)
-  MatmulPath path;
-  int64_t x_offset = 0;        // elements: shifts x off 16-byte alignment
-  int64_t w_offset = 0;        // bytes: shifts the weights off 16-byte alignment
-};
-
-std::string describe(const Weights& w, const Case& c, MatmulKernel kernel) {
-  return fmt::format("{} k={} rows={} tokens={} path={} kernel={} x_offset={} w_offset={}", dtype_name(w.type), w.k,
-                     w.n_rows, c.n_tokens, static_cast<int>(c.path), cuda::matmul_kernel_name(kernel), c.x_offset,
-                     c.w_offset);
-}
-
 // Per output: the value, the bound it must meet, and what it was compared with (for the message).
 struct Check {
   const char* what;
@@ -201,6 +185,213 @@ struct Check {
                       << worst_ratio;
   }
 };
+
+// ---- q8 kernel v5: host emulation of its per-lane code (ops/cuda/matvec_q8v5.cuh) ----
+// Runs without a device: the same loads, realignment, decode and dot products as the kernel, with every
+// load checked against the bounds of the weight and activation arrays (the weight array ends exactly at
+// the last row, so a read past the tensor aborts). Compared with the float64 product on the quantized
+// activations (bound kTolKernel, as the device kernel on the device-quantized activations).
+
+// Activations quantized as quantize_q8 does: per 32-element block d = amax / 127, q = round(x / d).
+struct Q8Act {
+  std::vector<int8_t> q;   // [n_tokens, k]
+  std::vector<float> ds;   // [n_tokens, k / 32] pairs (d, d * sum q)
+  std::vector<float> xq;   // [n_tokens, k]: q * d, what the kernel multiplies
+};
+
+Q8Act quantize_q8_host(const std::vector<float>& x, int64_t n_tokens, int64_t k) {
+  Q8Act a{std::vector<int8_t>(static_cast<size_t>(n_tokens * k)), std::vector<float>(static_cast<size_t>(n_tokens * k / 16)),
+          std::vector<float>(static_cast<size_t>(n_tokens * k))};
+  for (int64_t b = 0; b < n_tokens * k / 32; ++b) {
+    const float* xb = x.data() + 32 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = std::max(-127, std::min(127, static_cast<int>(std::nearbyint(xb[i] * id))));
+      a.q[static_cast<size_t>(32 * b + i)] = static_cast<int8_t>(q);
+      a.xq[static_cast<size_t>(32 * b + i)] = static_cast<float>(q) * d;
+      sum += q;
+    }
+    a.ds[static_cast<size_t>(2 * b)] = d;
+    a.ds[static_cast<size_t>(2 * b + 1)] = d * static_cast<float>(sum);
+  }
+  return a;
+}
+
+// Loads of the emulation must stay inside these arrays (cleared on destruction).
+struct EmulationBounds {
+  template <typename A, typename B, typename C>
+  EmulationBounds(const A& w, const B& q, const C& ds) {
+    auto& r = cuda::kern::q8v5_host_ranges();
+    auto add = [&](const void* p, size_t bytes) {
+      r.lo[r.n] = reinterpret_cast<uintptr_t>(p);
+      r.hi[r.n] = r.lo[r.n] + bytes;
+      ++r.n;
+    };
+    r.n = 0;
+    add(w.data(), w.size() * sizeof(w[0]));
+    add(q.data(), q.size() * sizeof(q[0]));
+    add(ds.data(), ds.size() * sizeof(ds[0]));
+  }
+  ~EmulationBounds() { cuda::kern::q8v5_host_ranges().n = 0; }
+};
+
+// Compares y[t * y_stride + r] (t < n_tokens, r < n_rows) with weight rows `wref` times act rows `xq`:
+// kernel bound kTolKernel * sum (|w| + 2|o|) |x'|. Row padding of y must still be NaN.
+void expect_q8_product(const float* wref, const float* off, const float* xq, int64_t k, int64_t n_rows,
+                       int64_t n_tokens, const std::vector<float>& y, int64_t y_stride, const std::string& where) {
+  Check c{"kernel on the q8 activations"};
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      double ref = 0.0, mag = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double wv = wref[r * k + j], xv = xq[t * k + j];
+        ref += wv * xv;
+        mag += (std::fabs(wv) + 2.0 * off[r * k + j]) * std::fabs(xv);
+      }
+      c.add(t, r, y[static_cast<size_t>(t * y_stride + r)], ref, kTolKernel * mag);
+    }
+    for (int64_t r = n_rows; r < y_stride; ++r) {
+      EXPECT_TRUE(std::isnan(y[static_cast<size_t>(t * y_stride + r)])) << where << ": wrote past the row end";
+    }
+  }
+  c.expect(where);
+}
+
+template <DType T, int kNT, int kRows, int kDepth>
+void emulate_case(const Weights& w, int64_t n_tokens, int split) {
+  const int64_t k = w.k, n_rows = w.n_rows, y_stride = n_rows + 3;
+  const Q8Act act = quantize_q8_host(random_floats(n_tokens * k, static_cast<uint32_t>(k + n_tokens)), n_tokens, k);
+  std::vector<float> y(static_cast<size_t>(n_tokens * y_stride), NAN);
+  cuda::kern::Q8v5Args a{w.bytes.data(), dtype_row_bytes(w.type, k), act.q.data(), act.ds.data(), y.data(), y_stride,
+                         n_rows, k, static_cast<int>(n_tokens)};
+  {
+    const EmulationBounds bounds(w.bytes, act.q, act.ds);
+    const int64_t groups = (n_rows + kRows - 1) / kRows;
+    ThreadPool::global().parallel_for(groups, [&](int64_t g0, int64_t g1, int) {
+      cuda::kern::q8v5_emulate<T, kNT, kRows, kDepth>(a, split, 1, g0, g1);
+    }, 16);
+  }
+  const std::string where = fmt::format("v5 emulation {} k={} rows={} tokens={} (kNT {} kRows {} kDepth {} split {})",
+                                        dtype_name(w.type), k, n_rows, n_tokens, kNT, kRows, kDepth, split);
+  expect_q8_product(w.ref.data(), w.off.data(), act.xq.data(), k, n_rows, n_tokens, y, y_stride, where);
+}
+
+// Every configuration the workbench and production instantiate, on one weight matrix.
+template <DType T>
+void emulate_configs(int64_t k, int64_t n_rows) {
+  const Weights w = make_weights(T, k, n_rows);
+  for (int split : {1, 2, 4}) emulate_case<T, 1, 2, 1>(w, 1, split);
+  emulate_case<T, 1, 1, 2>(w, 1, 1);
+  emulate_case<T, 1, 4, 1>(w, 1, 1);
+  emulate_case<T, 2, 2, 1>(w, 2, 1);
+  emulate_case<T, 4, 2, 1>(w, 3, 4);
+  emulate_case<T, 4, 2, 1>(w, 4, 1);
+  emulate_case<T, 8, 2, 1>(w, 5, 2);
+  emulate_case<T, 8, 2, 1>(w, 8, 1);
+}
+
+template <DType T>
+void emulate_shapes() {
+  constexpr int64_t bs = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256 : 32;
+  emulate_configs<T>(bs, 1);                 // one block
+  emulate_configs<T>(bs * 3, 7);             // rows not a multiple of the rows per warp
+  emulate_configs<T>(1280, 33);              // a partial 1024-element step
+  emulate_configs<T>(2048 + 512, 19);
+  emulate_configs<T>(5120, 5);               // 5 steps: uneven over 2 and 4 warps of a split
+  if (bs == 32) {
+    emulate_configs<T>(96, 5);
+    emulate_configs<T>(1024 + 160, 21);
+  }
+}
+
+TEST(MatvecQ8v5Emulation, Q4_0) { emulate_shapes<DType::Q4_0>(); }
+TEST(MatvecQ8v5Emulation, Q5_0) { emulate_shapes<DType::Q5_0>(); }
+TEST(MatvecQ8v5Emulation, Q8_0) { emulate_shapes<DType::Q8_0>(); }
+TEST(MatvecQ8v5Emulation, Q4_K) { emulate_shapes<DType::Q4_K>(); }
+TEST(MatvecQ8v5Emulation, Q5_K) { emulate_shapes<DType::Q5_K>(); }
+TEST(MatvecQ8v5Emulation, Q6_K) { emulate_shapes<DType::Q6_K>(); }
+
+// A real model shape at one token (the production configuration).
+TEST(MatvecQ8v5Emulation, RealShapes) {
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+    const Weights w = make_weights(t, 5120, 1024);
+    if (t == DType::Q4_K) emulate_case<DType::Q4_K, 1, 2, 1>(w, 1, 1);
+    if (t == DType::Q6_K) emulate_case<DType::Q6_K, 1, 2, 1>(w, 1, 1);
+    if (t == DType::Q8_0) emulate_case<DType::Q8_0, 1, 2, 1>(w, 1, 4);
+  }
+}
+
+// Gathered (MoE) mode: slot s multiplies expert ids[s] with activation row s / x_div; slots with an
+// invalid id are skipped (their outputs stay NaN).
+template <DType T>
+void emulate_gathered() {
+  const int64_t k = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 512 : 96, n_rows = 11;
+  const int n_expert = 3, x_div = 2;
+  const std::vector<int32_t> ids = {2, -1, 0, 3, 1, 2};
+  const int n_slots = static_cast<int>(ids.size());
+  const int64_t row_bytes = dtype_row_bytes(T, k), expert_stride = (n_rows * row_bytes + 15) / 16 * 16;
+  std::vector<Weights> experts;
+  std::vector<uint8_t> all(static_cast<size_t>(expert_stride * (n_expert - 1) + n_rows * row_bytes));
+  for (int e = 0; e < n_expert; ++e) {
+    experts.push_back(make_weights(T, k, n_rows + e));  // different seeds; the first n_rows rows are used
+    std::memcpy(all.data() + e * expert_stride, experts.back().bytes.data(), static_cast<size_t>(n_rows * row_bytes));
+  }
+  const int64_t act_rows = (n_slots + x_div - 1) / x_div;
+  const Q8Act act = quantize_q8_host(random_floats(act_rows * k, 99), act_rows, k);
+  std::vector<float> y(static_cast<size_t>(n_slots * (n_rows + 1)), NAN);
+  cuda::kern::Q8v5Args a{all.data(), row_bytes, act.q.data(), act.ds.data(), y.data(), n_rows + 1, n_rows, k, 1};
+  a.ids = ids.data();
+  a.w_expert_stride = expert_stride;
+  a.n_expert = n_expert;
+  a.x_div = x_div;
+  {
+    const EmulationBounds bounds(all, act.q, act.ds);
+    cuda::kern::q8v5_emulate<T, 1, 2, 1>(a, 2, n_slots, 0, n_rows);
+  }
+  for (int s = 0; s < n_slots; ++s) {
+    const std::string where = fmt::format("v5 gathered emulation {} slot {} expert {}", dtype_name(T), s, ids[s]);
+    const std::vector<float> ys(y.begin() + s * (n_rows + 1), y.begin() + (s + 1) * (n_rows + 1));
+    if (ids[s] < 0 || ids[s] >= n_expert) {
+      EXPECT_TRUE(std::all_of(ys.begin(), ys.end(), [](float v) { return std::isnan(v); })) << where;
+      continue;
+    }
+    const Weights& w = experts[static_cast<size_t>(ids[s])];
+    expect_q8_product(w.ref.data(), w.off.data(), act.xq.data() + (s / x_div) * k, k, n_rows, 1, ys, n_rows + 1, where);
+  }
+}
+
+TEST(MatvecQ8v5Emulation, Gathered) {
+  emulate_gathered<DType::Q4_0>();
+  emulate_gathered<DType::Q5_0>();
+  emulate_gathered<DType::Q8_0>();
+  emulate_gathered<DType::Q4_K>();
+  emulate_gathered<DType::Q5_K>();
+  emulate_gathered<DType::Q6_K>();
+}
+
+#if DS_HAVE_CUDA
+
+using cuda::MatmulKernel;
+using cuda::MatmulPath;
+
+bool have_gpu() { return cuda::device_count() > 0; }
+
+struct Case {
+  int64_t n_tokens;
+  int64_t x_stride, y_stride;  // elements (>= k, >= n_rows)
+  MatmulPath path;
+  int64_t x_offset = 0;        // elements: shifts x off 16-byte alignment
+  int64_t w_offset = 0;        // bytes: shifts the weights off 16-byte alignment
+};
+
+std::string describe(const Weights& w, const Case& c, MatmulKernel kernel) {
+  return fmt::format("{} k={} rows={} tokens={} path={} kernel={} x_offset={} w_offset={}", dtype_name(w.type), w.k,
+                     w.n_rows, c.n_tokens, static_cast<int>(c.path), cuda::matmul_kernel_name(kernel), c.x_offset,
+                     c.w_offset);
+}
 
 // Checks the q8 scratch: per block d = amax / 127, |x - q d| <= d/2, s = d * sum q. Returns x' = q d.
 std::vector<float> check_q8_scratch(const std::vector<uint8_t>& scratch, const std::vector<float>& x,
@@ -439,6 +630,197 @@ TEST_P(CudaMatmulTest, RealModelShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulTest, ::testing::ValuesIn(kTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+// ---- q8 versions v4 / v5 on the device ----
+// Every version of the q8 product on the same device-quantized activations: each against the float64
+// product on those activations (kernel bound) and on the original ones (end to end), and against v4
+// (twice the kernel bound), through matvec_q8_product_launch_version, the forced kernels of
+// matvec_q8_product_launch / matvec_launch and the default pick. Outputs start as NaN; row padding must
+// stay NaN.
+const std::vector<cuda::MatvecQ8Version> kQ8Versions = {cuda::MatvecQ8Version::kV4, cuda::MatvecQ8Version::kV5,
+                                         cuda::MatvecQ8Version::kV5Persistent, cuda::MatvecQ8Version::kV5SplitK};
+
+void run_q8_versions(const Weights& w, const cuda::CudaBuffer& wd, int64_t n_tokens) {
+  const int dev = 0;
+  const int64_t k = w.k, n_rows = w.n_rows, y_stride = n_rows + 3, y_elems = y_stride * n_tokens;
+  auto stream = cuda::Stream::create(dev);
+  ASSERT_TRUE(stream.is_ok()) << stream.status().to_string();
+  auto cs = static_cast<cudaStream_t>(stream->handle());
+  const std::vector<float> x = random_floats(n_tokens * k, static_cast<uint32_t>(k * 7 + n_tokens));
+  const int64_t act_bytes = cuda::matvec_q8_act_bytes(k, n_tokens);
+  auto xd = cuda::CudaBuffer::allocate(dev, 4 * n_tokens * k);
+  auto act = cuda::CudaBuffer::allocate(dev, act_bytes);
+  ASSERT_TRUE(xd.is_ok() && act.is_ok());
+  ASSERT_TRUE(cuda::copy_to_device(xd->data(), x.data(), 4 * n_tokens * k, *stream).is_ok());
+  // Outputs: one per version, then forced v5 / default through the product launch, then matvec_launch
+  // with kQ8v5 (which quantizes itself into its own scratch).
+  const int n_out = static_cast<int>(kQ8Versions.size()) + 3;
+  std::vector<cuda::CudaBuffer> yd;
+  for (int i = 0; i < n_out; ++i) {
+    auto b = cuda::CudaBuffer::allocate(dev, 4 * y_elems);
+    ASSERT_TRUE(b.is_ok());
+    ASSERT_TRUE(cuda::fill_bytes(b->data(), 0xFF, 4 * y_elems, *stream).is_ok());
+    yd.push_back(std::move(*b));
+  }
+  auto own_act = cuda::CudaBuffer::allocate(dev, act_bytes);
+  ASSERT_TRUE(own_act.is_ok());
+  ASSERT_EQ(cuda::quantize_q8_launch(static_cast<const float*>(xd->data()), k, nullptr, n_tokens, k, act->data(),
+                                     nullptr, 0, cs),
+            cudaSuccess);
+  cuda::MatvecLaunch l{wd.data(), dtype_row_bytes(w.type, k), static_cast<const float*>(xd->data()), k, nullptr,
+                       y_stride, n_rows, k, static_cast<int>(n_tokens)};
+  l.act = act->data();
+  l.act_bytes = act_bytes;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < kQ8Versions.size(); ++i) {
+    l.y = static_cast<float*>(yd[i].data());
+    EXPECT_EQ(cuda::matvec_q8_product_launch_version(w.type, l, kQ8Versions[i], cs), cudaSuccess);
+    names.push_back(cuda::matvec_q8_version_name(kQ8Versions[i]));
+  }
+  l.y = static_cast<float*>(yd[kQ8Versions.size()].data());
+  EXPECT_EQ(cuda::matvec_q8_product_launch(w.type, l, cuda::MatvecKernel::kQ8v5, cs), cudaSuccess);
+  names.push_back("product kQ8v5");
+  l.y = static_cast<float*>(yd[kQ8Versions.size() + 1].data());
+  EXPECT_EQ(cuda::matvec_q8_product_launch(w.type, l, cs), cudaSuccess);
+  names.push_back(std::string("product default (") +
+                  cuda::matvec_q8_version_name(cuda::matvec_q8_pick_version(w.type, n_rows, k, static_cast<int>(n_tokens))) +
+                  ")");
+  l.y = static_cast<float*>(yd[kQ8Versions.size() + 2].data());
+  l.act = own_act->data();
+  EXPECT_EQ(cuda::matvec_pick(w.type, l, cuda::MatvecKernel::kQ8v5), cuda::MatvecKernel::kQ8v5);
+  EXPECT_EQ(cuda::matvec_launch(w.type, l, cuda::MatvecKernel::kQ8v5, cs), cudaSuccess);
+  names.push_back("matvec_launch kQ8v5");
+
+  std::vector<std::vector<float>> y(static_cast<size_t>(n_out), std::vector<float>(static_cast<size_t>(y_elems)));
+  for (int i = 0; i < n_out; ++i) {
+    EXPECT_TRUE(cuda::copy_to_host(y[static_cast<size_t>(i)].data(), yd[static_cast<size_t>(i)].data(), 4 * y_elems,
+                                   *stream)
+                    .is_ok());
+  }
+  std::vector<uint8_t> act_host(static_cast<size_t>(act_bytes));
+  EXPECT_TRUE(cuda::copy_to_host(act_host.data(), act->data(), act_bytes, *stream).is_ok());
+  const Status sync = stream->synchronize();
+  ASSERT_TRUE(sync.is_ok()) << sync.to_string();
+  const std::string base = fmt::format("{} rows={} k={} tokens={}", dtype_name(w.type), n_rows, k, n_tokens);
+  const std::vector<float> xq = check_q8_scratch(act_host, x, 0, k, n_tokens, k, base);
+
+  // References once: exact, on the quantized activations, and the bounds.
+  const size_t n_outputs = static_cast<size_t>(n_tokens * n_rows);
+  std::vector<double> ref(n_outputs), ref_q(n_outputs), bound_q(n_outputs), bound_e2e(n_outputs);
+  ThreadPool::global().parallel_for(n_tokens * n_rows, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / n_rows, r = i % n_rows;
+      const float* wr = w.ref.data() + r * k;
+      const float* orow = w.off.data() + r * k;
+      double a = 0, aq = 0, mq = 0, qerr = 0;
+      for (int64_t b = 0; b < k / 32; ++b) {
+        double amax = 0, wsum = 0;
+        for (int64_t j = 32 * b; j < 32 * b + 32; ++j) {
+          const double xv = x[static_cast<size_t>(t * k + j)], xqv = xq[static_cast<size_t>(t * k + j)];
+          a += wr[j] * xv;
+          aq += wr[j] * xqv;
+          mq += (std::fabs(static_cast<double>(wr[j])) + 2.0 * orow[j]) * std::fabs(xqv);
+          amax = std::max(amax, std::fabs(xv));
+          wsum += std::fabs(static_cast<double>(wr[j]));
+        }
+        qerr += amax / 127.0 * 0.5 * 1.001 * wsum;
+      }
+      ref[static_cast<size_t>(i)] = a;
+      ref_q[static_cast<size_t>(i)] = aq;
+      bound_q[static_cast<size_t>(i)] = kTolKernel * mq;
+      bound_e2e[static_cast<size_t>(i)] = qerr + kTolKernel * mq;
+    }
+  }, 256);
+  for (int v = 0; v < n_out; ++v) {
+    const std::vector<float>& yv = y[static_cast<size_t>(v)];
+    const std::string where = base + " " + names[static_cast<size_t>(v)];
+    Check kern{"kernel on the q8 activations"}, e2e{"end to end"}, v4{"agreement with v4"};
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const size_t i = static_cast<size_t>(t * n_rows + r);
+        const double got = yv[static_cast<size_t>(t * y_stride + r)];
+        kern.add(t, r, got, ref_q[i], bound_q[i]);
+        e2e.add(t, r, got, ref[i], bound_e2e[i]);
+        v4.add(t, r, got, y[0][static_cast<size_t>(t * y_stride + r)], 2.0 * bound_q[i]);
+      }
+      for (int64_t r = n_rows; r < y_stride; ++r) {
+        EXPECT_TRUE(std::isnan(yv[static_cast<size_t>(t * y_stride + r)])) << where << ": wrote past the row end";
+      }
+    }
+    kern.expect(where);
+    e2e.expect(where);
+    v4.expect(where);
+  }
+}
+
+void q8_versions_shapes(DType t, int64_t k, int64_t n_rows, const std::vector<int64_t>& tokens) {
+  const Weights w = make_weights(t, k, n_rows);
+  const cuda::CudaBuffer wd = upload(w);
+  for (int64_t nt : tokens) run_q8_versions(w, wd, nt);
+}
+
+const DType kQ8Types[] = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+class CudaMatvecQ8VersionsTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// Edge shapes: one block, rows not a multiple of the 2 rows per warp or the 8 rows of a CTA, partial
+// 1024-element steps, steps not a multiple of the split.
+TEST_P(CudaMatvecQ8VersionsTest, TokenCountsAndEdgeShapes) {
+  const DType t = GetParam();
+  const int64_t bs = dtype_block_size(t);
+  const std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 8};
+  q8_versions_shapes(t, bs, 1, tokens);
+  q8_versions_shapes(t, bs * 3, 7, tokens);
+  q8_versions_shapes(t, 1280, 33, tokens);
+  q8_versions_shapes(t, 2048 + 512, 19, {1, 8});
+  q8_versions_shapes(t, 5120, 37, {1, 3});
+  if (bs == 32) {
+    q8_versions_shapes(t, 96, 5, tokens);
+    q8_versions_shapes(t, 1024 + 160, 21, {1, 3, 8});
+    q8_versions_shapes(t, 2080, 3, {2, 7});
+  }
+}
+
+// The 27B and 35B-A3B decode shapes (rows x k).
+TEST_P(CudaMatvecQ8VersionsTest, RealModelShapes) {
+  const DType t = GetParam();
+  const int64_t shapes[][2] = {{17408, 5120}, {5120, 17408}, {10240, 5120}, {6144, 5120}, {5120, 6144},
+                               {48, 5120},    {1024, 5120},  {2048, 512},   {512, 2048},  {8192, 2048}};
+  for (const auto& s : shapes) q8_versions_shapes(t, s[1], s[0], s[0] * s[1] > 20'000'000 ? std::vector<int64_t>{1, 8}
+                                                                                         : std::vector<int64_t>{1, 2, 5});
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaMatvecQ8VersionsTest, ::testing::ValuesIn(kQ8Types),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+// Host logic only (runs without a device): the forced q8 kernels apply where kQ8 does and fall back
+// like it; the pick table gives a q8 version for every shape.
+TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
+  alignas(16) static uint8_t fake[16];
+  for (DType t : kTypes) {
+    cuda::MatvecLaunch l{fake, dtype_row_bytes(t, 1024), reinterpret_cast<const float*>(fake), 1024,
+                         reinterpret_cast<float*>(fake), 64, 64, 1024, 4};
+    l.act = fake;
+    l.act_bytes = cuda::matvec_q8_act_bytes(1024, 4);
+    for (cuda::MatvecKernel q : {cuda::MatvecKernel::kQ8, cuda::MatvecKernel::kQ8v4, cuda::MatvecKernel::kQ8v5}) {
+      EXPECT_EQ(cuda::matvec_pick(t, l, q), is_quant(t) ? q : cuda::MatvecKernel::kStaged) << dtype_name(t);
+    }
+    cuda::MatvecLaunch off = l;
+    off.w = fake + 2;  // not 16-byte aligned: no q8 version
+    EXPECT_NE(cuda::matvec_pick(t, off, cuda::MatvecKernel::kQ8v5), cuda::MatvecKernel::kQ8v5) << dtype_name(t);
+  }
+  for (int nt = 1; nt <= 8; ++nt) {
+    for (int64_t rows : {48, 1024, 5120, 17408}) {
+      const cuda::MatvecQ8Version v = cuda::matvec_q8_pick_version(DType::Q4_K, rows, 5120, nt);
+      EXPECT_STRNE(cuda::matvec_q8_version_name(v), "?");
+    }
+  }
+}
 
 // Which kernel runs where: the q8 kernel for quantized weights at 1..8 tokens on aligned rows; the
 // F32-activation kernels for float weights, 9..16 tokens, and the F32 path. Host logic only: runs

@@ -1,20 +1,44 @@
-// Instantiations and launchers of the CUDA matrix kernels (kernels in matvec_kernels.cuh and
-// matvec_q8.cuh): the int8-activation kernel and the staged F32 kernel per (type, token bucket), the
-// generic fallback, the activation quantizer and the BF16 conversions.
+// Instantiations and launchers of the CUDA matrix kernels (kernels in matvec_kernels.cuh,
+// matvec_q8.cuh and matvec_q8v5.cuh): the int8-activation kernels (v4, v5) and the staged F32 kernel
+// per (type, token bucket), the generic fallback, the activation quantizer and the BF16 conversions, and
+// the table of which q8 version runs where (matvec_q8_pick_version).
 // Non-obvious choice: n_tokens is bucketed to 1, 2, 4, 8 (q8) or 1, 2, 4, 8, 16 (staged) accumulator
-// columns (predicated), which bounds the instantiations per type and keeps CI compile time small.
+// columns (predicated), which bounds the instantiations per type and keeps CI compile time small; v5
+// is instantiated in one configuration per type (rows per warp, prefetch depth) and takes its split
+// and grid at run time.
 #include "ops/cuda/matvec_kernels.cuh"
 #include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/matvec_q8.cuh"
+#include "ops/cuda/matvec_q8v5.cuh"
 
 namespace ds::cuda {
 namespace {
 
 static_assert(kern::kQ8MaxTokens == kMatvecQ8MaxTokens, "q8 token limit");
 
-// Runs matvec_q8 on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
+// The production v5 configuration per type: rows per warp and prefetch depth (steps). Q6_K's load
+// ring (19 registers per row and step: two realigned 16-byte spans, scales, d) takes 1 row per warp to
+// stay near 80 registers; the others take 2 rows (activation loads shared by both).
 template <DType T>
-cudaError_t launch_q8_product(const MatvecLaunch& l, cudaStream_t stream) {
+constexpr int q8v5_rows() { return T == DType::Q6_K ? 1 : 2; }
+constexpr int kQ8v5Depth = 1;
+
+// Warps per row group for split-K: as many as the row has 1024-element steps, up to 4.
+int q8v5_split(int64_t k) {
+  const int64_t steps = (k + 32 * kern::kQ8v5StepPieces - 1) / (32 * kern::kQ8v5StepPieces);
+  return steps >= 4 ? 4 : steps >= 2 ? 2 : 1;
+}
+
+template <DType T, int kNT>
+cudaError_t launch_v5(const kern::MatvecQ8Args& a, MatvecQ8Version v, cudaStream_t stream) {
+  const int split = v == MatvecQ8Version::kV5SplitK ? q8v5_split(a.k) : 1;
+  return kern::q8v5_launch<T, kNT, q8v5_rows<T>(), kQ8v5Depth>(kern::q8v5_args(a), 1, split,
+                                                               v == MatvecQ8Version::kV5Persistent, stream);
+}
+
+// Runs the q8 product (version v) on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
+template <DType T>
+cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream) {
   auto* act = static_cast<uint8_t*>(l.act);
   const kern::MatvecQ8Args a{static_cast<const uint8_t*>(l.w),
                              l.w_stride,
@@ -25,6 +49,12 @@ cudaError_t launch_q8_product(const MatvecLaunch& l, cudaStream_t stream) {
                              l.n_rows,
                              l.k,
                              l.n_tokens};
+  if (v != MatvecQ8Version::kV4) {
+    if (l.n_tokens <= 1) return launch_v5<T, 1>(a, v, stream);
+    if (l.n_tokens <= 2) return launch_v5<T, 2>(a, v, stream);
+    if (l.n_tokens <= 4) return launch_v5<T, 4>(a, v, stream);
+    return launch_v5<T, 8>(a, v, stream);
+  }
   constexpr int kRowsPerCta = kern::kQ8Warps * kern::kQ8Rows;
   const unsigned grid = static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta);
   if (l.n_tokens <= 1) {
@@ -39,18 +69,30 @@ cudaError_t launch_q8_product(const MatvecLaunch& l, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Quantizes x, then runs matvec_q8; matvec_q8_ok(T, l) holds.
+bool is_q8(MatvecKernel k) {
+  return k == MatvecKernel::kQ8 || k == MatvecKernel::kQ8v4 || k == MatvecKernel::kQ8v5;
+}
+
+// The q8 version a q8 entry of MatvecKernel runs for l.
+MatvecQ8Version q8_version(DType t, const MatvecLaunch& l, MatvecKernel which) {
+  if (which == MatvecKernel::kQ8v4) return MatvecQ8Version::kV4;
+  const MatvecQ8Version v = matvec_q8_pick_version(t, l.n_rows, l.k, l.n_tokens);
+  if (which == MatvecKernel::kQ8v5 && v == MatvecQ8Version::kV4) return MatvecQ8Version::kV5;
+  return v;
+}
+
+// Quantizes x, then runs the q8 product; matvec_q8_ok(T, l) holds.
 template <DType T>
-cudaError_t launch_q8(const MatvecLaunch& l, cudaStream_t stream) {
+cudaError_t launch_q8(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream) {
   const cudaError_t e = quantize_q8_launch(l.x, l.x_stride, nullptr, l.n_tokens, l.k, l.act, nullptr, 0, stream);
-  return e != cudaSuccess ? e : launch_q8_product<T>(l, stream);
+  return e != cudaSuccess ? e : launch_q8_product<T>(l, v, stream);
 }
 
 template <DType T>
 cudaError_t launch_typed(const MatvecLaunch& l, MatvecKernel fastest, cudaStream_t stream) {
   const MatvecKernel kernel = matvec_pick(T, l, fastest);
   if constexpr (qdec::q8_supported(T)) {
-    if (kernel == MatvecKernel::kQ8) return launch_q8<T>(l, stream);
+    if (is_q8(kernel)) return launch_q8<T>(l, q8_version(T, l, kernel), stream);
   }
   kern::MatvecArgs a{static_cast<const uint8_t*>(l.w), l.w_stride, l.x, l.x_stride, l.y, l.y_stride,
                      l.n_rows, l.k, l.n_tokens};
@@ -123,7 +165,7 @@ bool matvec_q8_ok(DType t, const MatvecLaunch& a) {
 }
 
 MatvecKernel matvec_pick(DType t, const MatvecLaunch& a, MatvecKernel fastest) {
-  if (fastest == MatvecKernel::kQ8 && matvec_q8_ok(t, a)) return MatvecKernel::kQ8;
+  if (is_q8(fastest) && matvec_q8_ok(t, a)) return fastest;
   if (fastest != MatvecKernel::kGeneric && matvec_fast_ok(t, a)) return MatvecKernel::kStaged;
   return MatvecKernel::kGeneric;
 }
@@ -168,17 +210,53 @@ cudaError_t matvec_launch(DType t, const MatvecLaunch& a, MatvecKernel fastest, 
   }
 }
 
-cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream) {
+const char* matvec_q8_version_name(MatvecQ8Version v) {
+  switch (v) {
+    case MatvecQ8Version::kV4: return "v4";
+    case MatvecQ8Version::kV5: return "v5";
+    case MatvecQ8Version::kV5Persistent: return "v5p";
+    case MatvecQ8Version::kV5SplitK: return "v5s";
+  }
+  return "?";
+}
+
+// Untimed defaults, to be set from the workbench (kernels/matvec_q.cu, section v5, which times v4 and
+// the v5 variants at the 27B / 35B-A3B decode shapes):
+//  - 5..8 tokens: v4, whose 4 rows per warp share each activation load (v5 has 2 rows per warp and holds
+//    its loads in registers, so at 8 tokens it reads the activations twice as often);
+//  - fewer row groups (2 rows) than about half the warps an H100 keeps resident (132 SMs x 32), with at
+//    least 2 steps of 1024 elements per row: split-K (the 48-row ssm_alpha/beta and 1024-row k/v
+//    projections: v4 ran them on 3 and 64 CTAs);
+//  - otherwise v5 with one warp per row group (the persistent grid is the alternative to try for the
+//    ~1.2-wave tails of the large matrices).
+MatvecQ8Version matvec_q8_pick_version(DType t, int64_t n_rows, int64_t k, int n_tokens) {
+  (void)t;
+  if (n_tokens > 4) return MatvecQ8Version::kV4;
+  if ((n_rows + 1) / 2 < 2048 && k >= 2048) return MatvecQ8Version::kV5SplitK;
+  return MatvecQ8Version::kV5;
+}
+
+cudaError_t matvec_q8_product_launch_version(DType t, const MatvecLaunch& a, MatvecQ8Version v,
+                                             cudaStream_t stream) {
   if (a.n_rows <= 0 || a.n_tokens <= 0) return cudaSuccess;
   if (!matvec_q8_ok(t, a)) return cudaErrorInvalidValue;
   switch (t) {
 #define X(name) \
-  case DType::name: return launch_q8_product<DType::name>(a, stream);
+  case DType::name: return launch_q8_product<DType::name>(a, v, stream);
     X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
 #undef X
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, MatvecKernel which, cudaStream_t stream) {
+  if (!is_q8(which)) return cudaErrorInvalidValue;
+  return matvec_q8_product_launch_version(t, a, q8_version(t, a, which), stream);
+}
+
+cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream) {
+  return matvec_q8_product_launch(t, a, MatvecKernel::kQ8, stream);
 }
 
 cudaError_t dequant_bf16_launch(DType t, const void* w, int64_t w_stride, int64_t n_rows, int64_t k, void* out,

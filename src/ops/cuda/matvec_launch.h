@@ -33,13 +33,28 @@ constexpr int kMatvecMaxTokens = 16;
 constexpr int kMatvecQ8MaxTokens = 8;
 
 // The matrix-vector kernels, fastest first; a launch takes the first one whose conditions hold,
-// starting from the one asked for.
+// starting from the one asked for (the three q8 entries share their conditions and fall back to kStaged).
 enum class MatvecKernel : uint8_t {
-  kQ8,       // int8 activations + dp4a (v4): quantized weights, k % block == 0, w 16-byte aligned,
-             // w_stride % 16 (Q4_K, Q5_K) or % 2, 1..8 tokens, act scratch given
+  kQ8,       // int8 activations + dp4a, the version matvec_q8_pick_version chooses for the shape:
+             // quantized weights, k % block == 0, w 16-byte aligned, w_stride % 16 (Q4_K, Q5_K) or
+             // % 2, 1..8 tokens, act scratch given
+  kQ8v4,     // kQ8 forced to v4 (matvec_q8.cuh: per-warp shared-memory ring)
+  kQ8v5,     // kQ8 forced to v5 (matvec_q8v5.cuh: register ring; split-K where the pick would take it)
   kStaged,   // F32 activations, 16-byte loads staged in shared memory (v3): matvec_fast_ok
   kGeneric,  // F32 activations, byte loads, any alignment (v1)
 };
+
+// Versions of the q8 product (same activations, arguments and conditions).
+enum class MatvecQ8Version : uint8_t {
+  kV4,            // shared-memory ring per warp (cp.async), 4 rows per warp, 16 rows per CTA
+  kV5,            // 16-byte loads into a register ring, 2 rows per warp (Q6_K: 1), one CTA per 4 warps' rows
+  kV5Persistent,  // kV5 on a grid of the CTAs resident at once, striding over the rows
+  kV5SplitK,      // kV5 with 2 or 4 warps per row group (split over k), for matrices with few rows
+};
+const char* matvec_q8_version_name(MatvecQ8Version v);
+// The version MatvecKernel::kQ8 runs for a weight of n_rows x k elements of type t at n_tokens tokens:
+// the one table to set from the workbench (kernels/matvec_q.cu, section v5).
+MatvecQ8Version matvec_q8_pick_version(DType t, int64_t n_rows, int64_t k, int n_tokens);
 
 // Types the matrix kernels decode.
 bool matvec_supports(DType t);
@@ -65,7 +80,11 @@ inline cudaError_t matvec_launch(DType t, const MatvecLaunch& a, bool force_gene
 
 // The q8 product alone: `a.act` already holds x quantized by quantize_q8_launch (same k, n_tokens), so
 // several weights that share an input quantize it once. cudaErrorInvalidValue unless matvec_q8_ok.
+// `which` is kQ8 (the picked version), kQ8v4 or kQ8v5; the last form runs one version (tests, benches).
 cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream);
+cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, MatvecKernel which, cudaStream_t stream);
+cudaError_t matvec_q8_product_launch_version(DType t, const MatvecLaunch& a, MatvecQ8Version v,
+                                             cudaStream_t stream);
 
 // q8 activation blocks of rows [0, n_rows) of x (k % 32 == 0, row stride x_stride elements) into `act`
 // (layout of matvec_q8_act_bytes). SwiGLU mode when `up` is set: the values are silu(x) * up (up rows at
