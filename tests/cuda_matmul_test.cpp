@@ -820,6 +820,24 @@ TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
       EXPECT_STRNE(cuda::matvec_q8_version_name(v), "?");
     }
   }
+  // The measured table (matvec_q8_pick_version): split-K for few rows or long rows, persistent v5 for the
+  // largest Q4_K/Q5_K products at one token, v4 elsewhere.
+  using V = cuda::MatvecQ8Version;
+  struct Case {
+    DType t;
+    int64_t rows, k;
+    int nt;
+    V want;
+  };
+  for (const Case& c : {Case{DType::Q4_K, 48, 5120, 1, V::kV5SplitK}, Case{DType::Q6_K, 1024, 5120, 8, V::kV5SplitK},
+                        Case{DType::Q4_K, 17408, 5120, 1, V::kV5Persistent}, Case{DType::Q4_K, 17408, 5120, 2, V::kV4},
+                        Case{DType::Q6_K, 17408, 5120, 1, V::kV4}, Case{DType::Q4_K, 5120, 17408, 1, V::kV4},
+                        Case{DType::Q4_K, 5120, 17408, 4, V::kV5SplitK}, Case{DType::Q6_K, 5120, 17408, 8, V::kV4},
+                        Case{DType::Q8_0, 10240, 5120, 1, V::kV4}, Case{DType::Q4_K, 2048, 512, 1, V::kV4}}) {
+    EXPECT_EQ(cuda::matvec_q8_pick_version(c.t, c.rows, c.k, c.nt), c.want)
+        << dtype_name(c.t) << " " << c.rows << " x " << c.k << " tokens " << c.nt << ": got "
+        << cuda::matvec_q8_version_name(cuda::matvec_q8_pick_version(c.t, c.rows, c.k, c.nt));
+  }
 }
 
 // Which kernel runs where: the q8 kernel for quantized weights at 1..8 tokens on aligned rows; the

@@ -50,12 +50,12 @@ namespace {
 //    is heavy-tailed (a product of two sums), so the int8 step of a block (its largest |h| / 127) is
 //    large against most of its elements: about 1e-2 of the largest output was measured on these data;
 //    f32 experts run F32 kernels: kTolF32Experts;
-//  - against the CUDA moe_ffn: both quantize the same rows the same way and run the same kernels, so
-//    only the order of the weighted sum over slots differs: kTolSameKernels.
+//  - against the CUDA moe_ffn: both quantize x the same way, but the grouped path's products may run
+//    another q8 kernel version (v5) than the gathered ones (v4), whose F32 sums differ in order, so an
+//    h code can again land on the other side of a rounding boundary: kTolQ8Reference.
 constexpr double kTolQ8Reference = 5e-3;
 constexpr double kTolExact = 6e-2;
 constexpr double kTolF32Experts = 1e-4;
-constexpr double kTolSameKernels = 1e-4;
 
 // Random rows of type t (k elements each): floats for F32, random bytes with fp16 scales in
 // [0.002, 0.02) for quantized types, so every code pattern occurs.
@@ -284,7 +284,7 @@ class CudaMoeTest : public ::testing::Test {
     const TensorView dy2 = up(out2.t, out2.v.data(), 4 * E * n_tokens);
     const Status s2 = moe_ffn(ctx_, dx, ed, dids, dwts, dy2);
     ASSERT_TRUE(s2.is_ok()) << where << ": " << s2.to_string();
-    EXPECT_LE(test::rel_err(got, down(dy2, E * n_tokens)), kTolSameKernels) << where << " (vs CUDA moe_ffn)";
+    EXPECT_LE(test::rel_err(got, down(dy2, E * n_tokens)), kTolQ8Reference) << where << " (vs CUDA moe_ffn)";
     bufs_.clear();
   }
 

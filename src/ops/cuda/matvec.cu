@@ -220,20 +220,22 @@ const char* matvec_q8_version_name(MatvecQ8Version v) {
   return "?";
 }
 
-// Untimed defaults, to be set from the workbench (kernels/matvec_q.cu, section v5, which times v4 and
-// the v5 variants at the 27B / 35B-A3B decode shapes):
-//  - 5..8 tokens: v4, whose 4 rows per warp share each activation load (v5 has 2 rows per warp and holds
-//    its loads in registers, so at 8 tokens it reads the activations twice as often);
-//  - fewer row groups (2 rows) than about half the warps an H100 keeps resident (132 SMs x 32), with at
-//    least 2 steps of 1024 elements per row: split-K (the 48-row ssm_alpha/beta and 1024-row k/v
-//    projections: v4 ran them on 3 and 64 CTAs);
-//  - otherwise v5 with one warp per row group (the persistent grid is the alternative to try for the
-//    ~1.2-wave tails of the large matrices).
+// Set from the workbench (kernels/matvec_q.cu, section v5: v4 and the v5 variants at the 27B / 35B-A3B
+// decode shapes, product alone, H100, 2026-11-22; docs/perf-gpu.md). Most large products are as fast
+// or faster on v4 (Q6_K and Q8_0 everywhere), so v5 runs only where it measured ahead:
+//  - few rows (under 4096) over a long row (k >= 2048): split-K, for 1..8 tokens (48 x 5120: 8.7 us vs
+//    11.4 on v4 at one token, 11.5 vs 27 at 8; 1024 x 5120: 9.9 vs 11.7);
+//  - a row much longer than the row count (k >= 3 rows, the 5120 x 17408 FFN down) at 2..8 tokens:
+//    split-K (q4_K 36 / 47 / 76 us vs 40 / 60 / 139 at 2 / 4 / 8 tokens), but not Q6_K at 8 tokens;
+//  - Q4_K / Q5_K with at least 16384 rows at one token: v5 on a persistent grid (17408 x 5120 q4_K
+//    29.1 us vs 32.2), which has no partial last wave.
 MatvecQ8Version matvec_q8_pick_version(DType t, int64_t n_rows, int64_t k, int n_tokens) {
-  (void)t;
-  if (n_tokens > 4) return MatvecQ8Version::kV4;
-  if ((n_rows + 1) / 2 < 2048 && k >= 2048) return MatvecQ8Version::kV5SplitK;
-  return MatvecQ8Version::kV5;
+  if (n_rows < 4096 && k >= 2048) return MatvecQ8Version::kV5SplitK;
+  if (k >= 3 * n_rows && n_tokens >= 2 && !(t == DType::Q6_K && n_tokens > 4)) return MatvecQ8Version::kV5SplitK;
+  if ((t == DType::Q4_K || t == DType::Q5_K) && n_rows >= 16384 && n_tokens == 1) {
+    return MatvecQ8Version::kV5Persistent;
+  }
+  return MatvecQ8Version::kV4;
 }
 
 cudaError_t matvec_q8_product_launch_version(DType t, const MatvecLaunch& a, MatvecQ8Version v,
