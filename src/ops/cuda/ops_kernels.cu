@@ -93,6 +93,10 @@ __device__ float block_sum(float v) {
 // between the sum and the scaling, so the row is read once and all its loads are in flight together.
 // x rows are found through the RowMap (strided views: no copy first); y and gate are contiguous.
 constexpr int kNormPer = 8;
+// Every load of the row (x, the residual, the weight and the gate) is issued before the first store and
+// before the block reduction: x is written back in place (add_rms_norm) and y may alias the weight or
+// gate as far as the compiler knows, so interleaved loads and stores would each wait a full memory
+// latency (8 round trips per thread instead of one).
 __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const float* gate, float* y, int64_t n,
                             float eps, bool l2, const float* res) {
   const int64_t r = blockIdx.x;
@@ -102,12 +106,20 @@ __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const f
   const float* gr = gate ? gate + r * n : nullptr;
   const float* rr = res ? res + r * n : nullptr;
   float* xo = res ? const_cast<float*>(xr) : nullptr;  // add_rms_norm: x is contiguous and updated in place
-  float v[kNormPer];
+  float v[kNormPer], wv[kNormPer], gv[kNormPer];
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    const bool in = i < n;
+    v[j] = in ? xr[i] : 0.0f;
+    if (rr) v[j] += in ? rr[i] : 0.0f;
+    wv[j] = w && in ? w[i] : 1.0f;
+    gv[j] = gr && in ? gr[i] : 0.0f;
+  }
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormPer; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    v[j] = i < n ? (rr ? xr[i] + rr[i] : xr[i]) : 0.0f;
     if (rr && i < n) xo[i] = v[j];
     ss = fmaf(v[j], v[j], ss);
   }
@@ -119,21 +131,15 @@ __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const f
   }
   ss = block_sum(ss);
   const float inv = l2 ? rsqrtf(ss + eps) : rsqrtf(ss / static_cast<float>(n) + eps);
-  auto put = [&](int64_t i, float e) {
-    const float o = w ? e * inv * w[i] : e * inv;
-    if (gr) {
-      const float g = gr[i];
-      yr[i] = g * sigmoidf(g) * o;  // as EltKind::kSwiglu(gate, o)
-    } else {
-      yr[i] = o;
-    }
-  };
+  auto gated = [&](float o, float g) { return gr ? g * sigmoidf(g) * o : o; };  // as EltKind::kSwiglu(gate, o)
 #pragma unroll
   for (int j = 0; j < kNormPer; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    if (i < n) put(i, v[j]);
+    if (i < n) yr[i] = gated(v[j] * inv * wv[j], gv[j]);
   }
-  for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) put(i, xr[i]);
+  for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
+    yr[i] = gated(w ? xr[i] * inv * w[i] : xr[i] * inv, gr ? gr[i] : 0.0f);
+  }
 }
 
 // Threads for a row of n: a multiple of 32 covering n in kNormPer elements each, 32 .. 1024.
