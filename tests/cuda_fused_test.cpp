@@ -250,6 +250,54 @@ TEST_F(CudaFusedMatmulTest, ManyMixedTypesSmall) {
   for (int64_t n : {1, 2, 8, 9, 16, 40}) run_many(ws, n, "mixed 512");
 }
 
+// Weights back to back in one device buffer (as the model uploads gate/up and z/beta/alpha) with
+// outputs back to back (one token: contiguous vectors; more: columns of one [rows, n] buffer) run as
+// one product over all their rows; each output must match its own product.
+TEST_F(CudaFusedMatmulTest, ManyAdjacentProductsRunAsOne) {
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+    const int64_t k = 512;
+    std::vector<QWeight> ws;
+    for (int64_t rows : {40, 17, 3}) ws.push_back(weight(t, k, rows));
+    std::vector<uint8_t> blob;
+    int64_t total = 0;
+    for (const QWeight& w : ws) {
+      blob.insert(blob.end(), w.bytes.begin(), w.bytes.end());
+      total += w.rows;
+    }
+    const TensorView all = up(TensorView::contiguous(blob.data(), t, {k, total}), static_cast<int64_t>(blob.size()));
+    for (int64_t n : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << ", " << n << " tokens");
+      Host x({k, n}), out({total, n});
+      x.random(rng_, -2, 2);
+      const TensorView dx = up(x), dout = up(out);
+      std::vector<TensorView> dws, dys;
+      int64_t r0 = 0;
+      for (const QWeight& w : ws) {
+        dws.push_back(TensorView::contiguous(all.as<uint8_t>() + r0 * dtype_row_bytes(t, k), t, {k, w.rows}, all.device));
+        TensorView y = dout;
+        y.data = dout.as<float>() + r0;
+        y.ne = {w.rows, n, 1, 1};
+        if (n == 1) y = TensorView::contiguous(y.data, DType::F32, {w.rows, 1}, dout.device);
+        dys.push_back(y);
+        r0 += w.rows;
+      }
+      const Status s = matmul_many(ctx_, dws, dx, dys);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      const std::vector<float> got = down(dout, total * n);
+      r0 = 0;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const std::vector<float> want = reference_product(ws[i], x.v, n);
+        std::vector<float> mine(static_cast<size_t>(ws[i].rows * n));
+        for (int64_t tk = 0; tk < n; ++tk) {
+          for (int64_t r = 0; r < ws[i].rows; ++r) mine[tk * ws[i].rows + r] = got[tk * total + r0 + r];
+        }
+        EXPECT_TRUE(matches(mine, want, kTolQ8, ws[i].rows)) << "product " << i << " vs CPU reference";
+        r0 += ws[i].rows;
+      }
+    }
+  }
+}
+
 TEST_F(CudaFusedMatmulTest, ManyRealShapes) {
   // 27B DeltaNet: qkv [5120 -> 10240], z [5120 -> 6144], beta / alpha [5120 -> 48]; attention
   // q+gate [5120 -> 12288], k / v [5120 -> 1024].

@@ -26,6 +26,11 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -43,6 +48,53 @@ namespace ds {
 #if DS_HAVE_CUDA
 
 namespace {
+
+// Tensors that one matmul_many reads together, as (follower, leader) name suffixes within a layer: the
+// upload places each follower right after its leader, so the products' weights are adjacent and, with
+// adjacent outputs (ModelScratch::f32_outputs), run as one launch.
+constexpr std::pair<std::string_view, std::string_view> kUploadFollows[] = {
+    {"attn_k.weight", "attn_q.weight"},         {"attn_v.weight", "attn_k.weight"},
+    {"attn_gate.weight", "attn_qkv.weight"},    {"ssm_beta.weight", "attn_gate.weight"},
+    {"ssm_alpha.weight", "ssm_beta.weight"},    {"ffn_up.weight", "ffn_gate.weight"},
+    {"ffn_up_shexp.weight", "ffn_gate_shexp.weight"},
+};
+
+// Spec indices in upload order: spec order, except that followers come right after their leaders.
+std::vector<size_t> upload_sequence(const std::vector<WeightSpec>& specs) {
+  std::map<std::string, size_t, std::less<>> index;
+  for (size_t i = 0; i < specs.size(); ++i) index.emplace(specs[i].name, i);
+  // The spec at `prefix + other` where name = prefix + suffix, if any.
+  auto sibling = [&](const std::string& name, std::string_view suffix, std::string_view other) -> std::optional<size_t> {
+    if (!name.ends_with(suffix)) return std::nullopt;
+    const auto it = index.find(name.substr(0, name.size() - suffix.size()) + std::string(other));
+    return it == index.end() ? std::nullopt : std::optional<size_t>(it->second);
+  };
+  auto leader = [&](size_t i) {
+    for (auto [f, l] : kUploadFollows) {
+      if (auto j = sibling(specs[i].name, f, l)) return j;
+    }
+    return std::optional<size_t>();
+  };
+  auto follower = [&](size_t i) {
+    for (auto [f, l] : kUploadFollows) {
+      if (auto j = sibling(specs[i].name, l, f)) return j;
+    }
+    return std::optional<size_t>();
+  };
+  std::vector<size_t> seq;
+  std::vector<char> placed(specs.size(), 0);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (placed[i] || leader(i)) continue;
+    for (std::optional<size_t> j = i; j && !placed[*j]; j = follower(*j)) {
+      seq.push_back(*j);
+      placed[*j] = 1;
+    }
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!placed[i]) seq.push_back(i);  // a chain whose leader was placed elsewhere (not expected)
+  }
+  return seq;
+}
 
 // What a captured decode graph depends on besides the model's own fixed buffers.
 struct GraphKey {
@@ -138,9 +190,10 @@ Status Model::cuda_init() {
     int64_t offset = 0;
   };
   std::map<const uint8_t*, Source> sources;
-  std::vector<const uint8_t*> order;  // upload order: first use
+  std::vector<const uint8_t*> order;  // upload order: first use, in upload_sequence order
   int64_t total = 0;
-  for (const WeightSpec& s : specs) {
+  for (const size_t si : upload_sequence(specs)) {
+    const WeightSpec& s = specs[si];
     const TensorView& t = *s.slot;
     if (t.data == nullptr) continue;
     if (t.device.kind != DeviceKind::kCpu) {

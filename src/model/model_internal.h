@@ -19,6 +19,10 @@ struct ModelScratch {
   explicit ModelScratch(Device d) : device(d) {}
   Result<TensorView> f32(std::initializer_list<int64_t> ne);
   Result<TensorView> i32(std::initializer_list<int64_t> ne);
+  // Outputs [rows[i], n] of products of one input. For one token they are back to back in one
+  // allocation (each still a contiguous tensor), so matmul_many runs products whose weights are also
+  // adjacent (on CUDA they are uploaded so) as one launch; for more tokens, separate tensors.
+  Result<std::vector<TensorView>> f32_outputs(std::initializer_list<int64_t> rows, int64_t n);
   void reset();
   // Everything handed out after a mark is released by rollback (per-layer intermediates).
   struct Mark {

@@ -242,6 +242,19 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
   return Status::ok();
 }
 
+namespace {
+
+// True when weight b's rows start where weight a's end (same type and row bytes) and so do the output
+// rows of b and a (same token stride, or one token): the two products are one over the rows of both.
+bool rows_follow(const TensorView& wa, const TensorView& ya, const TensorView& wb, const TensorView& yb,
+                 int64_t n_tokens) {
+  return wb.ne[1] > 0 && wb.dtype == wa.dtype && wb.nb[1] == wa.nb[1] &&
+         static_cast<const uint8_t*>(wb.data) == static_cast<const uint8_t*>(wa.data) + wa.ne[1] * wa.nb[1] &&
+         yb.as<float>() == ya.as<float>() + ya.ne[0] && (n_tokens == 1 || yb.nb[1] == ya.nb[1]);
+}
+
+}  // namespace
+
 Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
                       int device, void* stream, MatmulPath path) {
   if (ws.size() != ys.size()) {
@@ -291,15 +304,27 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
     DS_CUDA_TRY(quantize_q8_launch(x.as<float>(), x.nb[1] / 4, nullptr, n_tokens, k, act.data(), nullptr, 0, cs),
                 "matmul_many x {}: quantize_q8", x.shape_string());
   }
-  for (size_t i = 0; i < ws.size(); ++i) {
-    if (ws[i].ne[1] == 0) continue;
-    if (!q8[i]) {
-      DS_TRY(matmul_on(ws[i], x, ys[i], device, stream, path).with_context(fmt::format("matmul_many product {}", i)));
+  for (size_t i = 0; i < ws.size();) {
+    if (ws[i].ne[1] == 0) {
+      ++i;
       continue;
     }
-    const MatvecLaunch l = matvec_args(ws[i], x, ys[i], act.data(), act_bytes);
-    DS_CUDA_TRY(matvec_q8_product_launch(ws[i].dtype, l, cs), "matmul_many product {}: {} (matvec_q8)", i,
-                shapes(ws[i], x, ys[i]));
+    if (!q8[i]) {
+      DS_TRY(matmul_on(ws[i], x, ys[i], device, stream, path).with_context(fmt::format("matmul_many product {}", i)));
+      ++i;
+      continue;
+    }
+    // Products whose weights and outputs both follow each other in memory run as one.
+    TensorView w = ws[i], y = ys[i];
+    size_t j = i + 1;
+    for (; j < ws.size() && q8[j] && rows_follow(ws[j - 1], ys[j - 1], ws[j], ys[j], n_tokens); ++j) {
+      w.ne[1] += ws[j].ne[1];
+      y.ne[0] += ys[j].ne[0];
+    }
+    const MatvecLaunch l = matvec_args(w, x, y, act.data(), act_bytes);
+    DS_CUDA_TRY(matvec_q8_product_launch(w.dtype, l, cs), "matmul_many products {}..{}: {} (matvec_q8)", i, j - 1,
+                shapes(w, x, y));
+    i = j;
   }
   return Status::ok();
 }
