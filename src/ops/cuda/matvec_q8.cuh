@@ -54,6 +54,34 @@ struct QuantizeQ8Args {
   int n_expert = 0;
 };
 
+// One 32-element block held by 8 consecutive lanes (4 values each; every lane of the warp calls it, for
+// the shuffles): the int8 codes qi = round(v * 127 / amax), the block's d = amax / 127 (NaN when the
+// block holds a NaN) and the sum of its codes (the same on the 8 lanes).
+__device__ __forceinline__ void quantize_block_q8(const float (&v)[4], int (&qi)[4], float& d, int& sum) {
+  float amax = 0.0f;
+  int nan = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    amax = fmaxf(amax, fabsf(v[i]));
+    nan |= v[i] != v[i];
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
+  }
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  sum = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    qi[i] = max(-127, min(127, __float2int_rn(v[i] * id)));
+    sum += qi[i];
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
+}
+
 // 8 lanes per block of 32, 4 elements per lane. A block holding a NaN gets d = NaN, so NaN activations
 // still give NaN outputs (fmaxf alone would drop them).
 template <bool kSwiglu>
@@ -81,37 +109,15 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_q8(QuantizeQ8Args a) {
       for (int i = 0; i < 4; ++i) v[i] = v[i] * (1.0f / (1.0f + __expf(-v[i]))) * ur[i];  // as EltKind::kSwiglu
     }
   }
-  float amax = 0.0f;
-  int nan = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    amax = fmaxf(amax, fabsf(v[i]));
-    nan |= v[i] != v[i];
-  }
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
-  }
-  const float d = amax / 127.0f;
-  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
   int qi[4];
-  int sum = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    qi[i] = max(-127, min(127, __float2int_rn(v[i] * id)));
-    sum += qi[i];
-  }
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  float d;
+  int sum;
+  quantize_block_q8(v, qi, d, sum);
   if (!live) return;
   *reinterpret_cast<char4*>(a.q + row * a.k + e0) =
       make_char4(static_cast<signed char>(qi[0]), static_cast<signed char>(qi[1]), static_cast<signed char>(qi[2]),
                  static_cast<signed char>(qi[3]));
-  if (sub == 0) {
-    const float dd = nan ? __int_as_float(0x7FC00000) : d;
-    a.ds[row * blocks_per_row + b] = make_float2(dd, dd * static_cast<float>(sum));
-  }
+  if (sub == 0) a.ds[row * blocks_per_row + b] = make_float2(d, d * static_cast<float>(sum));
 }
 
 struct MatvecQ8Args {

@@ -32,7 +32,7 @@ __device__ __forceinline__ float route_warp_sum(float v) {
 }
 
 // Blocks of 32 elements of x, 8 lanes each, grid-strided over the warps of the grid (warp-uniform loop:
-// the shuffles need every lane). Same arithmetic as kern::quantize_q8<false>.
+// the shuffles need every lane). The block arithmetic is kern::quantize_block_q8, as in kern::quantize_q8.
 __device__ void quantize_x(const MoeRouteFusedLaunch& a, bool vec4) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t blocks_per_row = a.n_embd / kern::kQ8Block;
@@ -57,37 +57,15 @@ __device__ void quantize_x(const MoeRouteFusedLaunch& a, bool vec4) {
         for (int i = 0; i < 4; ++i) v[i] = xr[i];
       }
     }
-    float amax = 0.0f;
-    int nan = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      amax = fmaxf(amax, fabsf(v[i]));
-      nan |= v[i] != v[i];
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-      nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
-    }
-    const float d = amax / 127.0f;
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     int qi[4];
-    int sum = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      qi[i] = max(-127, min(127, __float2int_rn(v[i] * id)));
-      sum += qi[i];
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    float d;
+    int sum;
+    kern::quantize_block_q8(v, qi, d, sum);
     if (!live) continue;
     *reinterpret_cast<char4*>(q + row * a.n_embd + e0) =
         make_char4(static_cast<signed char>(qi[0]), static_cast<signed char>(qi[1]), static_cast<signed char>(qi[2]),
                    static_cast<signed char>(qi[3]));
-    if (sub == 0) {
-      const float dd = nan ? __int_as_float(0x7FC00000) : d;
-      ds[row * blocks_per_row + b] = make_float2(dd, dd * static_cast<float>(sum));
-    }
+    if (sub == 0) ds[row * blocks_per_row + b] = make_float2(d, d * static_cast<float>(sum));
   }
 }
 
