@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "cuda_test_util.h"
 #include "ops_test_util.h"
 
 #if DS_HAVE_CUDA
@@ -71,44 +72,20 @@ double tol_for(DType t, int64_t D) { return tc_shape(t, D) ? kTolTensorCore : kT
                                        << "]: got " << got[first] << " want " << ref[first];
 }
 
-class CudaAttentionTest : public ::testing::Test {
+class CudaAttentionTest : public test::CudaTest {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    auto s = cuda::Stream::create(0);
-    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    stream_ = std::move(*s);
-    ctx_.device = Device{DeviceKind::kCuda, 0};
-    ctx_.cuda_stream = stream_.handle();
-  }
-
-  void* dev(int64_t bytes) {
-    auto b = cuda::CudaBuffer::allocate(0, std::max<int64_t>(bytes, 16));
-    EXPECT_TRUE(b.is_ok()) << b.status().to_string();
-    void* p = b->data();
-    bufs_.push_back(std::move(*b));
-    return p;
-  }
+  using test::CudaTest::down;
+  using test::CudaTest::up;
+  // Raw bytes (positions, block tables) to and from the device.
   void* up(const void* host, int64_t bytes) {
     void* d = dev(bytes);
     EXPECT_TRUE(cuda::copy_to_device(d, host, bytes, stream_).is_ok());
-    return d;
-  }
-  TensorView up(const Host& h) {
-    TensorView d = h.t;
-    d.data = up(h.v.data(), static_cast<int64_t>(4 * h.v.size()));
-    d.device = ctx_.device;
     return d;
   }
   void down(void* host, const void* d, int64_t bytes) {
     EXPECT_TRUE(cuda::copy_to_host(host, d, bytes, stream_).is_ok());
     const Status s = stream_.synchronize();
     EXPECT_TRUE(s.is_ok()) << s.to_string();
-  }
-  std::vector<float> down(const TensorView& d) {
-    std::vector<float> out(static_cast<size_t>(d.n_elements()));
-    down(out.data(), d.data, 4 * d.n_elements());
-    return out;
   }
   int32_t* dev_pos(int32_t pos) { return static_cast<int32_t*>(up(&pos, 4)); }
   void set_pos(int32_t* d_pos, int32_t pos) {
@@ -214,9 +191,6 @@ class CudaAttentionTest : public ::testing::Test {
   bool too_many_failures() const { return HasFatalFailure() || n_failed_ >= 5; }
   int n_failed_ = 0;
 
-  cuda::Stream stream_;
-  OpContext ctx_;
-  std::vector<cuda::CudaBuffer> bufs_;
   std::mt19937 rng_{4321};
 };
 

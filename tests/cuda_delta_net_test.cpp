@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "ops_test_util.h"
 
 #if DS_HAVE_CUDA
@@ -138,16 +139,8 @@ const char* mode_name(DeltaNetMode m) {
   return m == DeltaNetMode::kChunked ? "chunked" : m == DeltaNetMode::kRecurrent ? "recurrent" : "auto";
 }
 
-class CudaDeltaNetTest : public ::testing::Test {
+class CudaDeltaNetTest : public test::CudaTest {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    auto s = cuda::Stream::create(0);
-    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    stream_ = std::move(*s);
-    ctx_.device = Device{DeviceKind::kCuda, 0};
-    ctx_.cuda_stream = stream_.handle();
-  }
 
   // A device copy of a host tensor; `offset_floats` shifts the data inside the buffer (misalignment).
   TensorView up(const Host& h, int64_t offset_floats = 0) {
@@ -161,13 +154,6 @@ class CudaDeltaNetTest : public ::testing::Test {
     d.device = ctx_.device;
     bufs_.push_back(std::move(*b));
     return d;
-  }
-  std::vector<float> down(const TensorView& d) {
-    std::vector<float> out(static_cast<size_t>(d.n_elements()));
-    EXPECT_TRUE(cuda::copy_to_host(out.data(), d.data, 4 * d.n_elements(), stream_).is_ok());
-    const Status s = stream_.synchronize();
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    return out;
   }
 
   struct Run {
@@ -210,9 +196,6 @@ class CudaDeltaNetTest : public ::testing::Test {
     }
   }
 
-  cuda::Stream stream_;
-  OpContext ctx_;
-  std::vector<cuda::CudaBuffer> bufs_;
   std::mt19937 rng_{20240611};
 };
 

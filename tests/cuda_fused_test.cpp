@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "cuda_test_util.h"
 #include "ops_test_util.h"
 #include "quant/quant.h"
 
@@ -121,39 +122,11 @@ TensorView heads_view(const TensorView& t, int64_t c0, int64_t head_dim, int64_t
   return r;
 }
 
-class CudaFusedTest : public ::testing::Test {
+class CudaFusedTest : public test::CudaTest {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    auto s = cuda::Stream::create(0);
-    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    stream_ = std::move(*s);
-    ctx_.device = Device{DeviceKind::kCuda, 0};
-    ctx_.cuda_stream = stream_.handle();
-  }
-
-  // A device copy of a host tensor (same shape and strides), kept alive by the fixture.
-  TensorView up(const TensorView& h, int64_t bytes) {
-    auto b = cuda::CudaBuffer::allocate(0, bytes);
-    EXPECT_TRUE(b.is_ok());
-    EXPECT_TRUE(cuda::copy_to_device(b->data(), h.data, bytes, stream_).is_ok());
-    TensorView d = h;
-    d.data = b->data();
-    d.device = ctx_.device;
-    bufs_.push_back(std::move(*b));
-    return d;
-  }
-  TensorView up(const Host& h) { return up(h.t, static_cast<int64_t>(4 * h.v.size())); }
   // The same host tensor's bytes again (new inputs for a captured graph).
   void reload(const TensorView& d, const Host& h) {
     ASSERT_TRUE(cuda::copy_to_device(d.data, h.v.data(), static_cast<int64_t>(4 * h.v.size()), stream_).is_ok());
-  }
-  std::vector<float> down(const TensorView& d, int64_t n) {
-    std::vector<float> out(static_cast<size_t>(n));
-    EXPECT_TRUE(cuda::copy_to_host(out.data(), d.data, 4 * n, stream_).is_ok());
-    const Status s = stream_.synchronize();
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    return out;
   }
 
   QWeight weight(DType type, int64_t k, int64_t rows) {
@@ -171,9 +144,6 @@ class CudaFusedTest : public ::testing::Test {
     return w;
   }
 
-  cuda::Stream stream_;
-  OpContext ctx_;
-  std::vector<cuda::CudaBuffer> bufs_;
   std::mt19937 rng_{4321};
 };
 

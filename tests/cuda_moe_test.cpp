@@ -20,6 +20,7 @@
 
 #include "core/half.h"
 #include "ops/moe.h"
+#include "cuda_test_util.h"
 #include "ops_test_util.h"
 #include "quant/quant.h"
 
@@ -157,35 +158,8 @@ std::string describe(const MoeCase& c, int64_t n_tokens) {
                      c.k, n_tokens);
 }
 
-class CudaMoeTest : public ::testing::Test {
+class CudaMoeTest : public test::CudaTest {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    auto s = cuda::Stream::create(0);
-    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    stream_ = std::move(*s);
-    ctx_.device = Device{DeviceKind::kCuda, 0};
-    ctx_.cuda_stream = stream_.handle();
-  }
-
-  // A device copy of host bytes, viewed like `like`, kept alive by the fixture.
-  TensorView up(const TensorView& like, const void* host, int64_t bytes) {
-    auto b = cuda::CudaBuffer::allocate(0, bytes);
-    EXPECT_TRUE(b.is_ok());
-    EXPECT_TRUE(cuda::copy_to_device(b->data(), host, bytes, stream_).is_ok());
-    TensorView d = like;
-    d.data = b->data();
-    d.device = ctx_.device;
-    bufs_.push_back(std::move(*b));
-    return d;
-  }
-  std::vector<float> down(const TensorView& d, int64_t n) {
-    std::vector<float> out(static_cast<size_t>(n));
-    EXPECT_TRUE(cuda::copy_to_host(out.data(), d.data, 4 * n, stream_).is_ok());
-    const Status s = stream_.synchronize();
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    return out;
-  }
 
   // One case: gathered vs the CPU reference, and (unless ids hold values >= n_expert) vs the CUDA moe_ffn.
   void run(const MoeCase& c, int64_t n_tokens, bool out_of_range_ids) {
@@ -288,9 +262,6 @@ class CudaMoeTest : public ::testing::Test {
     bufs_.clear();
   }
 
-  cuda::Stream stream_;
-  OpContext ctx_;
-  std::vector<cuda::CudaBuffer> bufs_;
   std::mt19937 rng_{4321};
 };
 
@@ -419,13 +390,6 @@ std::vector<double> ffn_q8(const std::vector<float>& gate, const std::vector<flo
 
 class CudaMoeBlockTest : public CudaMoeTest {
  protected:
-  void* dev(int64_t bytes) {
-    auto b = cuda::CudaBuffer::allocate(0, bytes);
-    EXPECT_TRUE(b.is_ok());
-    void* p = b->data();
-    bufs_.push_back(std::move(*b));
-    return p;
-  }
   template <typename T>
   std::vector<T> fetch(const void* d, int64_t n) {
     std::vector<T> out(static_cast<size_t>(n));

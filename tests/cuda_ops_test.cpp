@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "cuda_test_util.h"
 #include "ops_test_util.h"
 #include "quant/quant.h"
 
@@ -38,41 +39,8 @@ using test::Host;
 constexpr double kTol = test::kTolF32;  // single-pass ops: F32 arithmetic vs the double reference
 constexpr double kTolLong = 1e-4;       // attention / DeltaNet: F32 sums over positions and tokens
 
-class CudaOpsTest : public ::testing::Test {
+class CudaOpsTest : public test::CudaTest {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    auto s = cuda::Stream::create(0);
-    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    stream_ = std::move(*s);
-    ctx_.device = Device{DeviceKind::kCuda, 0};
-    ctx_.cuda_stream = stream_.handle();
-  }
-
-  // A device copy of a host tensor (same shape and strides), kept alive by the fixture.
-  TensorView up(const TensorView& h, int64_t bytes = -1) {
-    if (bytes < 0) bytes = h.n_bytes();
-    auto b = cuda::CudaBuffer::allocate(0, bytes);
-    EXPECT_TRUE(b.is_ok());
-    EXPECT_TRUE(cuda::copy_to_device(b->data(), h.data, bytes, stream_).is_ok());
-    TensorView d = h;
-    d.data = b->data();
-    d.device = ctx_.device;
-    bufs_.push_back(std::move(*b));
-    return d;
-  }
-  TensorView up(const Host& h) { return up(h.t, static_cast<int64_t>(4 * h.v.size())); }
-  std::vector<float> down(const TensorView& d, int64_t n) {
-    std::vector<float> out(static_cast<size_t>(n));
-    EXPECT_TRUE(cuda::copy_to_host(out.data(), d.data, 4 * n, stream_).is_ok());
-    const Status s = stream_.synchronize();
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    return out;
-  }
-
-  cuda::Stream stream_;
-  OpContext ctx_;
-  std::vector<cuda::CudaBuffer> bufs_;
   std::mt19937 rng_{1234};
 };
 
