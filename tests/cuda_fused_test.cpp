@@ -36,6 +36,7 @@ namespace {
 
 #if DS_HAVE_CUDA
 
+using test::heads_view;
 using test::Host;
 
 // Tolerances, max |cuda - ref| / max(1, max |ref|), stated once:
@@ -111,16 +112,6 @@ std::vector<float> reference_product(const QWeight& w, const std::vector<float>&
   return y;
 }
 
-// Heads [n, n_head, head_dim] at column c0 of every row of the contiguous [n, row] tensor t, heads
-// head_stride elements apart: a strided view (the layout of the model's q / k / v and q / gate).
-TensorView heads_view(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head, int64_t head_stride) {
-  TensorView r = t;
-  r.data = t.as<float>() + c0;
-  r.n_dims = 3;
-  r.ne = {head_dim, n_head, t.ne[1], 1};
-  r.nb = {4, 4 * head_stride, t.nb[1], t.nb[1] * t.ne[1]};
-  return r;
-}
 
 class CudaFusedTest : public test::CudaTest {
  protected:

@@ -41,6 +41,26 @@ constexpr double kTolLong = 1e-4;       // attention / DeltaNet: F32 sums over p
 
 class CudaOpsTest : public test::CudaTest {
  protected:
+  // Routes logits [n_expert, n_tokens] with moe_route on the CPU reference (into ids_ref, w_ref) and on
+  // the device, which must pick the same ids and weights within kTol; returns the device's ids.
+  TensorView route_both(const Host& logits, int64_t k, std::vector<int32_t>& ids_ref, Host& w_ref) {
+    const int64_t n_tokens = logits.t.ne[1];
+    ids_ref.assign(static_cast<size_t>(k * n_tokens), 0);
+    const TensorView ids_ref_t = TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens});
+    EXPECT_TRUE(moe_route(test::ref_ctx(), logits.t, k, ids_ref_t, w_ref.t).is_ok());
+    std::vector<int32_t> ids_out(ids_ref.size(), -7);
+    const TensorView dids = up(TensorView::contiguous(ids_out.data(), DType::I32, {k, n_tokens}), 4 * k * n_tokens);
+    Host w_out({k, n_tokens});
+    const TensorView dw = up(w_out);
+    EXPECT_TRUE(moe_route(ctx_, up(logits), k, dids, dw).is_ok());
+    EXPECT_LE(test::rel_err(down(dw, k * n_tokens), w_ref.v), kTol);
+    std::vector<int32_t> got(ids_ref.size());
+    EXPECT_TRUE(cuda::copy_to_host(got.data(), dids.data, 4 * k * n_tokens, stream_).is_ok());
+    EXPECT_TRUE(stream_.synchronize().is_ok());
+    EXPECT_EQ(got, ids_ref);
+    return dids;
+  }
+
   std::mt19937 rng_{1234};
 };
 
@@ -223,19 +243,9 @@ TEST_F(CudaOpsTest, MoeRouteRealExpertCounts) {
     Host logits({n_expert, n_tokens});
     logits.random(rng_, -3, 3);
     for (int64_t t = 0; t < n_tokens; ++t) logits.v[static_cast<size_t>(t * n_expert + 40)] = logits.v[static_cast<size_t>(t * n_expert + 7)];
-    std::vector<int32_t> ids_ref(static_cast<size_t>(k * n_tokens));
-    Host w_ref({k, n_tokens}), w_out({k, n_tokens});
-    TensorView ids_ref_t = TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens});
-    ASSERT_TRUE(moe_route(test::ref_ctx(), logits.t, k, ids_ref_t, w_ref.t).is_ok());
-    std::vector<int32_t> ids_out(ids_ref.size(), -7);
-    const TensorView dids = up(TensorView::contiguous(ids_out.data(), DType::I32, {k, n_tokens}), 4 * k * n_tokens);
-    const TensorView dw = up(w_out);
-    ASSERT_TRUE(moe_route(ctx_, up(logits), k, dids, dw).is_ok());
-    EXPECT_LE(test::rel_err(down(dw, k * n_tokens), w_ref.v), kTol);
-    std::vector<int32_t> got(ids_ref.size());
-    ASSERT_TRUE(cuda::copy_to_host(got.data(), dids.data, 4 * k * n_tokens, stream_).is_ok());
-    ASSERT_TRUE(stream_.synchronize().is_ok());
-    EXPECT_EQ(got, ids_ref);
+    std::vector<int32_t> ids_ref;
+    Host w_ref({k, n_tokens});
+    route_both(logits, k, ids_ref, w_ref);
   }
 }
 
@@ -243,19 +253,11 @@ TEST_F(CudaOpsTest, MoeRouteAndExperts) {
   const int64_t n_tokens = 7, n_expert = 16, k = 4, E = 256, F = 96;
   Host logits({n_expert, n_tokens});
   logits.random(rng_, -3, 3);
-  std::vector<int32_t> ids_ref(static_cast<size_t>(k * n_tokens));
-  Host w_ref({k, n_tokens}), w_out({k, n_tokens});
-  TensorView ids_ref_t = TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens});
-  ASSERT_TRUE(moe_route(test::ref_ctx(), logits.t, k, ids_ref_t, w_ref.t).is_ok());
-  std::vector<int32_t> ids_out(ids_ref.size(), -7);
-  const TensorView dids = up(TensorView::contiguous(ids_out.data(), DType::I32, {k, n_tokens}), 4 * k * n_tokens);
-  const TensorView dw = up(w_out);
-  ASSERT_TRUE(moe_route(ctx_, up(logits), k, dids, dw).is_ok());
-  EXPECT_LE(test::rel_err(down(dw, k * n_tokens), w_ref.v), kTol);
-  std::vector<int32_t> got(ids_ref.size());
-  ASSERT_TRUE(cuda::copy_to_host(got.data(), dids.data, 4 * k * n_tokens, stream_).is_ok());
-  ASSERT_TRUE(stream_.synchronize().is_ok());
-  EXPECT_EQ(got, ids_ref);
+  std::vector<int32_t> ids_ref;
+  Host w_ref({k, n_tokens});
+  const TensorView dids = route_both(logits, k, ids_ref, w_ref);
+  ASSERT_FALSE(HasFatalFailure());
+  const TensorView ids_ref_t = TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens});
 
   for (bool fused : {false, true}) {
     Host x({E, n_tokens}), gate({E, F, n_expert}), upw({E, F, n_expert}), gu({E, 2 * F, n_expert}),

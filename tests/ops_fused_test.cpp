@@ -20,6 +20,7 @@
 namespace ds {
 namespace {
 
+using test::heads_view;
 using test::Host;
 
 struct QWeight {
@@ -138,16 +139,6 @@ TEST(OpsFused, MatmulSwigluRejectsMismatchedUp) {
   EXPECT_NE(s.message().find("matmul_swiglu"), std::string::npos) << s.message();
 }
 
-// Columns [c0, c0 + head_dim * n_head) of every row of the contiguous [n, row] tensor t as heads
-// [n, n_head, head_dim] at head stride head_stride elements: a strided view.
-TensorView heads_view(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head, int64_t head_stride) {
-  TensorView r = t;
-  r.data = t.as<float>() + c0;
-  r.n_dims = 3;
-  r.ne = {head_dim, n_head, t.ne[1], 1};
-  r.nb = {4, 4 * head_stride, t.nb[1], t.nb[1] * t.ne[1]};
-  return r;
-}
 
 TEST(OpsFused, NormsReadStridedRows) {
   std::mt19937 rng(35);
