@@ -366,7 +366,7 @@ bool v5_runs(DType t, const V5Config& c, int nt) {
 constexpr int kV5NumConfigs = sizeof(kV5Configs) / sizeof(kV5Configs[0]);
 
 template <DType T, int kRows, int kDepth>
-void launch_v5_rows(const ds::cuda::kern::Q8v5Args& a, const V5Config& c, cudaStream_t s) {
+void launch_v5_rows(const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cudaStream_t s) {
   using namespace ds::cuda::kern;
   if (a.n_tokens <= 1) {
     CK((q8v5_launch<T, 1, kRows, kDepth>(a, 1, c.split, c.persistent, s)));
@@ -380,7 +380,7 @@ void launch_v5_rows(const ds::cuda::kern::Q8v5Args& a, const V5Config& c, cudaSt
 }
 
 template <DType T>
-void launch_v5_typed(const ds::cuda::kern::Q8v5Args& a, const V5Config& c, cudaStream_t s) {
+void launch_v5_typed(const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cudaStream_t s) {
   if constexpr (ds::cuda::qdec::q8_supported(T)) {
     if (c.rows == 2 && c.depth == 1) launch_v5_rows<T, 2, 1>(a, c, s);
     else if (c.rows == 1 && c.depth == 2) launch_v5_rows<T, 1, 2>(a, c, s);
@@ -396,7 +396,7 @@ void launch_v5_typed(const ds::cuda::kern::Q8v5Args& a, const V5Config& c, cudaS
   }
 }
 
-void launch_v5(DType t, const ds::cuda::kern::Q8v5Args& a, const V5Config& c, cudaStream_t s) {
+void launch_v5(DType t, const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cudaStream_t s) {
   switch (t) {
 #define X(name) case DType::name: launch_v5_typed<DType::name>(a, c, s); break;
     X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
@@ -522,7 +522,7 @@ int run_v5_section(double read_gbs, int64_t l2_bytes) {
               MatvecArgs m{w, b.w_stride, dx, p.k, dy, p.n_rows, p.n_rows, p.k, nt};
               launch(t, Version::kV4, m, dact, s);
             } else {
-              launch_v5(t, ds::cuda::kern::q8v5_args(b), kV5Configs[vi], s);
+              launch_v5(t, b, kV5Configs[vi], s);
             }
           };
           CK(cudaMemset(dy, 0xFF, 4 * 8 * p.n_rows));

@@ -265,7 +265,7 @@ void emulate_case(const Weights& w, int64_t n_tokens, int split) {
   const int64_t k = w.k, n_rows = w.n_rows, y_stride = n_rows + 3;
   const Q8Act act = quantize_q8_host(random_floats(n_tokens * k, static_cast<uint32_t>(k + n_tokens)), n_tokens, k);
   std::vector<float> y(static_cast<size_t>(n_tokens * y_stride), NAN);
-  cuda::kern::Q8v5Args a{w.bytes.data(), dtype_row_bytes(w.type, k), act.q.data(), act.ds.data(), y.data(), y_stride,
+  cuda::kern::MatvecQ8Args a{w.bytes.data(), dtype_row_bytes(w.type, k), act.q.data(), act.ds.data(), y.data(), y_stride,
                          n_rows, k, static_cast<int>(n_tokens)};
   {
     const EmulationBounds bounds(w.bytes, act.q, act.ds);
@@ -342,7 +342,7 @@ void emulate_gathered() {
   const int64_t act_rows = (n_slots + x_div - 1) / x_div;
   const Q8Act act = quantize_q8_host(random_floats(act_rows * k, 99), act_rows, k);
   std::vector<float> y(static_cast<size_t>(n_slots * (n_rows + 1)), NAN);
-  cuda::kern::Q8v5Args a{all.data(), row_bytes, act.q.data(), act.ds.data(), y.data(), n_rows + 1, n_rows, k, 1};
+  cuda::kern::MatvecQ8Args a{all.data(), row_bytes, act.q.data(), act.ds.data(), y.data(), n_rows + 1, n_rows, k, 1};
   a.ids = ids.data();
   a.w_expert_stride = expert_stride;
   a.n_expert = n_expert;

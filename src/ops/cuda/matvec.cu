@@ -32,7 +32,7 @@ int q8v5_split(int64_t k) {
 template <DType T, int kNT>
 cudaError_t launch_v5(const kern::MatvecQ8Args& a, MatvecQ8Version v, cudaStream_t stream) {
   const int split = v == MatvecQ8Version::kV5SplitK ? q8v5_split(a.k) : 1;
-  return kern::q8v5_launch<T, kNT, q8v5_rows<T>(), kQ8v5Depth>(kern::q8v5_args(a), 1, split,
+  return kern::q8v5_launch<T, kNT, q8v5_rows<T>(), kQ8v5Depth>(a, 1, split,
                                                                v == MatvecQ8Version::kV5Persistent, stream);
 }
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "ops/cuda/matvec_cp_async.cuh"
+#include "ops/cuda/matvec_q8_args.h"
 #include "ops/cuda/matvec_kernels.cuh"
 #include "ops/cuda/quant_decode.cuh"
 
@@ -120,21 +121,6 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_q8(QuantizeQ8Args a) {
   if (sub == 0) a.ds[row * blocks_per_row + b] = make_float2(d, d * static_cast<float>(sum));
 }
 
-struct MatvecQ8Args {
-  const uint8_t* w;       // [n_rows] rows of k elements of the weight type (gathered: expert 0)
-  int64_t w_stride;       // bytes between rows
-  const int8_t* xq;       // [activation rows, k] codes (quantize_q8)
-  const float2* xds;      // [activation rows, k / 32] (d, d * sum q)
-  float* y;               // [n_tokens or slots, y_stride]
-  int64_t y_stride;       // elements between output rows
-  int64_t n_rows;
-  int64_t k;              // multiple of the type's block (256 for K-quants, else 32)
-  int n_tokens;           // activation rows 1 .. kNT (gathered: 1)
-  const int32_t* ids = nullptr;  // gathered: expert id of slot blockIdx.y; ids outside [0, n_expert) skip it
-  int64_t w_expert_stride = 0;   // bytes between experts
-  int n_expert = 0;
-  int x_div = 1;                 // gathered: slot s multiplies activation row s / x_div, writes y row s
-};
 
 // Shared-memory shape of matvec_q8<T, *, kRows> (host code uses it to check the static limit).
 template <DType T, int kRows>
@@ -163,7 +149,7 @@ __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
   if (r0 >= a.n_rows) return;  // warps never synchronize with each other
   const uint8_t* w = a.w;
   const int8_t* xq = a.xq;
-  const float2* xds = a.xds;
+  const float2* xds = static_cast<const float2*>(a.xds);
   float* y = a.y;
   if (a.ids != nullptr) {
     const int slot = blockIdx.y;

@@ -31,6 +31,7 @@
 
 #include "core/dtype.h"
 #include "core/half.h"
+#include "ops/cuda/matvec_q8_args.h"
 
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
@@ -507,26 +508,11 @@ DS_Q8V5_UNROLL
 }
 
 // The launch arguments, as MatvecQ8Args (matvec_q8.cuh) but usable without CUDA headers.
-struct Q8v5Args {
-  const uint8_t* w;       // [n_rows] rows of k elements of the weight type (gathered: expert 0)
-  int64_t w_stride;       // bytes between rows
-  const int8_t* xq;       // [activation rows, k] codes (quantize_q8)
-  const void* xds;        // float2 [activation rows, k / 32] (d, d * sum q)
-  float* y;               // [n_tokens or slots, y_stride]
-  int64_t y_stride;       // elements between output rows
-  int64_t n_rows;
-  int64_t k;              // multiple of the type's block (256 for K-quants, else 32)
-  int n_tokens;           // activation rows 1 .. kNT (gathered: 1)
-  const int32_t* ids = nullptr;  // gathered: expert id of slot blockIdx.y; ids outside [0, n_expert) skip it
-  int64_t w_expert_stride = 0;   // bytes between experts
-  int n_expert = 0;
-  int x_div = 1;                 // gathered: slot s multiplies activation row s / x_div, writes y row s
-};
 
 // The view of output slot `slot` (gathered mode) or of the whole launch, and its output base; false
 // for a slot whose expert id is out of range (nothing to compute or write).
 template <DType T>
-DS_Q8V5_HD bool q8v5_make_view(const Q8v5Args& a, int slot, Q8v5View* v, float** y) {
+DS_Q8V5_HD bool q8v5_make_view(const MatvecQ8Args& a, int slot, Q8v5View* v, float** y) {
   constexpr int kBlockElems = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256 : 32;
   v->w = reinterpret_cast<uintptr_t>(a.w);
   v->xq = reinterpret_cast<uintptr_t>(a.xq);
@@ -553,7 +539,7 @@ DS_Q8V5_HD bool q8v5_make_view(const Q8v5Args& a, int slot, Q8v5View* v, float**
 // gathered) and row groups [g_begin, g_end) of kRows rows: every lane of every warp, the lane sums added
 // in lane order. For tests: the device adds in another order, so the results agree to rounding only.
 template <DType T, int kNT, int kRows, int kDepth>
-void q8v5_emulate(const Q8v5Args& a, int split, int n_slots, int64_t g_begin, int64_t g_end) {
+void q8v5_emulate(const MatvecQ8Args& a, int split, int n_slots, int64_t g_begin, int64_t g_end) {
   for (int slot = 0; slot < n_slots; ++slot) {
     Q8v5View v;
     float* y;
@@ -597,7 +583,7 @@ constexpr int64_t q8v5_iterations(int64_t n_rows, int k_rows, int split) {
 // the block, xq / xds from quantize_q8 (16-byte aligned).
 template <DType T, int kNT, int kRows, int kDepth>
 __global__ void __launch_bounds__(kQ8v5Threads, (q8v5_min_ctas<T, kNT, kRows, kDepth>()))
-    matvec_q8v5(Q8v5Args a, int split) {
+    matvec_q8v5(MatvecQ8Args a, int split) {
   __shared__ float part[kQ8v5Warps][kRows * kNT];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   Q8v5View v;
@@ -644,20 +630,11 @@ __global__ void __launch_bounds__(kQ8v5Threads, (q8v5_min_ctas<T, kNT, kRows, kD
   }
 }
 
-// Converts the v4 arguments (same fields).
-inline Q8v5Args q8v5_args(const MatvecQ8Args& m) {
-  Q8v5Args a{m.w, m.w_stride, m.xq, m.xds, m.y, m.y_stride, m.n_rows, m.k, m.n_tokens};
-  a.ids = m.ids;
-  a.w_expert_stride = m.w_expert_stride;
-  a.n_expert = m.n_expert;
-  a.x_div = m.x_div;
-  return a;
-}
 
 // Launches matvec_q8v5<T, kNT, kRows, kDepth> over n_slots slots (1 unless gathered) with `split` warps
 // per row group (1, 2 or 4); `persistent` caps the grid at the CTAs resident on the device at once.
 template <DType T, int kNT, int kRows, int kDepth>
-cudaError_t q8v5_launch(const Q8v5Args& a, int n_slots, int split, bool persistent, cudaStream_t stream) {
+cudaError_t q8v5_launch(const MatvecQ8Args& a, int n_slots, int split, bool persistent, cudaStream_t stream) {
   if (split != 1 && split != 2 && split != 4) return cudaErrorInvalidValue;
   const int64_t iters = q8v5_iterations(a.n_rows, kRows, split);
   int64_t grid = iters;
