@@ -39,16 +39,8 @@ cudaError_t launch_v5(const kern::MatvecQ8Args& a, MatvecQ8Version v, cudaStream
 // Runs the q8 product (version v) on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
 template <DType T>
 cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream) {
-  auto* act = static_cast<uint8_t*>(l.act);
-  const kern::MatvecQ8Args a{static_cast<const uint8_t*>(l.w),
-                             l.w_stride,
-                             reinterpret_cast<const int8_t*>(act),
-                             reinterpret_cast<const float2*>(act + kern::q8_ds_offset(l.k, l.n_tokens)),
-                             l.y,
-                             l.y_stride,
-                             l.n_rows,
-                             l.k,
-                             l.n_tokens};
+  const kern::MatvecQ8Args a =
+      kern::q8_args(l.w, l.w_stride, l.act, l.k, l.n_tokens, l.y, l.y_stride, l.n_rows, l.n_tokens);
   if (v != MatvecQ8Version::kV4) {
     if (l.n_tokens <= 1) return launch_v5<T, 1>(a, v, stream);
     if (l.n_tokens <= 2) return launch_v5<T, 2>(a, v, stream);

@@ -38,7 +38,6 @@ constexpr int kQuantThreads = 256;   // quantize_q8: 8 lanes per 32-element bloc
 
 // Activation scratch of n_rows rows of k elements (k % 32 == 0): int8 codes [n_rows, k] at offset 0,
 // then float2 (d, d * sum q) [n_rows, k / 32] at q8_ds_offset (16-byte aligned).
-__host__ __device__ constexpr int64_t q8_ds_offset(int64_t k, int64_t n_rows) { return (n_rows * k + 15) / 16 * 16; }
 __host__ __device__ constexpr int64_t q8_act_bytes(int64_t k, int64_t n_rows) {
   return q8_ds_offset(k, n_rows) + n_rows * (k / kQ8Block) * 8;
 }

@@ -23,4 +23,17 @@ struct MatvecQ8Args {
   int x_div = 1;                 // gathered: slot s multiplies activation row s / x_div, writes y row s
 };
 
+// Bytes from the start of an activation scratch of n_rows rows of k elements to its (d, d * sum q)
+// pairs: the int8 codes [n_rows, k] come first, rounded up to 16 bytes.
+constexpr int64_t q8_ds_offset(int64_t k, int64_t n_rows) { return (n_rows * k + 15) / 16 * 16; }
+
+// The product's arguments over an activation scratch `act` of act_rows rows (quantize_q8's layout);
+// the gathered-mode fields keep their defaults.
+inline MatvecQ8Args q8_args(const void* w, int64_t w_stride, const void* act, int64_t k, int64_t act_rows, float* y,
+                            int64_t y_stride, int64_t n_rows, int n_tokens) {
+  const auto* a = static_cast<const uint8_t*>(act);
+  return MatvecQ8Args{static_cast<const uint8_t*>(w), w_stride, reinterpret_cast<const int8_t*>(a),
+                      a + q8_ds_offset(k, act_rows), y, y_stride, n_rows, k, n_tokens};
+}
+
 }  // namespace ds::cuda::kern

@@ -19,16 +19,7 @@ cudaError_t launch_gathered(const MoeMatvecLaunch& m, MatvecKernel kernel, cudaS
                      static_cast<unsigned>(m.n_slots));
   if constexpr (qdec::q8_supported(T)) {
     if (kernel == MatvecKernel::kQ8) {
-      const auto* act = static_cast<const uint8_t*>(m.act);
-      kern::MatvecQ8Args a{static_cast<const uint8_t*>(m.w),
-                           m.w_stride,
-                           reinterpret_cast<const int8_t*>(act),
-                           reinterpret_cast<const float2*>(act + kern::q8_ds_offset(m.k, m.act_rows)),
-                           m.y,
-                           m.y_stride,
-                           m.n_rows,
-                           m.k,
-                           1};
+      kern::MatvecQ8Args a = kern::q8_args(m.w, m.w_stride, m.act, m.k, m.act_rows, m.y, m.y_stride, m.n_rows, 1);
       a.ids = m.ids;
       a.w_expert_stride = m.w_expert_stride;
       a.n_expert = m.n_expert;
