@@ -46,12 +46,12 @@ TensorView expert_slice(const TensorView& t, int64_t e, int64_t r0, int64_t n) {
   return s;
 }
 
-Status check_stack(const TensorView& t, const char* name, const OpContext& ctx, int64_t ne0, int64_t ne1,
-                   int64_t n_expert) {
-  DS_TRY(ops::check_tensor("moe_ffn", name, ctx, t, t.dtype));
-  DS_TRY(ops::check_shape("moe_ffn", name, t, ne0, ne1, n_expert));
+Status check_stack(const char* op, const TensorView& t, const char* name, const OpContext& ctx, int64_t ne0,
+                   int64_t ne1, int64_t n_expert) {
+  DS_TRY(ops::check_tensor(op, name, ctx, t, t.dtype));
+  DS_TRY(ops::check_shape(op, name, t, ne0, ne1, n_expert));
   if (t.nb[0] != dtype_block_bytes(t.dtype) || t.nb[1] < t.row_bytes() || t.nb[2] < t.nb[1] * ne1) {
-    return invalid_argument("moe_ffn: {} {} has overlapping rows", name, t.shape_string());
+    return invalid_argument("{}: {} {} has overlapping rows", op, name, t.shape_string());
   }
   return Status::ok();
 }
@@ -60,24 +60,11 @@ Status check_stack(const TensorView& t, const char* name, const OpContext& ctx, 
 
 Status moe_ffn(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
                const TensorView& weights, const TensorView& y) {
-  DS_TRY(ops::check_contig("moe_ffn", "x", ctx, x, DType::F32));
-  DS_TRY(ops::check_contig("moe_ffn", "y", ctx, y, DType::F32));
-  DS_TRY(ops::check_same_shape("moe_ffn", "x", x, "y", y));
-  DS_TRY(ops::check_contig("moe_ffn", "ids", ctx, ids, DType::I32));
-  DS_TRY(ops::check_contig("moe_ffn", "weights", ctx, weights, DType::F32));
+  DS_TRY(check_moe_io("moe_ffn", ctx, x, ids, weights, y, ids.ne[0]));
+  DS_TRY(check_moe_experts("moe_ffn", ctx, experts, x.ne[0]));
   const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
   const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];
-  if (x.data == y.data && n_tokens > 0) return invalid_argument("moe_ffn: y must not alias x");
-  DS_TRY(ops::check_shape("moe_ffn", "ids", ids, k, n_tokens));
-  DS_TRY(ops::check_shape("moe_ffn", "weights", weights, k, n_tokens));
-  DS_TRY(check_stack(experts.down, "down", ctx, n_ff, n_embd, n_expert));
   const bool fused = experts.gate_up.data != nullptr;
-  if (fused) {
-    DS_TRY(check_stack(experts.gate_up, "gate_up", ctx, n_embd, 2 * n_ff, n_expert));
-  } else {
-    DS_TRY(check_stack(experts.gate, "gate", ctx, n_embd, n_ff, n_expert));
-    DS_TRY(check_stack(experts.up, "up", ctx, n_embd, n_ff, n_expert));
-  }
   if (n_tokens == 0) return Status::ok();
   DS_CUDA_DISPATCH(moe_ffn, ctx, x, experts, ids, weights, y);
 
@@ -135,6 +122,28 @@ Status moe_ffn(const OpContext& ctx, const TensorView& x, const MoeExperts& expe
     }
   }
   return Status::ok();
+}
+
+Status check_moe_io(const char* op, const OpContext& ctx, const TensorView& x, const TensorView& ids,
+                    const TensorView& weights, const TensorView& y, int64_t k) {
+  DS_TRY(ops::check_contig(op, "x", ctx, x, DType::F32));
+  DS_TRY(ops::check_contig(op, "y", ctx, y, DType::F32));
+  DS_TRY(ops::check_same_shape(op, "x", x, "y", y));
+  DS_TRY(ops::check_contig(op, "ids", ctx, ids, DType::I32));
+  DS_TRY(ops::check_contig(op, "weights", ctx, weights, DType::F32));
+  const int64_t n_tokens = x.ne[1];
+  if (x.data == y.data && n_tokens > 0) return invalid_argument("{}: y must not alias x", op);
+  DS_TRY(ops::check_shape(op, "ids", ids, k, n_tokens));
+  DS_TRY(ops::check_shape(op, "weights", weights, k, n_tokens));
+  return Status::ok();
+}
+
+Status check_moe_experts(const char* op, const OpContext& ctx, const MoeExperts& experts, int64_t n_embd) {
+  const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];
+  DS_TRY(check_stack(op, experts.down, "down", ctx, n_ff, n_embd, n_expert));
+  if (experts.gate_up.data != nullptr) return check_stack(op, experts.gate_up, "gate_up", ctx, n_embd, 2 * n_ff, n_expert);
+  DS_TRY(check_stack(op, experts.gate, "gate", ctx, n_embd, n_ff, n_expert));
+  return check_stack(op, experts.up, "up", ctx, n_embd, n_ff, n_expert);
 }
 
 }  // namespace ds

@@ -31,4 +31,13 @@ Status moe_route(const OpContext& ctx, const TensorView& logits, int64_t k, cons
 Status moe_ffn(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
                const TensorView& weights, const TensorView& y);
 
+// The checks of moe_ffn's contract, shared with its CUDA forms (each error names `op`):
+//  - check_moe_io: x, y F32 contiguous of one shape [n_embd, n_tokens], y not aliasing x; ids I32 and
+//    weights F32 contiguous [k, n_tokens];
+//  - check_moe_experts: down {F, n_embd, n_expert} and gate_up {n_embd, 2F, n_expert} or gate and up
+//    {n_embd, F, n_expert}, rows not overlapping (F and n_expert taken from down).
+Status check_moe_io(const char* op, const OpContext& ctx, const TensorView& x, const TensorView& ids,
+                    const TensorView& weights, const TensorView& y, int64_t k);
+Status check_moe_experts(const char* op, const OpContext& ctx, const MoeExperts& experts, int64_t n_embd);
+
 }  // namespace ds

@@ -26,13 +26,8 @@ namespace {
 
 constexpr const char* kOp = "moe_ffn_gathered";
 
-Status check_stack(const OpContext& ctx, const TensorView& t, const char* name, int64_t ne0, int64_t ne1,
-                   int64_t n_expert) {
-  DS_TRY(ops::check_tensor(kOp, name, ctx, t, t.dtype));
-  DS_TRY(ops::check_shape(kOp, name, t, ne0, ne1, n_expert));
-  if (t.nb[0] != dtype_block_bytes(t.dtype) || t.nb[1] < t.row_bytes() || t.nb[2] < t.nb[1] * ne1) {
-    return invalid_argument("{}: {} {} has overlapping rows", kOp, name, t.shape_string());
-  }
+// What the CUDA kernels add to moe_ffn's contract for an expert stack (checked by check_moe_experts).
+Status check_cuda_stack(const TensorView& t, const char* name) {
   if (!matmul_supported(t.dtype)) {
     return unsupported("{}: {} {}: dtype {} is not supported on CUDA", kOp, name, t.shape_string(),
                        dtype_name(t.dtype));
@@ -71,23 +66,17 @@ Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExpe
   if (ctx.device.kind != DeviceKind::kCuda) {
     return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
   }
-  DS_TRY(ops::check_contig(kOp, "x", ctx, x, DType::F32));
-  DS_TRY(ops::check_contig(kOp, "y", ctx, y, DType::F32));
-  DS_TRY(ops::check_same_shape(kOp, "x", x, "y", y));
-  DS_TRY(ops::check_contig(kOp, "ids", ctx, ids, DType::I32));
-  DS_TRY(ops::check_contig(kOp, "weights", ctx, weights, DType::F32));
+  DS_TRY(check_moe_io(kOp, ctx, x, ids, weights, y, ids.ne[0]));
+  DS_TRY(check_moe_experts(kOp, ctx, experts, x.ne[0]));
   const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
   const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];
-  if (x.data == y.data && n_tokens > 0) return invalid_argument("{}: y must not alias x", kOp);
-  DS_TRY(ops::check_shape(kOp, "ids", ids, k, n_tokens));
-  DS_TRY(ops::check_shape(kOp, "weights", weights, k, n_tokens));
-  DS_TRY(check_stack(ctx, experts.down, "down", n_ff, n_embd, n_expert));
   const bool fused = experts.gate_up.data != nullptr;
+  DS_TRY(check_cuda_stack(experts.down, "down"));
   if (fused) {
-    DS_TRY(check_stack(ctx, experts.gate_up, "gate_up", n_embd, 2 * n_ff, n_expert));
+    DS_TRY(check_cuda_stack(experts.gate_up, "gate_up"));
   } else {
-    DS_TRY(check_stack(ctx, experts.gate, "gate", n_embd, n_ff, n_expert));
-    DS_TRY(check_stack(ctx, experts.up, "up", n_embd, n_ff, n_expert));
+    DS_TRY(check_cuda_stack(experts.gate, "gate"));
+    DS_TRY(check_cuda_stack(experts.up, "up"));
   }
   const int64_t n_slots = n_tokens * k;
   if (n_slots > kMoeGatheredMaxSlots) {

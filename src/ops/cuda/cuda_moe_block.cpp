@@ -212,15 +212,8 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   if (ctx.device.kind != DeviceKind::kCuda) {
     return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
   }
-  DS_TRY(ops::check_contig(kOp, "x", ctx, x, DType::F32));
-  DS_TRY(ops::check_contig(kOp, "y", ctx, y, DType::F32));
-  DS_TRY(ops::check_same_shape(kOp, "x", x, "y", y));
-  DS_TRY(ops::check_contig(kOp, "ids", ctx, ids, DType::I32));
-  DS_TRY(ops::check_contig(kOp, "weights", ctx, weights, DType::F32));
+  DS_TRY(check_moe_io(kOp, ctx, x, ids, weights, y, k));
   const int64_t n_tokens = x.ne[1];
-  if (x.data == y.data && n_tokens > 0) return invalid_argument("{}: y must not alias x", kOp);
-  DS_TRY(ops::check_shape(kOp, "ids", ids, k, n_tokens));
-  DS_TRY(ops::check_shape(kOp, "weights", weights, k, n_tokens));
   DS_ASSIGN_OR_RETURN(const Plan p, make_plan(w, n_tokens, k));
   if (x.ne[0] != p.n_embd) {
     return invalid_argument("{}: x {} against down experts {}", kOp, x.shape_string(), w.experts.down.shape_string());
