@@ -41,7 +41,7 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
   const int64_t n = call.n_tokens, D = c.head_dim, H = c.n_head, Hkv = c.n_head_kv;
   ModelScratch& S = call.scratch;
 
-  DS_ASSIGN_OR_RETURN(std::vector<TensorView> proj, S.f32_outputs({2 * H * D, Hkv * D, Hkv * D}, n));
+  DS_ASSIGN_OR_RETURN(auto proj, S.f32_outputs({2 * H * D, Hkv * D, Hkv * D}, n));
   const TensorView qg = proj[0];  // [n, H, (q_h; gate_h)]
   const TensorView k = reshape(proj[1], {D, Hkv, n}), v = reshape(proj[2], {D, Hkv, n});
   {

@@ -33,7 +33,7 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
 
   // mixed = attn_qkv x [n, conv_dim];  z = attn_gate x [n, value_dim]
   // b = ssm_beta x, a = ssm_alpha x [n, nv]: all four projections of x_norm in one call.
-  DS_ASSIGN_OR_RETURN(std::vector<TensorView> proj, S.f32_outputs({conv_dim, c.value_dim(), nv, nv}, n));
+  DS_ASSIGN_OR_RETURN(auto proj, S.f32_outputs({conv_dim, c.value_dim(), nv, nv}, n));
   const TensorView mixed = proj[0], z = proj[1], b = proj[2], a = proj[3];
   {
     const TensorView ws[] = {w.wqkv, w.wgate, w.wbeta, w.walpha};

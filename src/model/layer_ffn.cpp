@@ -17,7 +17,7 @@ namespace ds {
 Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const TensorView& x_norm,
                          const TensorView& out) {
   const int64_t n = call.n_tokens, n_ff = call.config.n_ff;
-  DS_ASSIGN_OR_RETURN(std::vector<TensorView> gu, call.scratch.f32_outputs({n_ff, n_ff}, n));
+  DS_ASSIGN_OR_RETURN(auto gu, call.scratch.f32_outputs({n_ff, n_ff}, n));
   const TensorView g = gu[0], u = gu[1];
   const TensorView ws[] = {w.gate, w.up};
   const TensorView ys[] = {g, u};

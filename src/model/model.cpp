@@ -41,27 +41,6 @@ Result<TensorView> ModelScratch::f32(std::initializer_list<int64_t> ne) {
   return t;
 }
 
-Result<std::vector<TensorView>> ModelScratch::f32_outputs(std::initializer_list<int64_t> rows, int64_t n) {
-  std::vector<TensorView> out;
-  out.reserve(rows.size());
-  if (n != 1) {
-    for (int64_t r : rows) {
-      DS_ASSIGN_OR_RETURN(TensorView t, f32({r, n}));
-      out.push_back(t);
-    }
-    return out;
-  }
-  int64_t total = 0;
-  for (int64_t r : rows) total += r;
-  DS_ASSIGN_OR_RETURN(TensorView all, f32({total, 1}));
-  int64_t at = 0;
-  for (int64_t r : rows) {
-    out.push_back(TensorView::contiguous(all.as<float>() + at, DType::F32, {r, 1}, device));
-    at += r;
-  }
-  return out;
-}
-
 Result<TensorView> ModelScratch::i32(std::initializer_list<int64_t> ne) {
   DS_ASSIGN_OR_RETURN(TensorView t, f32(ne));
   t.dtype = DType::I32;

@@ -2,6 +2,8 @@
 // forwards (layer_attention.cpp, layer_deltanet.cpp, layer_ffn.cpp).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -22,7 +24,25 @@ struct ModelScratch {
   // Outputs [rows[i], n] of products of one input. For one token they are back to back in one
   // allocation (each still a contiguous tensor), so matmul_many runs products whose weights are also
   // adjacent (on CUDA they are uploaded so) as one launch; for more tokens, separate tensors.
-  Result<std::vector<TensorView>> f32_outputs(std::initializer_list<int64_t> rows, int64_t n);
+  template <size_t N>
+  Result<std::array<TensorView, N>> f32_outputs(const int64_t (&rows)[N], int64_t n) {
+    std::array<TensorView, N> out;
+    if (n != 1) {
+      for (size_t i = 0; i < N; ++i) {
+        DS_ASSIGN_OR_RETURN(out[i], f32({rows[i], n}));
+      }
+      return out;
+    }
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    DS_ASSIGN_OR_RETURN(const TensorView all, f32({total, 1}));
+    int64_t at = 0;
+    for (size_t i = 0; i < N; ++i) {
+      out[i] = TensorView::contiguous(all.as<float>() + at, DType::F32, {rows[i], 1}, device);
+      at += rows[i];
+    }
+    return out;
+  }
   void reset();
   // Everything handed out after a mark is released by rollback (per-layer intermediates).
   struct Mark {
