@@ -244,6 +244,18 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
 
 namespace {
 
+// x [k, n_tokens] (silu(x) * up with `up`) quantized for the q8 kernels into a scratch block from the
+// caching allocator, which returns to the cache when the caller is done (later users of the block are
+// ordered after the caller's products on the stream).
+Result<CudaBuffer> quantized_input(const TensorView& x, const TensorView* up, int device, cudaStream_t cs) {
+  const int64_t k = x.ne[0], n_tokens = x.ne[1];
+  DS_ASSIGN_OR_RETURN(CudaBuffer act, CudaBuffer::allocate(device, matvec_q8_act_bytes(k, n_tokens)));
+  DS_CUDA_TRY(quantize_q8_launch(x.as<float>(), x.nb[1] / 4, up ? up->as<float>() : nullptr, n_tokens, k, act.data(),
+                                 nullptr, 0, cs),
+              "quantize_q8 x {}{}", x.shape_string(), up ? " (swiglu)" : "");
+  return act;
+}
+
 // True when weight b's rows start where weight a's end (same type and row bytes) and so do the output
 // rows of b and a (same token stride, or one token): the two products are one over the rows of both.
 bool rows_follow(const TensorView& wa, const TensorView& ya, const TensorView& wb, const TensorView& yb,
@@ -291,25 +303,22 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
   }
   // The weights the q8 kernel takes share one quantized copy of x; the rest (F32 / F16 / BF16,
   // misaligned rows) run matmul_on with F32 activations.
-  std::vector<char> q8(ws.size(), 0);
+  auto q8 = [&](size_t i) {
+    return ws[i].ne[1] > 0 && q8_applies_with_scratch(ws[i].dtype, matvec_args(ws[i], x, ys[i], nullptr, 0));
+  };
   bool any_q8 = false;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    q8[i] = ws[i].ne[1] > 0 && q8_applies_with_scratch(ws[i].dtype, matvec_args(ws[i], x, ys[i], nullptr, 0));
-    any_q8 = any_q8 || q8[i];
-  }
+  for (size_t i = 0; i < ws.size() && !any_q8; ++i) any_q8 = q8(i);
   CudaBuffer act;  // back to the cache on return; later users of the block are ordered after this call
   const int64_t act_bytes = any_q8 ? matvec_q8_act_bytes(k, n_tokens) : 0;
   if (any_q8) {
-    DS_ASSIGN_OR_RETURN(act, CudaBuffer::allocate(device, act_bytes));
-    DS_CUDA_TRY(quantize_q8_launch(x.as<float>(), x.nb[1] / 4, nullptr, n_tokens, k, act.data(), nullptr, 0, cs),
-                "matmul_many x {}: quantize_q8", x.shape_string());
+    DS_ASSIGN_OR_RETURN(act, quantized_input(x, nullptr, device, cs));
   }
   for (size_t i = 0; i < ws.size();) {
     if (ws[i].ne[1] == 0) {
       ++i;
       continue;
     }
-    if (!q8[i]) {
+    if (!q8(i)) {
       DS_TRY(matmul_on(ws[i], x, ys[i], device, stream, path).with_context(fmt::format("matmul_many product {}", i)));
       ++i;
       continue;
@@ -317,7 +326,7 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
     // Products whose weights and outputs both follow each other in memory run as one.
     TensorView w = ws[i], y = ys[i];
     size_t j = i + 1;
-    for (; j < ws.size() && q8[j] && rows_follow(ws[j - 1], ys[j - 1], ws[j], ys[j], n_tokens); ++j) {
+    for (; j < ws.size() && q8(j) && rows_follow(ws[j - 1], ys[j - 1], ws[j], ys[j], n_tokens); ++j) {
       w.ne[1] += ws[j].ne[1];
       y.ne[0] += ys[j].ne[0];
     }
@@ -346,13 +355,9 @@ Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const Tenso
   if (path == MatmulPath::kMatvec && n_tokens <= kMatvecQ8MaxTokens) {
     MatvecLaunch l = matvec_args(w, gate, y, nullptr, 0);
     if (q8_applies_with_scratch(w.dtype, l)) {
-      const int64_t act_bytes = matvec_q8_act_bytes(k, n_tokens);
-      DS_ASSIGN_OR_RETURN(CudaBuffer act, CudaBuffer::allocate(device, act_bytes));
-      DS_CUDA_TRY(quantize_q8_launch(gate.as<float>(), gate.nb[1] / 4, up.as<float>(), n_tokens, k, act.data(),
-                                     nullptr, 0, cs),
-                  "matmul_swiglu {}: quantize_q8 (swiglu)", shapes(w, gate, y));
+      DS_ASSIGN_OR_RETURN(CudaBuffer act, quantized_input(gate, &up, device, cs));
       l.act = act.data();
-      l.act_bytes = act_bytes;
+      l.act_bytes = act.bytes();
       DS_CUDA_TRY(matvec_q8_product_launch(w.dtype, l, cs), "matmul_swiglu {} (matvec_q8)", shapes(w, gate, y));
       return Status::ok();  // act returns to the cache; later users are ordered after the product
     }
