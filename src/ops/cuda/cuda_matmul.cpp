@@ -341,11 +341,10 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
 Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const TensorView& up, const TensorView& y,
                         int device, void* stream, MatmulPath path) {
   DS_TRY(check_args(w, gate, y, device).with_context("matmul_swiglu"));
-  if (up.device != gate.device || up.dtype != DType::F32 || up.ne != gate.ne || up.nb[0] != 4 ||
-      up.nb[1] != gate.nb[1]) {
-    return invalid_argument("matmul_swiglu: up {} (row stride {} on {}) must match gate {} (row stride {} on {})",
-                            up.shape_string(), up.nb[1], up.device.to_string(), gate.shape_string(), gate.nb[1],
-                            gate.device.to_string());
+  if (up.device != gate.device || up.dtype != DType::F32 || up.ne != gate.ne || !up.is_contiguous() ||
+      !gate.is_contiguous()) {
+    return invalid_argument("matmul_swiglu: up {} on {} and gate {} on {} must be contiguous F32 of one shape",
+                            up.shape_string(), up.device.to_string(), gate.shape_string(), gate.device.to_string());
   }
   const int64_t k = gate.ne[0], n_tokens = gate.ne[1];
   if (n_tokens == 0 || w.ne[1] == 0) return Status::ok();
@@ -362,19 +361,10 @@ Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const Tenso
       return Status::ok();  // act returns to the cache; later users are ordered after the product
     }
   }
-  // gate = silu(gate) * up row by row (rows of k at the shared stride), then the plain product.
-  if (gate.nb[1] == 4 * k) {
-    DS_CUDA_TRY(eltwise_launch(EltKind::kSwiglu, gate.as<float>(), up.as<float>(), gate.as<float>(), k * n_tokens, k,
-                               false, cs),
-                "matmul_swiglu {}: swiglu", shapes(w, gate, y));
-  } else {
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      float* g = reinterpret_cast<float*>(gate.row(t));
-      const float* u = reinterpret_cast<const float*>(up.row(t));
-      DS_CUDA_TRY(eltwise_launch(EltKind::kSwiglu, g, u, g, k, k, false, cs), "matmul_swiglu {}: swiglu row {}",
-                  shapes(w, gate, y), t);
-    }
-  }
+  // gate = silu(gate) * up, then the plain product.
+  DS_CUDA_TRY(eltwise_launch(EltKind::kSwiglu, gate.as<float>(), up.as<float>(), gate.as<float>(), k * n_tokens, k,
+                             false, cs),
+              "matmul_swiglu {}: swiglu", shapes(w, gate, y));
   return matmul_on(w, gate, y, device, stream, path).with_context("matmul_swiglu");
 }
 

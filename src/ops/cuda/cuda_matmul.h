@@ -62,8 +62,7 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
 Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
                       int device, void* stream, MatmulPath path = MatmulPath::kAuto);
 
-// y = w (silu(gate) * up) (ops/matmul.h matmul_swiglu); gate, up [k, n_tokens] F32 with contiguous rows
-// at one row stride. Where the q8 kernel applies, the SwiGLU happens inside the activation quantizer
+// y = w (silu(gate) * up) (ops/matmul.h matmul_swiglu); gate, up [k, n_tokens] F32 contiguous. Where the q8 kernel applies, the SwiGLU happens inside the activation quantizer
 // (gate is left as it was); otherwise gate is overwritten with silu(gate) * up and matmul_on runs.
 Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const TensorView& up, const TensorView& y,
                         int device, void* stream, MatmulPath path = MatmulPath::kAuto);
