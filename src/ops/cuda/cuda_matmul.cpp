@@ -256,13 +256,14 @@ Result<CudaBuffer> quantized_input(const TensorView& x, const TensorView* up, in
   return act;
 }
 
-// True when weight b's rows start where weight a's end (same type and row bytes) and so do the output
-// rows of b and a (same token stride, or one token): the two products are one over the rows of both.
+// True for one token when weight b's rows start where weight a's end (same type and row bytes) and so
+// does b's output vector: the two products are one over the rows of both. (Outputs are contiguous, so
+// for more tokens they cannot follow each other row by row.)
 bool rows_follow(const TensorView& wa, const TensorView& ya, const TensorView& wb, const TensorView& yb,
                  int64_t n_tokens) {
-  return wb.ne[1] > 0 && wb.dtype == wa.dtype && wb.nb[1] == wa.nb[1] &&
+  return n_tokens == 1 && wb.ne[1] > 0 && wb.dtype == wa.dtype && wb.nb[1] == wa.nb[1] &&
          static_cast<const uint8_t*>(wb.data) == static_cast<const uint8_t*>(wa.data) + wa.ne[1] * wa.nb[1] &&
-         yb.as<float>() == ya.as<float>() + ya.ne[0] && (n_tokens == 1 || yb.nb[1] == ya.nb[1]);
+         yb.as<float>() == ya.as<float>() + ya.ne[0];
 }
 
 }  // namespace
