@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "ops/cuda/attention_launch.h"
+#include "ops/cuda/launch.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -202,6 +203,7 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
 
 template <int D, int RW>
 __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
+  kern::dependency_sync();
   constexpr int KW = kWarps / RW;  // warps sharing the same rows, splitting each tile's positions
   constexpr int BM = 16 * RW;      // rows per CTA
   constexpr int PW = kBN / KW;     // positions per warp per tile
@@ -386,6 +388,7 @@ constexpr size_t simt_smem_bytes(int D, int RB) {
 
 template <typename T, int E, int RB>
 __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
+  kern::dependency_sync();
   extern __shared__ float4 smem_f4[];
   const int g = blockIdx.x, s = blockIdx.z;
   const int row0 = (gridDim.y - 1 - blockIdx.y) * RB;  // the longest causal rows start first
@@ -473,6 +476,7 @@ __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
 // ---- split combine: one CTA per output row, warps stride over splits, lanes over dims ----
 
 __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const KParams p) {
+  kern::dependency_sync();
   constexpr int kE = kAttnMaxHeadDim / 32;
   __shared__ float s_acc[kCombineWarps][kAttnMaxHeadDim];
   __shared__ float s_m[kCombineWarps], s_l[kCombineWarps];
@@ -539,6 +543,7 @@ template <typename T>
 __global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* const* k_base,
                                  const uint8_t* const* v_base, int64_t k_off, int64_t v_off, int C, int64_t row,
                                  const int32_t* d_pos, int64_t total) {
+  kern::dependency_sync();
   const int pos0 = *d_pos;
   if (pos0 < 0) return;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -705,11 +710,11 @@ cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan,
   void* args[] = {&p};
   const dim3 grid(static_cast<unsigned>(a.kv.n_head_kv), static_cast<unsigned>(plan.n_row_blocks),
                   static_cast<unsigned>(plan.n_split));
-  cudaError_t e = cudaLaunchKernel(k.fn, grid, dim3(kThreads), args, k.smem, s);
+  cudaError_t e = launch_kernel_packed(k.fn, grid, dim3(kThreads), args, k.smem, s);
   if (e != cudaSuccess) return e;
   if (plan.n_split > 1) {
-    e = cudaLaunchKernel(reinterpret_cast<const void*>(attn_combine_kernel), dim3(static_cast<unsigned>(p.RT)),
-                         dim3(32 * kCombineWarps), args, 0, s);
+    e = launch_kernel_packed(reinterpret_cast<const void*>(attn_combine_kernel), dim3(static_cast<unsigned>(p.RT)),
+                             dim3(32 * kCombineWarps), args, 0, s);
     if (e != cudaSuccess) return e;
   }
   return cudaGetLastError();
@@ -722,11 +727,11 @@ cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& 
   if (total <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
   if (kv.dtype == DType::F16) {
-    kv_append_kernel<__half><<<blocks, 256, 0, s>>>(k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
-                                                     kv.chunk_tokens, row, d_pos, total);
+    launch_kernel(kv_append_kernel<__half>, blocks, 256, 0, s, k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
+                  kv.chunk_tokens, row, d_pos, total);
   } else if (kv.dtype == DType::F32) {
-    kv_append_kernel<float><<<blocks, 256, 0, s>>>(k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
-                                                    kv.chunk_tokens, row, d_pos, total);
+    launch_kernel(kv_append_kernel<float>, blocks, 256, 0, s, k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
+                  kv.chunk_tokens, row, d_pos, total);
   } else {
     return cudaErrorInvalidValue;
   }

@@ -8,10 +8,13 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/check.h"
 #include "core/log.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/pdl.h"
 
 namespace ds::cuda {
 namespace {
@@ -86,6 +89,24 @@ Result<DeviceInfo> device_info(int device) {
   info.cc_major = p.major;
   info.cc_minor = p.minor;
   return info;
+}
+
+bool pdl_enabled() {
+  static const bool env_off = [] {
+    const char* e = std::getenv("DELTASERVE_PDL");
+    return e != nullptr && std::string_view(e) == "0";
+  }();
+  static std::array<std::atomic<int>, kMaxDevices> known{};  // 0 unknown, 1 off, 2 on
+  if (env_off) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  int v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 ? 2 : 1;
+    known[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
 }
 
 bool device_usable(int device) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "ops/cuda/delta_net_launch.h"
+#include "ops/cuda/launch.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -84,6 +85,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2)
     dn_prep_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ g,
                    const float* __restrict__ beta, float* __restrict__ scratch, int nk, int nv, int n_tokens,
                    float scale) {
+  kern::dependency_sync();
   using L = PrepSmem<DK>;
   extern __shared__ __align__(16) float sm[];
   float* Ks = sm;
@@ -211,6 +213,7 @@ __global__ void __launch_bounds__(kScanThreads, 2)
     dn_scan_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                    const float* __restrict__ scratch, float* __restrict__ state, float* __restrict__ out, int nk,
                    int nv, int dv, int n_tokens, float scale, int64_t v_hs, int64_t v_ts) {
+  kern::dependency_sync();
   using L = ScanSmem<DK>;
   constexpr int kRowsUpd = DK / 16;
   static_assert(kRowsUpd % 2 == 0, "state-update rows are read in pairs");
@@ -379,6 +382,7 @@ __global__ void __launch_bounds__(kRecThreads)
                         const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
                         float* __restrict__ out, int nk, int nv, int dv, int64_t n_tokens, float scale, int64_t v_hs,
                         int64_t v_ts) {
+  kern::dependency_sync();
   constexpr int kRows = DK / 16;
   constexpr int kWarps = kRecThreads / 32;
   __shared__ float qs[DK], ks[DK];
@@ -448,6 +452,7 @@ __global__ void __launch_bounds__(kRecThreads)
 __global__ void dn_generic_kernel(const float* q, const float* k, const float* v, const float* g,
                                   const float* beta, float* state, float* out, int64_t dk, int64_t nk, int64_t dv,
                                   int64_t nv, int64_t n_tokens, int64_t v_hs, int64_t v_ts) {
+  kern::dependency_sync();
   extern __shared__ float qk[];  // [2 * dk]: q then k of the current token
   const int64_t h = blockIdx.x, hk = h % nk;
   float* S = state + h * dk * dv;
@@ -487,12 +492,9 @@ int64_t v_token_stride(const DeltaNetArgs& a) { return a.v_token_stride > 0 ? a.
 template <int DK>
 cudaError_t recurrent_fast(const DeltaNetArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.dv / kBV), static_cast<unsigned>(a.nv));
-  dn_recurrent_kernel<DK><<<grid, kRecThreads, 0, s>>>(a.q, a.k, a.v, a.g, a.beta, a.state, a.out,
-                                                       static_cast<int>(a.nk), static_cast<int>(a.nv),
-                                                       static_cast<int>(a.dv), a.n_tokens,
-                                                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a),
-                                                       v_token_stride(a));
-  return cudaGetLastError();
+  return launch_kernel(dn_recurrent_kernel<DK>, grid, kRecThreads, 0, s, a.q, a.k, a.v, a.g, a.beta, a.state, a.out,
+                       static_cast<int>(a.nk), static_cast<int>(a.nv), static_cast<int>(a.dv), a.n_tokens,
+                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a), v_token_stride(a));
 }
 
 template <int DK>
@@ -512,13 +514,13 @@ cudaError_t chunked(const DeltaNetArgs& a, float* scratch, cudaStream_t s) {
     const float* q = a.q + t0 * a.nk * DK;
     const float* k = a.k + t0 * a.nk * DK;
     const int nk = static_cast<int>(a.nk), nv = static_cast<int>(a.nv), dv = static_cast<int>(a.dv);
-    dn_prep_kernel<DK><<<dim3(n_chunks, static_cast<unsigned>(nv)), kPrepThreads, prep_smem, s>>>(
-        q, k, a.g + t0 * a.nv, a.beta + t0 * a.nv, scratch, nk, nv, n, scale);
+    launch_kernel(dn_prep_kernel<DK>, dim3(n_chunks, static_cast<unsigned>(nv)), kPrepThreads, prep_smem, s, q, k,
+                  a.g + t0 * a.nv, a.beta + t0 * a.nv, scratch, nk, nv, n, scale);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    dn_scan_kernel<DK><<<dim3(static_cast<unsigned>(dv / kBV), static_cast<unsigned>(nv)), kScanThreads, scan_smem,
-                         s>>>(q, k, a.v + t0 * v_token_stride(a), scratch, a.state, a.out + t0 * a.nv * a.dv, nk,
-                              nv, dv, n, scale, v_head_stride(a), v_token_stride(a));
+    launch_kernel(dn_scan_kernel<DK>, dim3(static_cast<unsigned>(dv / kBV), static_cast<unsigned>(nv)), kScanThreads,
+                  scan_smem, s, q, k, a.v + t0 * v_token_stride(a), scratch, a.state, a.out + t0 * a.nv * a.dv, nk, nv,
+                  dv, n, scale, v_head_stride(a), v_token_stride(a));
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -559,10 +561,8 @@ cudaError_t delta_net_recurrent_launch(const DeltaNetArgs& a, cudaStream_t s) {
   if (a.dk > kDeltaNetGenericMaxDk) return cudaErrorInvalidValue;
   const int threads = static_cast<int>(std::min<int64_t>(1024, (a.dv + 31) / 32 * 32));
   const size_t smem = static_cast<size_t>(2 * a.dk) * sizeof(float);
-  dn_generic_kernel<<<static_cast<unsigned>(a.nv), threads, smem, s>>>(a.q, a.k, a.v, a.g, a.beta, a.state, a.out,
-                                                                       a.dk, a.nk, a.dv, a.nv, a.n_tokens,
-                                                                       v_head_stride(a), v_token_stride(a));
-  return cudaGetLastError();
+  return launch_kernel(dn_generic_kernel, static_cast<unsigned>(a.nv), threads, smem, s, a.q, a.k, a.v, a.g, a.beta,
+                       a.state, a.out, a.dk, a.nk, a.dv, a.nv, a.n_tokens, v_head_stride(a), v_token_stride(a));
 }
 
 cudaError_t delta_net_chunked_launch(const DeltaNetArgs& a, float* scratch, cudaStream_t s) {

@@ -50,13 +50,13 @@ cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStre
   constexpr int kRowsPerCta = kern::kQ8Warps * kern::kQ8Rows;
   const unsigned grid = static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta);
   if (l.n_tokens <= 1) {
-    kern::matvec_q8<T, 1><<<grid, kern::kQ8Threads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_q8<T, 1>, grid, kern::kQ8Threads, 0, stream, a);
   } else if (l.n_tokens <= 2) {
-    kern::matvec_q8<T, 2><<<grid, kern::kQ8Threads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_q8<T, 2>, grid, kern::kQ8Threads, 0, stream, a);
   } else if (l.n_tokens <= 4) {
-    kern::matvec_q8<T, 4><<<grid, kern::kQ8Threads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_q8<T, 4>, grid, kern::kQ8Threads, 0, stream, a);
   } else {
-    kern::matvec_q8<T, 8><<<grid, kern::kQ8Threads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_q8<T, 8>, grid, kern::kQ8Threads, 0, stream, a);
   }
   return cudaGetLastError();
 }
@@ -91,20 +91,19 @@ cudaError_t launch_typed(const MatvecLaunch& l, MatvecKernel fastest, cudaStream
   if (kernel == MatvecKernel::kGeneric) {
     constexpr int kWarps = 4;
     const dim3 grid(static_cast<unsigned>((l.n_rows + kWarps - 1) / kWarps), static_cast<unsigned>(l.n_tokens));
-    kern::matvec_generic<T><<<grid, 32 * kWarps, 0, stream>>>(a);
-    return cudaGetLastError();
+    return launch_kernel(kern::matvec_generic<T>, grid, 32 * kWarps, 0, stream, a);
   }
   const unsigned grid = static_cast<unsigned>((l.n_rows + kern::kStagedRows - 1) / kern::kStagedRows);
   if (l.n_tokens <= 1) {
-    kern::matvec_staged<T, 1><<<grid, kern::kStagedThreads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_staged<T, 1>, grid, kern::kStagedThreads, 0, stream, a);
   } else if (l.n_tokens <= 2) {
-    kern::matvec_staged<T, 2><<<grid, kern::kStagedThreads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_staged<T, 2>, grid, kern::kStagedThreads, 0, stream, a);
   } else if (l.n_tokens <= 4) {
-    kern::matvec_staged<T, 4><<<grid, kern::kStagedThreads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_staged<T, 4>, grid, kern::kStagedThreads, 0, stream, a);
   } else if (l.n_tokens <= 8) {
-    kern::matvec_staged<T, 8><<<grid, kern::kStagedThreads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_staged<T, 8>, grid, kern::kStagedThreads, 0, stream, a);
   } else {
-    kern::matvec_staged<T, 16><<<grid, kern::kStagedThreads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_staged<T, 16>, grid, kern::kStagedThreads, 0, stream, a);
   }
   return cudaGetLastError();
 }
@@ -121,12 +120,12 @@ cudaError_t dequant_typed(const void* w, int64_t w_stride, int64_t n_rows, int64
   constexpr int kThreads = 256;
   if (aligned) {
     const int64_t n = n_rows * (k / 8);
-    kern::dequant_bf16<T, true><<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        wb, w_stride, n_rows, k, o);
+    launch_kernel(kern::dequant_bf16<T, true>, static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                  stream, wb, w_stride, n_rows, k, o);
   } else {
     const int64_t n = n_rows * k;
-    kern::dequant_bf16<T, false><<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        wb, w_stride, n_rows, k, o);
+    launch_kernel(kern::dequant_bf16<T, false>, static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                  stream, wb, w_stride, n_rows, k, o);
   }
   return cudaGetLastError();
 }
@@ -175,9 +174,9 @@ cudaError_t quantize_q8_launch(const float* x, int64_t x_stride, const float* up
   const int64_t threads = n_rows * (k / kern::kQ8Block) * 8;
   const unsigned grid = static_cast<unsigned>((threads + kern::kQuantThreads - 1) / kern::kQuantThreads);
   if (up != nullptr) {
-    kern::quantize_q8<true><<<grid, kern::kQuantThreads, 0, stream>>>(a);
+    launch_kernel(kern::quantize_q8<true>, grid, kern::kQuantThreads, 0, stream, a);
   } else {
-    kern::quantize_q8<false><<<grid, kern::kQuantThreads, 0, stream>>>(a);
+    launch_kernel(kern::quantize_q8<false>, grid, kern::kQuantThreads, 0, stream, a);
   }
   return cudaGetLastError();
 }
@@ -271,9 +270,8 @@ cudaError_t f32_to_bf16_launch(const float* x, int64_t x_stride, int64_t n_rows,
   const int64_t n = n_rows * k;
   if (n <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  kern::f32_to_bf16<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      x, x_stride, n_rows, k, static_cast<__nv_bfloat16*>(out));
-  return cudaGetLastError();
+  return launch_kernel(kern::f32_to_bf16, static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream, x,
+                       x_stride, n_rows, k, static_cast<__nv_bfloat16*>(out));
 }
 
 }  // namespace ds::cuda

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/quant_decode.cuh"
 
 namespace ds::cuda::kern {
@@ -75,6 +76,7 @@ __device__ __forceinline__ uint4 load16_clamped(uintptr_t p, uintptr_t lo, uintp
 // memory latency overlaps the arithmetic.
 template <DType T, int kNT, int kRows = kStagedRows>
 __global__ void __launch_bounds__(kStagedThreads) matvec_staged(MatvecArgs a) {
+  dependency_sync();
   constexpr qdec::TypeTraits tr = qdec::traits(T);
   constexpr int kChunkBytes = tr.chunk_elems / tr.block_elems * tr.block_bytes;
   constexpr int kRowSmem = (kChunkBytes + 32 + 15) / 16 * 16;  // +32: 16-byte rounding at both ends
@@ -182,6 +184,7 @@ __global__ void __launch_bounds__(kStagedThreads) matvec_staged(MatvecArgs a) {
 // block size.
 template <DType T>
 __global__ void matvec_generic(MatvecArgs a) {
+  dependency_sync();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int t = blockIdx.y;
   if (row >= a.n_rows) return;
@@ -205,6 +208,7 @@ __global__ void matvec_generic(MatvecArgs a) {
 template <DType T, bool kAligned>
 __global__ void dequant_bf16(const uint8_t* w, int64_t w_stride, int64_t n_rows, int64_t k,
                              __nv_bfloat16* out) {
+  dependency_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if constexpr (kAligned) {
     const int64_t units_per_row = k / 8;
@@ -226,6 +230,7 @@ __global__ void dequant_bf16(const uint8_t* w, int64_t w_stride, int64_t n_rows,
 // out[t, k] (BF16, contiguous) = x[t, k] (F32 with row stride x_stride).
 static __global__ void f32_to_bf16(const float* x, int64_t x_stride, int64_t n_rows, int64_t k,
                                    __nv_bfloat16* out) {
+  dependency_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows * k) return;
   const int64_t t = i / k, j = i % k;

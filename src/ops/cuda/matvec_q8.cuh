@@ -86,6 +86,7 @@ __device__ __forceinline__ void quantize_block_q8(const float (&v)[4], int (&qi)
 // still give NaN outputs (fmaxf alone would drop them).
 template <bool kSwiglu>
 __global__ void __launch_bounds__(kQuantThreads) quantize_q8(QuantizeQ8Args a) {
+  dependency_sync();
   const int64_t gt = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t blocks_per_row = a.k / kQ8Block;
   const int64_t blk = gt >> 3;
@@ -145,12 +146,14 @@ __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp) * kRows;
-  if (r0 >= a.n_rows) return;  // warps never synchronize with each other
+  const bool gathered = a.ids != nullptr;
+  if (gathered) dependency_wait();  // the expert ids are an earlier kernel's output
+  if (r0 >= a.n_rows) return;       // warps never synchronize with each other
   const uint8_t* w = a.w;
   const int8_t* xq = a.xq;
   const float2* xds = static_cast<const float2*>(a.xds);
   float* y = a.y;
-  if (a.ids != nullptr) {
+  if (gathered) {
     const int slot = blockIdx.y;
     const int32_t e = a.ids[slot];
     if (e < 0 || e >= a.n_expert) return;
@@ -202,6 +205,10 @@ __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
     if (c < n_chunks) issue(c);
     cp_async_commit();  // empty groups keep the count uniform
   }
+  // The first stages' weight copies are in flight (weights are no kernel's output) while the previous
+  // kernel drains; the activations are read only after the wait (launch.cuh).
+  if (!gathered) dependency_wait();
+  allow_dependents();
   for (int c = 0; c < n_chunks; ++c) {
     if (c + S::kStages - 1 < n_chunks) issue(c + S::kStages - 1);  // into the stage read in step c - 1
     cp_async_commit();

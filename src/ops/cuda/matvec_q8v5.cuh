@@ -507,13 +507,17 @@ DS_Q8V5_UNROLL
   }
 }
 
-// The launch arguments, as MatvecQ8Args (matvec_q8.cuh) but usable without CUDA headers.
+// Bytes of the k elements of one weight row.
+template <DType T>
+DS_Q8V5_HD constexpr int64_t q8v5_row_bytes(int64_t k) {
+  constexpr int kBlockElems = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256 : 32;
+  return k / kBlockElems * Q8v5Type<T>::kBlockBytes;
+}
 
 // The view of output slot `slot` (gathered mode) or of the whole launch, and its output base; false
 // for a slot whose expert id is out of range (nothing to compute or write).
 template <DType T>
 DS_Q8V5_HD bool q8v5_make_view(const MatvecQ8Args& a, int slot, Q8v5View* v, float** y) {
-  constexpr int kBlockElems = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256 : 32;
   v->w = reinterpret_cast<uintptr_t>(a.w);
   v->xq = reinterpret_cast<uintptr_t>(a.xq);
   v->xds = reinterpret_cast<uintptr_t>(a.xds);
@@ -531,7 +535,7 @@ DS_Q8V5_HD bool q8v5_make_view(const MatvecQ8Args& a, int slot, Q8v5View* v, flo
   v->n_rows = a.n_rows;
   v->k = a.k;
   v->n_tokens = a.n_tokens;
-  v->w_hi = v->w + static_cast<uintptr_t>((a.n_rows - 1) * a.w_stride + a.k / kBlockElems * Q8v5Type<T>::kBlockBytes);
+  v->w_hi = v->w + static_cast<uintptr_t>((a.n_rows - 1) * a.w_stride + q8v5_row_bytes<T>(a.k));
   return true;
 }
 
@@ -586,11 +590,29 @@ __global__ void __launch_bounds__(kQ8v5Threads, (q8v5_min_ctas<T, kNT, kRows, kD
     matvec_q8v5(MatvecQ8Args a, int split) {
   __shared__ float part[kQ8v5Warps][kRows * kNT];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int groups_per_cta = kQ8v5Warps / split;
+  const int slot_in_cta = warp / split, sub = warp % split;
+  const bool gathered = a.ids != nullptr;
+  if (gathered) {
+    dependency_wait();  // the expert ids are an earlier kernel's output
+  } else {
+    // While the previous kernel drains (launch.cuh), pull this warp's first row group into L2: weights
+    // are no kernel's output.
+    const int64_t row_bytes = q8v5_row_bytes<T>(a.k);
+    const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * groups_per_cta + slot_in_cta) * kRows;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t off = 128 * static_cast<int64_t>(sub * 32 + lane);
+      if (r0 + r < a.n_rows && off < row_bytes) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a.w + (r0 + r) * a.w_stride + off));
+      }
+    }
+    dependency_wait();
+  }
+  allow_dependents();
   Q8v5View v;
   float* y;
   if (!q8v5_make_view<T>(a, blockIdx.y, &v, &y)) return;  // the whole CTA: no barrier is left waiting
-  const int groups_per_cta = kQ8v5Warps / split;
-  const int slot_in_cta = warp / split, sub = warp % split;
   const int64_t n_iters = q8v5_iterations(a.n_rows, kRows, split);
   for (int64_t it = blockIdx.x; it < n_iters; it += gridDim.x) {  // uniform over the CTA
     const int64_t r0 = (it * groups_per_cta + slot_in_cta) * kRows;
@@ -654,9 +676,9 @@ cudaError_t q8v5_launch(const MatvecQ8Args& a, int n_slots, int split, bool pers
     if (resident > 0 && resident < grid) grid = resident;
   }
   if (grid > 0x7FFFFFFF || n_slots > 65535) return cudaErrorInvalidValue;
-  matvec_q8v5<T, kNT, kRows, kDepth>
-      <<<dim3(static_cast<unsigned>(grid), static_cast<unsigned>(n_slots)), kQ8v5Threads, 0, stream>>>(a, split);
-  return cudaGetLastError();
+  return launch_kernel(matvec_q8v5<T, kNT, kRows, kDepth>,
+                       dim3(static_cast<unsigned>(grid), static_cast<unsigned>(n_slots)), kQ8v5Threads, 0, stream, a,
+                       split);
 }
 #endif  // __CUDACC__
 

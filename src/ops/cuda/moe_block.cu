@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/moe_launch.h"
 
@@ -201,6 +202,7 @@ __device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l, int32
 
 // Dynamic shared memory: kRouteWarps * n_expert floats (the last CTA's logit copies).
 __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
+  kern::dependency_sync();
   extern __shared__ float route_smem[];
   __shared__ int32_t picked[kRouteWarps][kMoeBlockMaxK];
   __shared__ unsigned int is_last;
@@ -225,6 +227,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
 // One thread per output element; the routed pairs in routing order, then the shared expert.
 __global__ void moe_block_combine(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,
                                   float* y) {
+  kern::dependency_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tokens * n_embd) return;
   const int64_t t = i / n_embd, c = i % n_embd, P = k + 1;
@@ -248,8 +251,7 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
   const bool vec4 = a.n_embd % 4 == 0 && a.router_stride % 4 == 0 && a16(a.x) && a16(a.router) && a16(a.shexp_gate);
   const unsigned grid = static_cast<unsigned>((a.n_expert + 1 + kRouteWarps - 1) / kRouteWarps);
   const size_t smem = sizeof(float) * kRouteWarps * static_cast<size_t>(a.n_expert);
-  moe_route_fused<<<grid, kRouteThreads, smem, stream>>>(a, vec4);
-  return cudaGetLastError();
+  return launch_kernel(moe_route_fused, grid, kRouteThreads, smem, stream, a, vec4);
 }
 
 cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,
@@ -257,9 +259,8 @@ cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t 
   const int64_t n = n_tokens * n_embd;
   if (n <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  moe_block_combine<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(d, coef, n_tokens, k,
-                                                                                                   n_embd, y);
-  return cudaGetLastError();
+  return launch_kernel(moe_block_combine, static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream, d,
+                       coef, n_tokens, k, n_embd, y);
 }
 
 }  // namespace ds::cuda

@@ -24,8 +24,7 @@ cudaError_t launch_gathered(const MoeMatvecLaunch& m, MatvecKernel kernel, cudaS
       a.w_expert_stride = m.w_expert_stride;
       a.n_expert = m.n_expert;
       a.x_div = m.x_div;
-      kern::matvec_q8<T, 1><<<q8_grid, kern::kQ8Threads, 0, stream>>>(a);
-      return cudaGetLastError();
+      return launch_kernel(kern::matvec_q8<T, 1>, q8_grid, kern::kQ8Threads, 0, stream, a);
     }
   }
   kern::MatvecArgs a{static_cast<const uint8_t*>(m.w), m.w_stride, m.x, m.x_stride, m.y, m.y_stride,
@@ -37,11 +36,11 @@ cudaError_t launch_gathered(const MoeMatvecLaunch& m, MatvecKernel kernel, cudaS
   if (kernel == MatvecKernel::kStaged) {
     const dim3 grid(static_cast<unsigned>((m.n_rows + kern::kStagedRows - 1) / kern::kStagedRows),
                     static_cast<unsigned>(m.n_slots));
-    kern::matvec_staged<T, 1><<<grid, kern::kStagedThreads, 0, stream>>>(a);
+    launch_kernel(kern::matvec_staged<T, 1>, grid, kern::kStagedThreads, 0, stream, a);
   } else {
     constexpr int kWarps = 4;
     const dim3 grid(static_cast<unsigned>((m.n_rows + kWarps - 1) / kWarps), static_cast<unsigned>(m.n_slots));
-    kern::matvec_generic<T><<<grid, 32 * kWarps, 0, stream>>>(a);
+    launch_kernel(kern::matvec_generic<T>, grid, 32 * kWarps, 0, stream, a);
   }
   return cudaGetLastError();
 }
@@ -49,6 +48,7 @@ cudaError_t launch_gathered(const MoeMatvecLaunch& m, MatvecKernel kernel, cudaS
 // One thread per output element; the k slots of its token are summed in slot order.
 __global__ void moe_combine(const float* d, const int32_t* ids, const float* weights, int64_t n_tokens, int64_t k,
                             int64_t n_embd, int n_expert, float* y) {
+  kern::dependency_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tokens * n_embd) return;
   const int64_t t = i / n_embd, c = i % n_embd;
@@ -101,9 +101,8 @@ cudaError_t moe_combine_launch(const float* d, const int32_t* ids, const float* 
   const int64_t n = n_tokens * n_embd;
   if (n <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  moe_combine<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      d, ids, weights, n_tokens, k, n_embd, n_expert, y);
-  return cudaGetLastError();
+  return launch_kernel(moe_combine, static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream, d, ids,
+                       weights, n_tokens, k, n_embd, n_expert, y);
 }
 
 }  // namespace ds::cuda

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "ops/cuda/attention_launch.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/ops_launch.h"
 #include "ops/cuda/quant_decode.cuh"
 
@@ -29,6 +30,7 @@ __device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + __exp
 
 __global__ void eltwise_kernel(EltKind kind, const float* a, const float* b, float* y, int64_t n, int64_t row,
                                bool b_per_row, int64_t b_row_stride) {
+  kern::dependency_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = a[i];
@@ -58,6 +60,7 @@ __global__ void eltwise_kernel(EltKind kind, const float* a, const float* b, flo
 // spreads over many blocks, and each thread's kCopyTile / kThreads loads are independent.
 constexpr int kCopyTile = 4 * kThreads;
 __global__ void copy_kernel(const uint8_t* src, uint8_t* dst, CopyShape sh) {
+  kern::dependency_sync();
   const int64_t r = blockIdx.x;
   const int64_t i1 = r % sh.ne[1], i2 = (r / sh.ne[1]) % sh.ne[2], i3 = r / (sh.ne[1] * sh.ne[2]);
   const float* s = reinterpret_cast<const float*>(src + i1 * sh.src_nb[1] + i2 * sh.src_nb[2] + i3 * sh.src_nb[3]);
@@ -99,6 +102,7 @@ constexpr int kNormPer = 8;
 // latency (8 round trips per thread instead of one).
 __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const float* gate, float* y, int64_t n,
                             float eps, bool l2, const float* res) {
+  kern::dependency_sync();
   const int64_t r = blockIdx.x;
   const int64_t i1 = r % xmap.ne1, i2 = r / xmap.ne1 % xmap.ne2, i3 = r / (xmap.ne1 * xmap.ne2);
   const float* xr = x + i1 * xmap.s1 + i2 * xmap.s2 + i3 * xmap.s3;
@@ -152,6 +156,7 @@ int norm_threads(int64_t n) {
 // d_pos (when not null) adds a position read on the device (rope_neox_at).
 __global__ void rope_kernel(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
                             double log2_base, int64_t pos0, const int32_t* d_pos) {
+  kern::dependency_sync();
   const int64_t half = n_rot / 2;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tokens * n_head * half) return;
@@ -169,6 +174,7 @@ __global__ void rope_kernel(float* x, int64_t head_dim, int64_t n_head, int64_t 
 template <DType T>
 __global__ void get_rows_kernel(const uint8_t* table, int64_t row_stride, int64_t n, const int32_t* ids,
                                 float* y) {
+  kern::dependency_sync();
   const int64_t t = blockIdx.y;
   const uint8_t* row = table + static_cast<int64_t>(ids[t]) * row_stride;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -185,6 +191,7 @@ constexpr int kConvTileTokens = 32;
 
 __global__ void conv1d_kernel(const float* x, const float* w, const float* state, float* y, int64_t n_ch,
                               int64_t n_tokens, int kernel, bool silu) {
+  kern::dependency_sync();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n_ch) return;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kConvTileTokens;
@@ -224,6 +231,7 @@ __global__ void conv1d_kernel(const float* x, const float* w, const float* state
 
 // New state = the last kernel-1 inputs of (old state ++ x).
 __global__ void conv1d_state_kernel(const float* x, float* state, int64_t n_ch, int64_t n_tokens, int kernel) {
+  kern::dependency_sync();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n_ch) return;
   float win[kConvMaxKernel];
@@ -243,6 +251,7 @@ __global__ void conv1d_state_kernel(const float* x, float* state, int64_t n_ch, 
 
 __global__ void gates_kernel(const float* alpha, const float* b, const float* dt_bias, const float* ssm_a,
                              float* g, float* beta, int64_t nv, int64_t n) {
+  kern::dependency_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t h = i % nv;
@@ -260,6 +269,7 @@ constexpr int kRouteMaxExpertsPerLane = 64;  // n_expert <= 2048
 
 __global__ void moe_route_kernel(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k,
                                  int32_t* ids, float* weights, float floor) {
+  kern::dependency_sync();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (t >= n_tokens) return;
@@ -314,6 +324,7 @@ __global__ void moe_route_kernel(const float* logits, int64_t n_expert, int64_t 
 
 __global__ void scatter_add_kernel(const float* x, const int32_t* dst_rows, const float* scale, float* y,
                                    int64_t n_embd) {
+  kern::dependency_sync();
   const int64_t i = blockIdx.y;
   const float sc = scale[i];
   float* yr = y + static_cast<int64_t>(dst_rows[i]) * n_embd;
@@ -325,6 +336,7 @@ __global__ void scatter_add_kernel(const float* x, const int32_t* dst_rows, cons
 }
 
 __global__ void gather_kernel(const float* x, const int32_t* src_rows, float* y, int64_t n_embd) {
+  kern::dependency_sync();
   const int64_t i = blockIdx.y;
   const float* xr = x + static_cast<int64_t>(src_rows[i]) * n_embd;
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < n_embd;
@@ -341,8 +353,7 @@ cudaError_t eltwise_launch(EltKind kind, const float* a, const float* b, float* 
                            bool b_per_row, cudaStream_t s, int64_t b_row_stride) {
   if (n <= 0) return cudaSuccess;
   if (row <= 0 || b_row_stride < 0) return cudaErrorInvalidValue;
-  eltwise_kernel<<<blocks_for(n), kThreads, 0, s>>>(kind, a, b, y, n, row, b_per_row, b_row_stride);
-  return cudaGetLastError();
+  return launch_kernel(eltwise_kernel, blocks_for(n), kThreads, 0, s, kind, a, b, y, n, row, b_per_row, b_row_stride);
 }
 
 cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cudaStream_t s) {
@@ -351,35 +362,32 @@ cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cuda
   const int64_t tiles = (shape.ne[0] + kCopyTile - 1) / kCopyTile;
   if (tiles > kMaxGridY) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(tiles));
-  copy_kernel<<<grid, kThreads, 0, s>>>(static_cast<const uint8_t*>(src),
-                                                               static_cast<uint8_t*>(dst), shape);
-  return cudaGetLastError();
+  return launch_kernel(copy_kernel, grid, kThreads, 0, s, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst),
+                       shape);
 }
 
 cudaError_t norm_launch(const float* x, const RowMap& xmap, const float* w, const float* gate, float* y, int64_t n,
                         int64_t rows, float eps, bool l2, cudaStream_t s, const float* res) {
   if (rows <= 0) return cudaSuccess;
   if (rows > INT_MAX || n <= 0 || xmap.ne1 <= 0 || xmap.ne2 <= 0) return cudaErrorInvalidValue;
-  norm_kernel<<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, xmap, w, gate, y, n, eps, l2, res);
-  return cudaGetLastError();
+  return launch_kernel(norm_kernel, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, xmap, w, gate, y, n, eps, l2,
+                       res);
 }
 
 cudaError_t rope_neox_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
                              float base, int64_t pos0, cudaStream_t s) {
   const int64_t n = n_tokens * n_head * (n_rot / 2);
   if (n <= 0) return cudaSuccess;
-  rope_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, head_dim, n_head, n_tokens, n_rot,
-                                                   std::log2(static_cast<double>(base)), pos0, nullptr);
-  return cudaGetLastError();
+  return launch_kernel(rope_kernel, blocks_for(n), kThreads, 0, s, x, head_dim, n_head, n_tokens, n_rot,
+                       std::log2(static_cast<double>(base)), pos0, nullptr);
 }
 
 cudaError_t rope_neox_at_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
                                 float base, const int32_t* d_pos, cudaStream_t s) {
   const int64_t n = n_tokens * n_head * (n_rot / 2);
   if (n <= 0) return cudaSuccess;
-  rope_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, head_dim, n_head, n_tokens, n_rot,
-                                                   std::log2(static_cast<double>(base)), 0, d_pos);
-  return cudaGetLastError();
+  return launch_kernel(rope_kernel, blocks_for(n), kThreads, 0, s, x, head_dim, n_head, n_tokens, n_rot,
+                       std::log2(static_cast<double>(base)), 0, d_pos);
 }
 
 cudaError_t get_rows_launch(DType t, const void* table, int64_t row_stride, int64_t n, const int32_t* ids,
@@ -391,8 +399,10 @@ cudaError_t get_rows_launch(DType t, const void* table, int64_t row_stride, int6
     const int32_t* ids_t = ids + t0;
     float* y_t = y + t0 * n;
     switch (t) {
-#define X(name) \
-  case DType::name: get_rows_kernel<DType::name><<<grid, kThreads, 0, s>>>(tb, row_stride, n, ids_t, y_t); break;
+#define X(name)                                                                             \
+  case DType::name:                                                                         \
+    launch_kernel(get_rows_kernel<DType::name>, grid, kThreads, 0, s, tb, row_stride, n, ids_t, y_t); \
+    break;
       X(F32) X(F16) X(BF16) X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
 #undef X
       default: return cudaErrorInvalidValue;
@@ -409,17 +419,16 @@ cudaError_t conv1d_launch(const float* x, const float* w, float* state, float* y
   const int64_t tiles = (n_tokens + kConvTileTokens - 1) / kConvTileTokens;
   if (tiles > kMaxGridY) return cudaErrorInvalidValue;
   const dim3 grid(blocks_for(n_ch, 128), static_cast<unsigned>(tiles));
-  conv1d_kernel<<<grid, 128, 0, s>>>(x, w, state, y, n_ch, n_tokens, static_cast<int>(kernel), silu);
-  conv1d_state_kernel<<<blocks_for(n_ch, 128), 128, 0, s>>>(x, state, n_ch, n_tokens, static_cast<int>(kernel));
-  return cudaGetLastError();
+  launch_kernel(conv1d_kernel, grid, 128, 0, s, x, w, state, y, n_ch, n_tokens, static_cast<int>(kernel), silu);
+  return launch_kernel(conv1d_state_kernel, blocks_for(n_ch, 128), 128, 0, s, x, state, n_ch, n_tokens,
+                       static_cast<int>(kernel));
 }
 
 cudaError_t delta_net_gates_launch(const float* alpha, const float* b, const float* dt_bias, const float* ssm_a,
                                    float* g, float* beta, int64_t nv, int64_t rows, cudaStream_t s) {
   const int64_t n = nv * rows;
   if (n <= 0) return cudaSuccess;
-  gates_kernel<<<blocks_for(n), kThreads, 0, s>>>(alpha, b, dt_bias, ssm_a, g, beta, nv, n);
-  return cudaGetLastError();
+  return launch_kernel(gates_kernel, blocks_for(n), kThreads, 0, s, alpha, b, dt_bias, ssm_a, g, beta, nv, n);
 }
 
 cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,
@@ -428,15 +437,15 @@ cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_to
   if (n_expert > 32 * kRouteMaxExpertsPerLane) return cudaErrorInvalidValue;
   constexpr int kWarpsPerBlock = 4;
   const unsigned blocks = static_cast<unsigned>((n_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  moe_route_kernel<<<blocks, 32 * kWarpsPerBlock, 0, s>>>(logits, n_expert, n_tokens, k, ids, weights, floor);
-  return cudaGetLastError();
+  return launch_kernel(moe_route_kernel, blocks, 32 * kWarpsPerBlock, 0, s, logits, n_expert, n_tokens, k, ids, weights,
+                       floor);
 }
 
 cudaError_t scatter_add_rows_launch(const float* x, const int32_t* dst_rows, const float* scale, float* y,
                                     int64_t n, int64_t n_embd, cudaStream_t s) {
   for (int64_t i0 = 0; i0 < n; i0 += kMaxGridY) {
     const dim3 grid(row_blocks(n_embd), static_cast<unsigned>(std::min(kMaxGridY, n - i0)));
-    scatter_add_kernel<<<grid, kThreads, 0, s>>>(x + i0 * n_embd, dst_rows + i0, scale + i0, y, n_embd);
+    launch_kernel(scatter_add_kernel, grid, kThreads, 0, s, x + i0 * n_embd, dst_rows + i0, scale + i0, y, n_embd);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -447,7 +456,7 @@ cudaError_t gather_rows_launch(const float* x, const int32_t* src_rows, float* y
                                cudaStream_t s) {
   for (int64_t i0 = 0; i0 < n; i0 += kMaxGridY) {
     const dim3 grid(row_blocks(n_embd), static_cast<unsigned>(std::min(kMaxGridY, n - i0)));
-    gather_kernel<<<grid, kThreads, 0, s>>>(x, src_rows + i0, y + i0 * n_embd, n_embd);
+    launch_kernel(gather_kernel, grid, kThreads, 0, s, x, src_rows + i0, y + i0 * n_embd, n_embd);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

@@ -1,0 +1,76 @@
+// Kernel launch with programmatic dependent launch (PDL, sm_90+), and the two device-side calls every
+// kernel launched this way makes. With PDL the next kernel of a stream is launched while the previous
+// one drains: its CTAs become resident, issue whatever does not depend on earlier kernels (weight loads
+// of a matrix-vector product) and then block in dependency_wait() until the previous kernel has
+// completed and its writes are visible. A decode step is about a thousand dependent kernels, each with
+// microseconds of launch, ramp-up and drain; PDL overlaps those with the neighbours' work.
+// Rules for a kernel launched through launch_kernel (all of ops/cuda's kernels):
+//  - call dependency_wait() before the first read of another kernel's output and before the first
+//    global write (an earlier kernel may still read what this one overwrites);
+//  - call allow_dependents() only after dependency_wait(): then every kernel before the previous one has
+//    completed when a kernel starts, and at most two kernels of a stream are resident at once;
+//  - the wait is reached by at least one thread of the grid (early exits of idle warps are fine), so a
+//    kernel never completes before its predecessor: completion stays ordered along the stream.
+// Both calls are no-ops below sm_90, and when the launch carried no programmatic dependency (cuBLAS,
+// memset and copy nodes in between keep full ordering).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "ops/cuda/pdl.h"
+
+namespace ds::cuda {
+namespace kern {
+
+__device__ __forceinline__ void dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Both, at the top of a kernel with nothing to do before its inputs are ready.
+__device__ __forceinline__ void dependency_sync() {
+  dependency_wait();
+  allow_dependents();
+}
+
+}  // namespace kern
+
+// Launches a kernel chosen at run time, its arguments packed as for cudaLaunchKernel, with the
+// programmatic-serialization attribute when pdl_enabled(); returns the launch's error.
+inline cudaError_t launch_kernel_packed(const void* kernel, dim3 grid, dim3 block, void** args, size_t smem,
+                                        cudaStream_t s) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelExC(&cfg, kernel, args);
+}
+
+// kernel<<<grid, block, smem, s>>>(args...) through launch_kernel_packed (arguments converted to the
+// kernel's parameter types first, as a triple-chevron launch does).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                          Args&&... args) {
+  static_assert(sizeof...(Params) > 0 && sizeof...(Params) == sizeof...(Args), "one argument per parameter");
+  return [&](Params... coerced) {
+    void* packed[] = {static_cast<void*>(&coerced)...};
+    return launch_kernel_packed(reinterpret_cast<const void*>(kernel), grid, block, packed, smem, s);
+  }(std::forward<Args>(args)...);
+}
+
+}  // namespace ds::cuda
