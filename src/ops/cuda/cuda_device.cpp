@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string_view>
+#include <tuple>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -267,6 +268,37 @@ TensorView CudaBuffer::view(DType dtype, std::initializer_list<int64_t> ne) cons
   TensorView v = TensorView::contiguous(data_, dtype, ne, Device{DeviceKind::kCuda, device_});
   DS_CHECK(v.n_bytes() <= bytes_, "view {} exceeds buffer of {} bytes", v.shape_string(), bytes_);
   return v;
+}
+
+Result<void*> stream_resident_buffer(int device, void* stream, const char* key, int64_t bytes) {
+  struct Entry {
+    CudaBuffer buf;
+    int64_t bytes;
+  };
+  static std::mutex mu;
+  static auto* buffers = new std::map<std::tuple<int, void*, std::string>, Entry>();  // never freed
+  std::lock_guard<std::mutex> lock(mu);
+  const auto id = std::make_tuple(device, stream, std::string(key));
+  if (const auto it = buffers->find(id); it != buffers->end()) {
+    if (bytes > it->second.bytes) {
+      return internal_error("stream buffer {} on cuda:{}: {} bytes asked, {} created", key, device, bytes,
+                            it->second.bytes);
+    }
+    return it->second.buf.data();
+  }
+  const auto s = as_stream(stream);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  DS_CUDA_TRY(cudaStreamIsCapturing(s, &capturing), "stream buffer {} on cuda:{}", key, device);
+  if (capturing != cudaStreamCaptureStatusNone) {
+    return internal_error("stream buffer {} on cuda:{}: the first use on a stream must not be captured", key,
+                               device);
+  }
+  DS_ASSIGN_OR_RETURN(CudaBuffer b, CudaBuffer::allocate(device, bytes));
+  DS_CUDA_TRY(cudaMemsetAsync(b.data(), 0, static_cast<size_t>(bytes), s), "stream buffer {} on cuda:{}: zero", key,
+              device);
+  void* p = b.data();
+  buffers->emplace(id, Entry{std::move(b), bytes});
+  return p;
 }
 
 Result<PinnedBuffer> PinnedBuffer::allocate(int64_t bytes) {

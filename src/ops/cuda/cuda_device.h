@@ -104,6 +104,13 @@ class CudaBuffer {
   int device_ = 0;
 };
 
+// A device buffer of `bytes` owned by (device, stream, key) for the life of the process, zeroed on the
+// stream when created: state that every kernel on that stream leaves as it found it (the MoE routing
+// kernel's last-CTA counter). Created at the first call for
+// the triple, which must not be inside a stream capture (an error then); a later call asking for more
+// bytes than the first is an error.
+Result<void*> stream_resident_buffer(int device, void* stream, const char* key, int64_t bytes);
+
 // Owns page-locked host memory (staging for asynchronous copies).
 class PinnedBuffer {
  public:

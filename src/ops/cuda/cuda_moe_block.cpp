@@ -21,8 +21,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 
@@ -180,25 +178,6 @@ Result<Plan> make_plan(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
   return p;
 }
 
-// The routing kernel's counter for (device, stream); zeroed on the stream at first use.
-Result<unsigned int*> route_counter(int dev, cudaStream_t s) {
-  static std::mutex mu;
-  static auto* counters = new std::map<std::pair<int, cudaStream_t>, CudaBuffer>();  // never freed
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = counters->find({dev, s});
-  if (it != counters->end()) return static_cast<unsigned int*>(it->second.data());
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  DS_CUDA_TRY(cudaStreamIsCapturing(s, &capturing), "{}: counter", kOp);
-  if (capturing != cudaStreamCaptureStatusNone) {
-    return internal_error("{}: the first call on a stream must not be captured into a graph", kOp);
-  }
-  DS_ASSIGN_OR_RETURN(CudaBuffer b, CudaBuffer::allocate(dev, sizeof(unsigned int)));
-  DS_CUDA_TRY(cudaMemsetAsync(b.data(), 0, sizeof(unsigned int), s), "{}: counter", kOp);
-  auto* p = static_cast<unsigned int*>(b.data());
-  counters->emplace(std::make_pair(dev, s), std::move(b));
-  return p;
-}
-
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 }  // namespace
@@ -235,7 +214,8 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   DS_TRY(device_status(dev));
   DeviceGuard guard(dev);
   const auto s = static_cast<cudaStream_t>(ctx.cuda_stream);
-  DS_ASSIGN_OR_RETURN(unsigned int* counter, route_counter(dev, s));
+  DS_ASSIGN_OR_RETURN(void* counter_mem, stream_resident_buffer(dev, s, "moe_route_fused", sizeof(unsigned int)));
+  auto* counter = static_cast<unsigned int*>(counter_mem);
   const int64_t E = p.n_embd, F = p.n_ff, X = p.n_expert, P = k + 1, T = n_tokens;
 
   // Scratch, 16-byte aligned pieces: logits | shexp logit | x q8 | coef | selectors | g/u | h q8 | d.

@@ -134,14 +134,94 @@ struct Q8Smem {
   static constexpr int kBytes = kQ8Warps * kStages * kRows * kRowBytes;
 };
 
+// Start address of chunk c (elements [c * kQ8ChunkElems, ...)) of weight row `row`.
+template <DType T>
+__device__ __forceinline__ uintptr_t q8_chunk_src(uintptr_t w_base, int64_t w_stride, int64_t row, int c) {
+  constexpr qdec::TypeTraits tr = qdec::traits(T);
+  return w_base + row * w_stride + static_cast<int64_t>(c) * (kQ8ChunkElems / tr.block_elems) * tr.block_bytes;
+}
+
+// One warp copies chunk c of rows [r0, r0 + kRows) (those below n_rows) into `stage` ([kRows] rows of
+// kRowBytes): the 16-byte pieces from the aligned-down start to the end of the chunk; a piece past
+// w_hi (the end of the tensor) is zero-filled, not read. Needs a cp_async_commit after it.
+template <DType T, int kRows>
+__device__ __forceinline__ void q8_issue_chunk(uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
+                                               uintptr_t w_hi, const MatvecQ8Args& a, int64_t r0, int c, int lane) {
+  using S = Q8Smem<T, kRows>;
+  constexpr qdec::TypeTraits tr = S::tr;
+  const int64_t kn = min(static_cast<int64_t>(kQ8ChunkElems), a.k - static_cast<int64_t>(c) * kQ8ChunkElems);
+  const int64_t cb = kn / tr.block_elems * tr.block_bytes;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r0 + r >= a.n_rows) break;
+    const uintptr_t src = q8_chunk_src<T>(w_base, a.w_stride, r0 + r, c);
+    const uintptr_t first = src & ~uintptr_t{15};
+    const int n16 = static_cast<int>((src + cb - first + 15) / 16);
+#pragma unroll
+    for (int j = 0; j < S::kPiecesPerLane; ++j) {
+      const int pc = lane + 32 * j;
+      if (pc < n16) {
+        const uintptr_t g = first + 16 * static_cast<uintptr_t>(pc);
+        const uint32_t bytes = g + 16 <= w_hi ? 16u : static_cast<uint32_t>(w_hi - g);
+        cp_async16(&stage[r][16 * pc], g, bytes);
+      }
+    }
+  }
+}
+
+// Adds to acc[r][t] the products of chunk c of the staged rows r0 + r with activation rows t: each lane
+// decodes its 32-element unit of every row and takes the dp4a dot with the activation block. Rows past
+// n_rows decode stale shared memory; their sums are never written.
+template <DType T, int kNT, int kRows>
+__device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
+                                             const MatvecQ8Args& a, const int8_t* xq, const float2* xds, int64_t r0,
+                                             int c, int lane, float (&acc)[kRows][kNT]) {
+  constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q4_0 || T == DType::Q5_0;
+  const int64_t k0 = static_cast<int64_t>(c) * kQ8ChunkElems;
+  const int units = static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - k0) / kQ8Block);
+  if (lane >= units) return;
+  qdec::Q8Unit wu[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    qdec::decode_unit_q8<T>(&stage[r][q8_chunk_src<T>(w_base, a.w_stride, r0 + r, c) & 15], lane, wu[r]);
+  }
+  const int64_t gu = k0 / kQ8Block + lane;  // activation block index
+#pragma unroll
+  for (int t = 0; t < kNT; ++t) {
+    if (t < a.n_tokens) {
+      const int4* xp = reinterpret_cast<const int4*>(xq + t * a.k + kQ8Block * gu);
+      const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+      const float2 ds = __ldg(xds + t * (a.k / kQ8Block) + gu);
+      const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        int d0 = 0, d1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d0 = __dp4a(static_cast<int>(wu[r].q[i]), xv[i], d0);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d1 = __dp4a(static_cast<int>(wu[r].q[4 + i]), xv[4 + i], d1);
+        const int isum = T == DType::Q6_K ? wu[r].sc0 * d0 + wu[r].sc1 * d1 : d0 + d1;
+        float s = fmaf(wu[r].dw, ds.x * static_cast<float>(isum), acc[r][t]);
+        if constexpr (kMin) s = fmaf(wu[r].mw, ds.y, s);
+        acc[r][t] = s;
+      }
+    }
+  }
+}
+
+// The end of the weight bytes (last row's last block) for the zero-fill guard of q8_issue_chunk.
+template <DType T>
+__device__ __forceinline__ uintptr_t q8_weights_end(uintptr_t w_base, const MatvecQ8Args& a) {
+  constexpr qdec::TypeTraits tr = qdec::traits(T);
+  return w_base + (a.n_rows - 1) * a.w_stride + a.k / tr.block_elems * tr.block_bytes;
+}
+
 // kNT: activation rows per launch (n_tokens <= kNT, the rest predicated off). Needs (host-checked):
 // w 16-byte aligned, w_stride and w_expert_stride multiples of 16 (Q4_K, Q5_K) or 2 (others),
 // k a multiple of the block size, xq / xds from quantize_q8 (16-byte aligned).
 template <DType T, int kNT, int kRows = kQ8Rows>
 __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
   using S = Q8Smem<T, kRows>;
-  constexpr qdec::TypeTraits tr = S::tr;
-  constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q4_0 || T == DType::Q5_0;
   __shared__ __align__(16) uint8_t smem[kQ8Warps][S::kStages][kRows][S::kRowBytes];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -164,35 +244,8 @@ __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
     y += slot * a.y_stride;
   }
   const uintptr_t w_base = reinterpret_cast<uintptr_t>(w);
-  const uintptr_t w_hi = w_base + (a.n_rows - 1) * a.w_stride + a.k / tr.block_elems * tr.block_bytes;
+  const uintptr_t w_hi = q8_weights_end<T>(w_base, a);
   const int n_chunks = static_cast<int>((a.k + kQ8ChunkElems - 1) / kQ8ChunkElems);
-
-  auto chunk_src = [&](int r, int c) {
-    return w_base + (r0 + r) * a.w_stride + static_cast<int64_t>(c) * (kQ8ChunkElems / tr.block_elems) * tr.block_bytes;
-  };
-  // Copies chunk c of the warp's rows into stage c % kStages: the 16-byte pieces from the aligned-down
-  // start to the end of the chunk; a piece past the end of the tensor is zero-filled, not read.
-  auto issue = [&](int c) {
-    const int64_t kn = min(static_cast<int64_t>(kQ8ChunkElems), a.k - static_cast<int64_t>(c) * kQ8ChunkElems);
-    const int64_t cb = kn / tr.block_elems * tr.block_bytes;
-    const int stage = c % S::kStages;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r0 + r >= a.n_rows) break;
-      const uintptr_t src = chunk_src(r, c);
-      const uintptr_t first = src & ~uintptr_t{15};
-      const int n16 = static_cast<int>((src + cb - first + 15) / 16);
-#pragma unroll
-      for (int j = 0; j < S::kPiecesPerLane; ++j) {
-        const int pc = lane + 32 * j;
-        if (pc < n16) {
-          const uintptr_t g = first + 16 * static_cast<uintptr_t>(pc);
-          const uint32_t bytes = g + 16 <= w_hi ? 16u : static_cast<uint32_t>(w_hi - g);
-          cp_async16(&smem[warp][stage][r][16 * pc], g, bytes);
-        }
-      }
-    }
-  };
 
   float acc[kRows][kNT];
 #pragma unroll
@@ -202,7 +255,7 @@ __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
 
 #pragma unroll
   for (int c = 0; c < S::kStages - 1; ++c) {
-    if (c < n_chunks) issue(c);
+    if (c < n_chunks) q8_issue_chunk<T, kRows>(smem[warp][c], w_base, w_hi, a, r0, c, lane);
     cp_async_commit();  // empty groups keep the count uniform
   }
   // The first stages' weight copies are in flight (weights are no kernel's output) while the previous
@@ -210,43 +263,12 @@ __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
   if (!gathered) dependency_wait();
   allow_dependents();
   for (int c = 0; c < n_chunks; ++c) {
-    if (c + S::kStages - 1 < n_chunks) issue(c + S::kStages - 1);  // into the stage read in step c - 1
+    const int next = c + S::kStages - 1;  // into the stage read in step c - 1
+    if (next < n_chunks) q8_issue_chunk<T, kRows>(smem[warp][next % S::kStages], w_base, w_hi, a, r0, next, lane);
     cp_async_commit();
     cp_async_wait<S::kStages - 1>();  // this lane's copies of chunk c have landed
     __syncwarp();                     // ... and every lane's
-    const int64_t k0 = static_cast<int64_t>(c) * kQ8ChunkElems;
-    const int units = static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - k0) / kQ8Block);
-    if (lane < units) {
-      const int stage = c % S::kStages;
-      qdec::Q8Unit wu[kRows];
-      // Rows past n_rows decode stale shared memory; their sums are never written.
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        qdec::decode_unit_q8<T>(&smem[warp][stage][r][chunk_src(r, c) & 15], lane, wu[r]);
-      }
-      const int64_t gu = k0 / kQ8Block + lane;  // activation block index
-#pragma unroll
-      for (int t = 0; t < kNT; ++t) {
-        if (t < a.n_tokens) {
-          const int4* xp = reinterpret_cast<const int4*>(xq + t * a.k + kQ8Block * gu);
-          const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-          const float2 ds = __ldg(xds + t * (a.k / kQ8Block) + gu);
-          const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            int d0 = 0, d1 = 0;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) d0 = __dp4a(static_cast<int>(wu[r].q[i]), xv[i], d0);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) d1 = __dp4a(static_cast<int>(wu[r].q[4 + i]), xv[4 + i], d1);
-            const int isum = T == DType::Q6_K ? wu[r].sc0 * d0 + wu[r].sc1 * d1 : d0 + d1;
-            float s = fmaf(wu[r].dw, ds.x * static_cast<float>(isum), acc[r][t]);
-            if constexpr (kMin) s = fmaf(wu[r].mw, ds.y, s);
-            acc[r][t] = s;
-          }
-        }
-      }
-    }
+    q8_chunk_dot<T, kNT, kRows>(smem[warp][c % S::kStages], w_base, a, xq, xds, r0, c, lane, acc);
     __syncwarp();  // stage c % kStages is refilled in the next step
   }
 
