@@ -294,7 +294,7 @@ TEST_F(CudaOpsTest, RegistryListsCudaOps) {
   EXPECT_FALSE(op_supported("matmul", DeviceKind::kCuda, DType::Q5_1));
   int64_t n = 0;
   for (const OpSupport& e : op_support_table()) n += e.device == DeviceKind::kCuda;
-  EXPECT_EQ(n, 5 * 9 + 18);  // matmul, matmul_many, matmul_swiglu, get_rows, moe_ffn per type + 18 F32 ops
+  EXPECT_EQ(n, 5 * 9 + 19);  // matmul, matmul_many, matmul_swiglu, get_rows, moe_ffn per type + 19 F32 ops
 }
 
 #else  // !DS_HAVE_CUDA

@@ -1,11 +1,16 @@
 // Fused ops on the CPU against the unfused chains they replace: matmul_many (one input, several
-// weights), matmul_swiglu (SwiGLU + down projection), conv1d_causal_silu, rms_norm_gated; and the
+// weights), matmul_swiglu (SwiGLU + down projection), conv1d_causal_silu, rms_norm_gated,
+// delta_net_prep (gates + conv + SiLU + q/k L2 norms); and the
 // strided views that replace split copies (row norms, mul_sigmoid's gate, delta_net's v) against a
 // copy followed by the contiguous op. The CPU forms run the same arithmetic, so results must be
 // bit-identical (fast and reference paths); bad arguments come back as a Status naming the op.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -310,6 +315,110 @@ TEST(OpsFused, AddRmsNormEqualsAddThenNorm) {
   s = add_rms_norm(test::fast_ctx(), x.t, r_bad.t, w.t, 1e-6f, r.t);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "shape mismatch";
   EXPECT_NE(s.message().find("add_rms_norm"), std::string::npos) << s.message();
+}
+
+// The inputs of one delta_net_prep call (random) and its outputs (NaN), host tensors.
+struct PrepCase {
+  int64_t nk, nv, dk, kernel, n;
+  int64_t n_ch() const { return 2 * nk * dk + nv * dk; }
+};
+struct PrepIO {
+  Host mixed, w, st, alpha, b, dt_bias, ssm_a, conv, q, k, g, beta;
+  explicit PrepIO(const PrepCase& c)
+      : mixed({c.n_ch(), c.n}), w({c.kernel, c.n_ch()}), st({c.n_ch(), c.kernel - 1}), alpha({c.nv, c.n}),
+        b({c.nv, c.n}), dt_bias({c.nv}), ssm_a({c.nv}), conv({c.n_ch(), c.n}), q({c.dk, c.nk, c.n}),
+        k({c.dk, c.nk, c.n}), g({c.nv, c.n}), beta({c.nv, c.n}) {}
+  PrepIO(const PrepIO& o) = delete;
+  DeltaNetPrep args(float eps) const {
+    DeltaNetPrep p;
+    p.mixed = mixed.t;
+    p.conv_w = w.t;
+    p.alpha = alpha.t;
+    p.b = b.t;
+    p.dt_bias = dt_bias.t;
+    p.ssm_a = ssm_a.t;
+    p.conv_state = st.t;
+    p.eps = eps;
+    p.conv = conv.t;
+    p.q = q.t;
+    p.k = k.t;
+    p.g = g.t;
+    p.beta = beta.t;
+    return p;
+  }
+};
+
+// The 27B (nk 16, nv 48) and 35B-A3B (nk 16, nv 32) DeltaNet shapes, and small odd ones (kernel 1: no
+// state; dk 5; one head each).
+TEST(OpsFused, DeltaNetPrepEqualsTheFourOps) {
+  std::mt19937 rng(42);
+  for (PrepCase c0 : {PrepCase{16, 48, 128, 4, 0}, PrepCase{16, 32, 128, 4, 0}, PrepCase{2, 4, 16, 4, 0},
+                      PrepCase{1, 1, 8, 2, 0}, PrepCase{3, 3, 5, 1, 0}}) {
+    for (int64_t n : {1, 5}) {
+      PrepCase c = c0;
+      c.n = n;
+      for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
+        SCOPED_TRACE(::testing::Message() << "nk " << c.nk << " nv " << c.nv << " dk " << c.dk << " kernel "
+                                          << c.kernel << " tokens " << c.n << " reference " << ctx.reference);
+        PrepIO fused(c), chain(c);
+        fused.mixed.random(rng, -3, 3);
+        fused.w.random(rng);
+        fused.st.random(rng);
+        fused.alpha.random(rng, -4, 4);
+        fused.b.random(rng, -4, 4);
+        fused.dt_bias.random(rng, -1, 1);
+        fused.ssm_a.random(rng, -2, -0.1f);
+        for (auto [from, to] : {std::pair{&fused.mixed, &chain.mixed}, {&fused.w, &chain.w}, {&fused.st, &chain.st},
+                                {&fused.alpha, &chain.alpha}, {&fused.b, &chain.b}, {&fused.dt_bias, &chain.dt_bias},
+                                {&fused.ssm_a, &chain.ssm_a}}) {
+          to->v = from->v;
+          to->t.data = to->v.data();
+        }
+        const Status s = delta_net_prep(ctx, fused.args(1e-6f));
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        const PrepIO& r = chain;
+        ASSERT_TRUE(delta_net_gates(ctx, r.alpha.t, r.b.t, r.dt_bias.t, r.ssm_a.t, r.g.t, r.beta.t).is_ok());
+        ASSERT_TRUE(conv1d_causal_silu(ctx, r.mixed.t, r.w.t, r.st.t, r.conv.t).is_ok());
+        ASSERT_TRUE(l2_norm(ctx, heads_view(r.conv.t, 0, c.dk, c.nk, c.dk), 1e-6f, r.q.t).is_ok());
+        ASSERT_TRUE(l2_norm(ctx, heads_view(r.conv.t, c.nk * c.dk, c.dk, c.nk, c.dk), 1e-6f, r.k.t).is_ok());
+        for (auto [name, got, want] : {std::tuple{"conv", &fused.conv, &chain.conv}, {"q", &fused.q, &chain.q},
+                                       {"k", &fused.k, &chain.k}, {"g", &fused.g, &chain.g},
+                                       {"beta", &fused.beta, &chain.beta}, {"conv_state", &fused.st, &chain.st}}) {
+          const int64_t bad = first_bit_difference(got->v, want->v);
+          EXPECT_EQ(bad, -1) << name << ": first difference at " << bad;
+        }
+        for (const float x : fused.q.v) ASSERT_FALSE(std::isnan(x)) << "q left unwritten";
+      }
+    }
+  }
+}
+
+TEST(OpsFused, DeltaNetPrepRejectsBadArguments) {
+  const PrepCase c{2, 4, 8, 4, 2};
+  PrepIO io(c);
+  auto expect_invalid = [](const DeltaNetPrep& p, const char* what) {
+    const Status s = delta_net_prep(test::fast_ctx(), p);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": " << s.to_string();
+    EXPECT_NE(s.message().find("delta_net_prep"), std::string::npos) << s.message();
+  };
+  DeltaNetPrep p = io.args(1e-6f);
+  Host wide({16, 3, c.n});  // 2 * 3 * 16 > 64 conv channels
+  p.q = p.k = wide.t;
+  expect_invalid(p, "q heads wider than the conv row");
+  p = io.args(1e-6f);
+  p.k = p.q;
+  expect_invalid(p, "k aliasing q");
+  p = io.args(1e-6f);
+  p.conv = p.mixed;
+  expect_invalid(p, "conv aliasing mixed");
+  p = io.args(1e-6f);
+  Host few({c.nv, c.n + 1});
+  p.g = few.t;
+  expect_invalid(p, "g with another token count");
+  p = io.args(1e-6f);
+  Host state({c.n_ch(), c.kernel});
+  p.conv_state = state.t;
+  expect_invalid(p, "conv_state with kernel rows");
 }
 
 }  // namespace

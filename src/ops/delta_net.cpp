@@ -1,10 +1,18 @@
-// delta_net / delta_net_gates dispatchers. The reference is always the recurrent loop; the fast CPU
-// path picks the recurrent or the chunked form. v may be a row-strided view; everything else is
-// contiguous.
+// delta_net / delta_net_gates / delta_net_prep dispatchers. The reference is always the recurrent
+// loop; the fast CPU path picks the recurrent or the chunked form. v may be a row-strided view;
+// everything else is contiguous. delta_net_prep checks every operand itself (its CUDA kernel runs none
+// of the four ops' checks) and on the CPU calls the four public ops.
 #include "ops/delta_net.h"
 
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "core/check.h"
+#include "ops/conv1d.h"
 #include "ops/op_check.h"
 #include "ops/op_impl.h"
+#include "ops/rms_norm.h"
 
 namespace ds {
 
@@ -80,6 +88,86 @@ Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k,
     ops::cpu::delta_net_recurrent(ctx, q, k, v, g, beta, state, out);
   }
   return Status::ok();
+}
+
+namespace {
+
+// Byte ranges of two contiguous tensors intersect (empty tensors never do).
+bool overlaps(const TensorView& a, const TensorView& b) {
+  if (a.n_elements() == 0 || b.n_elements() == 0) return false;
+  const auto* a0 = static_cast<const uint8_t*>(a.data);
+  const auto* b0 = static_cast<const uint8_t*>(b.data);
+  return a0 < b0 + b.n_bytes() && b0 < a0 + a.n_bytes();
+}
+
+}  // namespace
+
+TensorView delta_net_conv_heads(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head) {
+  DS_CHECK(c0 >= 0 && head_dim >= 0 && n_head >= 0 && c0 + head_dim * n_head <= t.ne[0],
+           "delta_net_conv_heads: {} heads of {} from column {} exceed t {}", n_head, head_dim, c0, t.shape_string());
+  TensorView r = t;
+  r.data = t.as<float>() + c0;
+  r.n_dims = 3;
+  r.ne = {head_dim, n_head, t.ne[1], 1};
+  r.nb = {4, 4 * head_dim, t.nb[1], t.nb[1] * t.ne[1]};
+  return r;
+}
+
+Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
+  const char* op = "delta_net_prep";
+  const std::pair<const char*, const TensorView*> inputs[] = {
+      {"mixed", &p.mixed}, {"conv_w", &p.conv_w}, {"alpha", &p.alpha},   {"b", &p.b},
+      {"dt_bias", &p.dt_bias}, {"ssm_a", &p.ssm_a}, {"conv_state", &p.conv_state}};
+  const std::pair<const char*, const TensorView*> outputs[] = {
+      {"conv", &p.conv}, {"q", &p.q}, {"k", &p.k}, {"g", &p.g}, {"beta", &p.beta}};
+  for (const auto& [name, t] : inputs) DS_TRY(ops::check_contig(op, name, ctx, *t, DType::F32));
+  for (const auto& [name, t] : outputs) DS_TRY(ops::check_contig(op, name, ctx, *t, DType::F32));
+
+  // conv: mixed, conv [n, C]; conv_w [C, K]; conv_state [K-1, C].
+  const int64_t n_ch = p.mixed.ne[0], n_tokens = p.mixed.ne[1], kernel = p.conv_w.ne[0];
+  if (p.mixed.ne[2] * p.mixed.ne[3] != 1) return invalid_argument("{}: mixed {} must be 2-D", op, p.mixed.shape_string());
+  DS_TRY(ops::check_same_shape(op, "mixed", p.mixed, "conv", p.conv));
+  if (kernel < 1) return invalid_argument("{}: conv_w {}: kernel must be >= 1", op, p.conv_w.shape_string());
+  DS_TRY(ops::check_shape(op, "conv_w", p.conv_w, kernel, n_ch));
+  DS_TRY(ops::check_shape(op, "conv_state", p.conv_state, n_ch, kernel - 1));
+  // q, k [n, nk, dk] from the first 2 nk dk conv channels.
+  const int64_t dk = p.q.ne[0], nk = p.q.ne[1];
+  if (dk < 1 || nk < 1 || 2 * nk * dk > n_ch) {
+    return invalid_argument("{}: q {} needs 2 * nk * dk <= {} conv channels (mixed {})", op, p.q.shape_string(), n_ch,
+                            p.mixed.shape_string());
+  }
+  DS_TRY(ops::check_shape(op, "q", p.q, dk, nk, n_tokens));
+  DS_TRY(ops::check_same_shape(op, "q", p.q, "k", p.k));
+  // gates: alpha, b, g, beta [n, nv]; dt_bias, ssm_a [nv].
+  const int64_t nv = p.alpha.ne[0];
+  DS_TRY(ops::check_shape(op, "alpha", p.alpha, nv, n_tokens));
+  DS_TRY(ops::check_same_shape(op, "alpha", p.alpha, "b", p.b));
+  DS_TRY(ops::check_same_shape(op, "alpha", p.alpha, "g", p.g));
+  DS_TRY(ops::check_same_shape(op, "alpha", p.alpha, "beta", p.beta));
+  if (p.dt_bias.n_elements() != nv || p.ssm_a.n_elements() != nv) {
+    return invalid_argument("{}: dt_bias {} / ssm_a {} do not match alpha {}", op, p.dt_bias.shape_string(),
+                            p.ssm_a.shape_string(), p.alpha.shape_string());
+  }
+  // No output overlaps another output or an input (conv_state is both: it is read before it is written,
+  // channel by channel, so only the outputs must stay clear of it).
+  for (size_t i = 0; i < std::size(outputs); ++i) {
+    for (size_t j = i + 1; j < std::size(outputs); ++j) {
+      if (overlaps(*outputs[i].second, *outputs[j].second)) {
+        return invalid_argument("{}: outputs {} and {} overlap", op, outputs[i].first, outputs[j].first);
+      }
+    }
+    for (const auto& [name, t] : inputs) {
+      if (overlaps(*outputs[i].second, *t)) {
+        return invalid_argument("{}: output {} overlaps input {}", op, outputs[i].first, name);
+      }
+    }
+  }
+  if (n_tokens == 0) return Status::ok();
+  DS_CUDA_DISPATCH(delta_net_prep, ctx, p);
+  DS_TRY(delta_net_gates(ctx, p.alpha, p.b, p.dt_bias, p.ssm_a, p.g, p.beta));
+  DS_TRY(conv1d_causal_silu(ctx, p.mixed, p.conv_w, p.conv_state, p.conv));
+  DS_TRY(l2_norm(ctx, delta_net_conv_heads(p.conv, 0, dk, nk), p.eps, p.q));
+  return l2_norm(ctx, delta_net_conv_heads(p.conv, nk * dk, dk, nk), p.eps, p.k);
 }
 
 }  // namespace ds

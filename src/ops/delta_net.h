@@ -14,6 +14,19 @@
 // kRecurrent runs that loop; kChunked runs the equivalent chunked form (64-token chunks, matrix
 // products inside a chunk) for prefill; kAuto picks chunked for n_tokens >= 16. Both give the same
 // outputs and final state up to float rounding, and each is deterministic for a given n_tokens.
+//
+// delta_net_prep: the layer's prologue between its input projections and the delta rule, as one op:
+//   delta_net_gates(alpha, b, dt_bias, ssm_a -> g, beta);
+//   conv1d_causal_silu(mixed, conv_w, conv_state -> conv)            (conv_state updated);
+//   l2_norm(delta_net_conv_heads(conv, 0, dk, nk), eps -> q);
+//   l2_norm(delta_net_conv_heads(conv, nk dk, dk, nk), eps -> k).
+//   mixed, conv [n_tokens, C] F32 contiguous, C >= 2 nk dk (the rest are the v channels, left in conv
+//   for delta_net to read in place); conv_w [C, K], conv_state [K-1, C] (see ops/conv1d.h);
+//   q, k [n_tokens, nk, dk] F32 contiguous (nk, dk are taken from q); alpha, b, g, beta [n_tokens, nv];
+//   dt_bias, ssm_a [nv]. Outputs are overwritten and must not overlap each other or the inputs.
+// The CPU runs exactly those four ops (bit-equal to them). CUDA runs one kernel for one token (decode:
+// four launches fewer per layer) and the four ops' kernels otherwise; the values agree with the chain
+// up to float rounding (the q/k sums of squares are added in another order).
 #pragma once
 
 #include "core/status.h"
@@ -31,5 +44,20 @@ Status delta_net_gates(const OpContext& ctx, const TensorView& alpha, const Tens
 Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& g, const TensorView& beta, const TensorView& state,
                  const TensorView& out, DeltaNetMode mode = DeltaNetMode::kAuto);
+
+struct DeltaNetPrep {
+  // inputs
+  TensorView mixed, conv_w, alpha, b, dt_bias, ssm_a;
+  TensorView conv_state;  // read and updated
+  float eps = 0.0f;       // of the q / k L2 norms
+  // outputs
+  TensorView conv, q, k, g, beta;
+};
+Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p);
+
+// Heads [n, n_head, head_dim] starting at column c0 of every row of the contiguous [n, row] F32 tensor
+// t: a strided view (rows of head_dim contiguous, heads back to back, tokens at t's row stride), e.g.
+// the q, k or v heads of the conv output. c0 + n_head head_dim must not exceed t's row.
+TensorView delta_net_conv_heads(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head);
 
 }  // namespace ds

@@ -228,6 +228,15 @@ Status conv1d_causal_silu(const OpContext& ctx, const TensorView& x, const Tenso
   return conv1d(ctx, "conv1d_causal_silu", x, w, state, y, true);
 }
 
+// The four ops' kernels (qualified calls: ds:: has the public ops of the same signatures).
+Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
+  const int64_t dk = p.q.ne[0], nk = p.q.ne[1];
+  DS_TRY(cuda::delta_net_gates(ctx, p.alpha, p.b, p.dt_bias, p.ssm_a, p.g, p.beta));
+  DS_TRY(cuda::conv1d_causal_silu(ctx, p.mixed, p.conv_w, p.conv_state, p.conv));
+  DS_TRY(cuda::l2_norm(ctx, delta_net_conv_heads(p.conv, 0, dk, nk), p.eps, p.q));
+  return cuda::l2_norm(ctx, delta_net_conv_heads(p.conv, nk * dk, dk, nk), p.eps, p.k);
+}
+
 Status add(const OpContext& ctx, const TensorView& a, const TensorView& b, const TensorView& y) {
   return elt(ctx, "add", EltKind::kAdd, a, &b, y);
 }
@@ -369,7 +378,7 @@ void register_ops() {
     op_register("moe_ffn", DeviceKind::kCuda, t);
   }
   for (const char* op : {"rms_norm", "l2_norm", "rms_norm_gated", "add_rms_norm", "rope_neox", "attention", "delta_net_gates",
-                         "delta_net", "conv1d_causal", "conv1d_causal_silu", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
+                         "delta_net", "delta_net_prep", "conv1d_causal", "conv1d_causal_silu", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
                          "moe_route"}) {
     op_register(op, DeviceKind::kCuda, DType::F32);
   }

@@ -36,6 +36,7 @@ Status delta_net_gates(const OpContext& ctx, const TensorView& alpha, const Tens
 Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& g, const TensorView& beta, const TensorView& state,
                  const TensorView& out, DeltaNetMode mode);
+Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p);
 Status conv1d_causal(const OpContext& ctx, const TensorView& x, const TensorView& w,
                      const TensorView& state, const TensorView& y);
 Status conv1d_causal_silu(const OpContext& ctx, const TensorView& x, const TensorView& w,
