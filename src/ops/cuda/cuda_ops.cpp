@@ -228,9 +228,22 @@ Status conv1d_causal_silu(const OpContext& ctx, const TensorView& x, const Tenso
   return conv1d(ctx, "conv1d_causal_silu", x, w, state, y, true);
 }
 
-// The four ops' kernels (qualified calls: ds:: has the public ops of the same signatures).
+// One token within the kernel's limits (delta_net_prep_fits): one launch. Otherwise the four ops'
+// kernels (qualified calls: ds:: has the public ops of the same signatures).
 Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
-  const int64_t dk = p.q.ne[0], nk = p.q.ne[1];
+  const int64_t dk = p.q.ne[0], nk = p.q.ne[1], n_ch = p.mixed.ne[0], kernel = p.conv_w.ne[0], nv = p.alpha.ne[0];
+  if (p.mixed.ne[1] == 1 && delta_net_prep_fits(n_ch, kernel, dk, nk, nv)) {
+    DS_TRY(device_status(ctx.device.index));
+    DS_TRY(check_device_memory("delta_net_prep", {&p.mixed, &p.conv_w, &p.alpha, &p.b, &p.dt_bias, &p.ssm_a,
+                                                  &p.conv_state, &p.conv, &p.q, &p.k, &p.g, &p.beta}));
+    DeviceGuard guard(ctx.device.index);
+    const DeltaNetPrepArgs a{f32(p.mixed), f32(p.conv_w), f32(p.conv_state), f32(p.conv), f32(p.q), f32(p.k),
+                             f32(p.alpha), f32(p.b), f32(p.dt_bias), f32(p.ssm_a), f32(p.g), f32(p.beta),
+                             n_ch, dk, nk, nv, static_cast<int>(kernel), p.eps};
+    DS_CUDA_TRY(delta_net_prep_launch(a, stream_of(ctx)), "delta_net_prep mixed {} conv_w {} q {} alpha {}",
+                p.mixed.shape_string(), p.conv_w.shape_string(), p.q.shape_string(), p.alpha.shape_string());
+    return Status::ok();
+  }
   DS_TRY(cuda::delta_net_gates(ctx, p.alpha, p.b, p.dt_bias, p.ssm_a, p.g, p.beta));
   DS_TRY(cuda::conv1d_causal_silu(ctx, p.mixed, p.conv_w, p.conv_state, p.conv));
   DS_TRY(cuda::l2_norm(ctx, delta_net_conv_heads(p.conv, 0, dk, nk), p.eps, p.q));

@@ -1,7 +1,9 @@
 // CUDA kernels and launchers of the non-matrix ops: element-wise family, strided copy, RMS/L2 norm
 // (strided input rows, optional SiLU gate: rms_norm_gated), NeoX RoPE (also at a device-side
 // position), get_rows, causal conv1d with state (optional SiLU output: conv1d_causal_silu), DeltaNet
-// gates, MoE routing and the row gather/scatter used by the expert FFN (the DeltaNet recurrence itself
+// gates, the fused DeltaNet decode prologue (gates + conv + SiLU + q/k L2 norms of one token: the same
+// device helpers as the separate kernels, so the same values up to the order of the q/k sums of
+// squares), MoE routing and the row gather/scatter used by the expert FFN (the DeltaNet recurrence itself
 // is in delta_net.cu). Host entries (checks, Status) are in cuda_ops.cpp and cuda_attention.cpp.
 #include <cuda_runtime.h>
 
@@ -189,6 +191,24 @@ __global__ void get_rows_kernel(const uint8_t* table, int64_t row_stride, int64_
 // old one (a second launch, conv1d_state_kernel).
 constexpr int kConvTileTokens = 32;
 
+// One conv output from the taps, the kernel-1 previous inputs `win` (oldest first) and the current input;
+// the sum order of both conv kernels (conv1d_kernel and delta_net_prep_kernel).
+__device__ __forceinline__ float conv_out(const float (&taps)[kConvMaxKernel], const float (&win)[kConvMaxKernel],
+                                          float cur, int kernel, bool silu) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kConvMaxKernel; ++i) {
+    if (i < kernel - 1) acc = fmaf(taps[i], win[i], acc);
+  }
+  float last = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kConvMaxKernel; ++i) {
+    if (i == kernel - 1) last = taps[i];
+  }
+  acc = fmaf(last, cur, acc);
+  return silu ? acc * sigmoidf(acc) : acc;  // silu as EltKind::kSilu
+}
+
 __global__ void conv1d_kernel(const float* x, const float* w, const float* state, float* y, int64_t n_ch,
                               int64_t n_tokens, int kernel, bool silu) {
   kern::dependency_sync();
@@ -209,18 +229,7 @@ __global__ void conv1d_kernel(const float* x, const float* w, const float* state
   const int64_t t_end = t0 + kConvTileTokens < n_tokens ? t0 + kConvTileTokens : n_tokens;
   for (int64_t t = t0; t < t_end; ++t) {
     const float cur = x[t * n_ch + c];
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kConvMaxKernel; ++i) {
-      if (i < kernel - 1) acc = fmaf(taps[i], win[i], acc);
-    }
-    float last = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kConvMaxKernel; ++i) {
-      if (i == kernel - 1) last = taps[i];
-    }
-    acc = fmaf(last, cur, acc);
-    y[t * n_ch + c] = silu ? acc * sigmoidf(acc) : acc;  // silu as EltKind::kSilu
+    y[t * n_ch + c] = conv_out(taps, win, cur, kernel, silu);
 #pragma unroll
     for (int i = 0; i + 1 < kConvMaxKernel; ++i) {
       if (i < kernel - 2) win[i] = win[i + 1];
@@ -249,16 +258,64 @@ __global__ void conv1d_state_kernel(const float* x, float* state, int64_t n_ch, 
   }
 }
 
+// Gate i of head h: g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(b).
+__device__ __forceinline__ void gate_values(const float* alpha, const float* b, const float* dt_bias,
+                                            const float* ssm_a, float* g, float* beta, int64_t i, int64_t h) {
+  const float a = alpha[i] + dt_bias[h];
+  const float softplus = a > 20.0f ? a : log1pf(expf(a));
+  g[i] = ssm_a[h] * softplus;
+  beta[i] = 1.0f / (1.0f + expf(-b[i]));
+}
+
 __global__ void gates_kernel(const float* alpha, const float* b, const float* dt_bias, const float* ssm_a,
                              float* g, float* beta, int64_t nv, int64_t n) {
   kern::dependency_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const int64_t h = i % nv;
-  const float a = alpha[i] + dt_bias[h];
-  const float softplus = a > 20.0f ? a : log1pf(expf(a));
-  g[i] = ssm_a[h] * softplus;
-  beta[i] = 1.0f / (1.0f + expf(-b[i]));
+  gate_values(alpha, b, dt_bias, ssm_a, g, beta, i, i % nv);
+}
+
+// Channel c of a one-token step: conv + SiLU into conv[c], the state shifted by one (the channel's
+// state is read and rewritten by this thread only, hence no second launch as conv1d_state_kernel).
+__device__ __forceinline__ float prep_conv_channel(const DeltaNetPrepArgs& a, int64_t c) {
+  float taps[kConvMaxKernel], win[kConvMaxKernel];
+#pragma unroll
+  for (int i = 0; i < kConvMaxKernel; ++i) {
+    taps[i] = i < a.kernel ? a.conv_w[c * a.kernel + i] : 0.0f;
+    win[i] = i < a.kernel - 1 ? a.conv_state[i * a.n_ch + c] : 0.0f;
+  }
+  const float cur = a.mixed[c];
+  const float y = conv_out(taps, win, cur, a.kernel, true);
+  a.conv[c] = y;
+#pragma unroll
+  for (int i = 0; i + 1 < kConvMaxKernel; ++i) {
+    if (i < a.kernel - 2) a.conv_state[i * a.n_ch + c] = win[i + 1];
+    else if (i == a.kernel - 2) a.conv_state[i * a.n_ch + c] = cur;
+  }
+  return y;
+}
+
+// Blocks [0, nk): q heads, [nk, 2 nk): k heads (thread i: channel i of the head, then the block's L2
+// norm as norm_kernel's l2: y * rsqrtf(sum y^2 + eps)); the next v_blocks: blockDim.x v channels each;
+// the last block: the nv gates. blockDim.x >= dk (delta_net_prep_threads). The branches depend on the
+// block only, so block_sum's barriers are reached by the whole block.
+__global__ void delta_net_prep_kernel(DeltaNetPrepArgs a, int64_t v_blocks) {
+  kern::dependency_sync();
+  const int64_t blk = blockIdx.x, qk_blocks = 2 * a.nk;
+  if (blk < qk_blocks) {
+    const bool in = threadIdx.x < a.dk;
+    const float y = in ? prep_conv_channel(a, blk * a.dk + threadIdx.x) : 0.0f;
+    const float ss = block_sum(y * y);
+    if (in) {
+      float* out = blk < a.nk ? a.q + blk * a.dk : a.k + (blk - a.nk) * a.dk;
+      out[threadIdx.x] = y * rsqrtf(ss + a.eps);
+    }
+  } else if (blk < qk_blocks + v_blocks) {
+    const int64_t c = qk_blocks * a.dk + (blk - qk_blocks) * blockDim.x + threadIdx.x;
+    if (c < a.n_ch) prep_conv_channel(a, c);
+  } else {
+    for (int64_t h = threadIdx.x; h < a.nv; h += blockDim.x) gate_values(a.alpha, a.b, a.dt_bias, a.ssm_a, a.g, a.beta, h, h);
+  }
 }
 
 // One thread per token: n_expert is at most a few hundred and k at most kRouteMaxK.
@@ -429,6 +486,14 @@ cudaError_t delta_net_gates_launch(const float* alpha, const float* b, const flo
   const int64_t n = nv * rows;
   if (n <= 0) return cudaSuccess;
   return launch_kernel(gates_kernel, blocks_for(n), kThreads, 0, s, alpha, b, dt_bias, ssm_a, g, beta, nv, n);
+}
+
+cudaError_t delta_net_prep_launch(const DeltaNetPrepArgs& a, cudaStream_t s) {
+  if (!delta_net_prep_fits(a.n_ch, a.kernel, a.dk, a.nk, a.nv)) return cudaErrorInvalidValue;
+  const int threads = delta_net_prep_threads(a.dk);
+  const int64_t v_blocks = (a.n_ch - 2 * a.nk * a.dk + threads - 1) / threads;
+  const int64_t blocks = 2 * a.nk + v_blocks + 1;
+  return launch_kernel(delta_net_prep_kernel, static_cast<unsigned>(blocks), threads, 0, s, a, v_blocks);
 }
 
 cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,

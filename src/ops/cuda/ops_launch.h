@@ -49,6 +49,42 @@ cudaError_t conv1d_launch(const float* x, const float* w, float* state, float* y
 // g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(b); rows of nv.
 cudaError_t delta_net_gates_launch(const float* alpha, const float* b, const float* dt_bias, const float* ssm_a,
                                    float* g, float* beta, int64_t nv, int64_t rows, cudaStream_t s);
+// delta_net_prep (ops/delta_net.h) for ONE token in one kernel: conv1d_causal_silu of the n_ch channels of
+// mixed into conv (conv_state shifted), l2_norm of the nk q heads and nk k heads of dk (conv channels
+// [0, 2 nk dk), q heads first) into q and k, and the nv gates, with the formulas of the separate
+// kernels. Blocks of delta_net_prep_threads(dk): one per q / k head, then the v channels, then one for
+// the gates. Call only when delta_net_prep_fits; the launcher returns cudaErrorInvalidValue otherwise.
+struct DeltaNetPrepArgs {
+  const float* mixed;
+  const float* conv_w;
+  float* conv_state;
+  float* conv;
+  float* q;
+  float* k;
+  const float* alpha;
+  const float* b;
+  const float* dt_bias;
+  const float* ssm_a;
+  float* g;
+  float* beta;
+  int64_t n_ch, dk, nk, nv;
+  int kernel;
+  float eps;
+};
+constexpr int64_t kDeltaNetPrepMaxDk = 1024;  // one thread per channel of a head
+// dk rounded up to whole warps, at least 128 (the v-channel blocks), at most 1024.
+inline int delta_net_prep_threads(int64_t dk) {
+  const int64_t t = (dk + 31) / 32 * 32;
+  return static_cast<int>(t < 128 ? 128 : (t > 1024 ? 1024 : t));
+}
+inline bool delta_net_prep_fits(int64_t n_ch, int64_t kernel, int64_t dk, int64_t nk, int64_t nv) {
+  if (kernel < 1 || kernel > kConvMaxKernel || dk < 1 || dk > kDeltaNetPrepMaxDk || nk < 1 || nv < 0) return false;
+  if (2 * nk * dk > n_ch) return false;
+  const int64_t threads = delta_net_prep_threads(dk);
+  const int64_t blocks = 2 * nk + (n_ch - 2 * nk * dk + threads - 1) / threads + 1;
+  return blocks <= 0x7FFFFFFF;
+}
+cudaError_t delta_net_prep_launch(const DeltaNetPrepArgs& a, cudaStream_t s);
 // moe_route for n_tokens rows of n_expert logits; k <= kRouteMaxK.
 constexpr int kRouteMaxK = 32;
 cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,
