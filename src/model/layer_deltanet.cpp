@@ -1,27 +1,14 @@
 // Gated DeltaNet layer forward (model spec section 4): projections, gates, causal conv with carried
-// state, SiLU, q/k L2 norm, the delta rule on the SSM state, gated RMSNorm, output projection.
+// state, SiLU, q/k L2 norm (those four as one op, delta_net_prep), the delta rule on the SSM state,
+// gated RMSNorm, output projection.
 // Non-obvious choice: q, k and v are never copied out of the conv output: the L2 norms read q and k
 // as strided views of its rows (writing contiguous q, k) and the delta rule reads v in place.
 #include "model/model_internal.h"
-#include "ops/conv1d.h"
 #include "ops/delta_net.h"
 #include "ops/matmul.h"
 #include "ops/rms_norm.h"
 
 namespace ds {
-namespace {
-
-// Heads [n, n_head, head_dim] starting at column c0 of every row of the contiguous [n, row] tensor t:
-// a strided view (rows of head_dim contiguous, heads back to back, tokens at t's row stride).
-TensorView head_columns(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head) {
-  TensorView r = columns(t, c0, head_dim * n_head);
-  r.n_dims = 3;
-  r.ne = {head_dim, n_head, t.ne[1], 1};
-  r.nb = {4, 4 * head_dim, t.nb[1], t.nb[1] * t.ne[1]};
-  return r;
-}
-
-}  // namespace
 
 Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const TensorView& x_norm,
                         const TensorView& out) {
@@ -41,24 +28,36 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
     DS_TRY(matmul_many(ctx, ws, x_norm, ys));
   }
 
-  // beta = sigmoid(b);  g = ssm_a * softplus(a + dt_bias)   [n, nv]
+  // One op (one kernel for a decode step on CUDA), [n, nv] / [n, conv_dim] / [n, nk, dk]:
+  //   beta = sigmoid(b);  g = ssm_a * softplus(a + dt_bias)
+  //   conv = silu(causal_conv(mixed)) with the layer's conv state
+  //   conv = [q (nk*dk) ; k (nk*dk) ; v (nv*dv)] per token; q, k L2-normalized per head.
   DS_ASSIGN_OR_RETURN(TensorView beta, S.f32({nv, n}));
   DS_ASSIGN_OR_RETURN(TensorView g, S.f32({nv, n}));
-  DS_TRY(delta_net_gates(ctx, a, b, w.dt_bias, w.ssm_a, g, beta));
-  call.dump("deltanet.beta", beta);
-  call.dump("deltanet.g", g);
-
-  // c = silu(causal_conv(mixed)) with the layer's conv state
   DS_ASSIGN_OR_RETURN(TensorView conv, S.f32({conv_dim, n}));
-  DS_TRY(conv1d_causal_silu(ctx, mixed, w.conv1d, call.state.conv_state(call.il), conv));
-  call.dump("deltanet.conv", conv);
-
-  // c = [q (nk*dk) ; k (nk*dk) ; v (nv*dv)] per token; q, k L2-normalized per head.
   DS_ASSIGN_OR_RETURN(TensorView q, S.f32({dk, nk, n}));
   DS_ASSIGN_OR_RETURN(TensorView k, S.f32({dk, nk, n}));
-  DS_TRY(l2_norm(ctx, head_columns(conv, 0, dk, nk), c.rms_eps, q));
-  DS_TRY(l2_norm(ctx, head_columns(conv, key_dim, dk, nk), c.rms_eps, k));
-  const TensorView v = head_columns(conv, 2 * key_dim, dv, nv);
+  {
+    DeltaNetPrep p;
+    p.mixed = mixed;
+    p.conv_w = w.conv1d;
+    p.alpha = a;
+    p.b = b;
+    p.dt_bias = w.dt_bias;
+    p.ssm_a = w.ssm_a;
+    p.conv_state = call.state.conv_state(call.il);
+    p.eps = c.rms_eps;
+    p.conv = conv;
+    p.q = q;
+    p.k = k;
+    p.g = g;
+    p.beta = beta;
+    DS_TRY(delta_net_prep(ctx, p));
+  }
+  call.dump("deltanet.beta", beta);
+  call.dump("deltanet.g", g);
+  call.dump("deltanet.conv", conv);
+  const TensorView v = delta_net_conv_heads(conv, 2 * key_dim, dv, nv);
 
   // Delta rule on the SSM state; o [n, nv, dv].
   DS_ASSIGN_OR_RETURN(TensorView o, S.f32({dv, nv, n}));
