@@ -125,7 +125,9 @@ Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
 
   // conv: mixed, conv [n, C]; conv_w [C, K]; conv_state [K-1, C].
   const int64_t n_ch = p.mixed.ne[0], n_tokens = p.mixed.ne[1], kernel = p.conv_w.ne[0];
-  if (p.mixed.ne[2] * p.mixed.ne[3] != 1) return invalid_argument("{}: mixed {} must be 2-D", op, p.mixed.shape_string());
+  if (p.mixed.ne[2] * p.mixed.ne[3] != 1) {
+    return invalid_argument("{}: mixed {} must be 2-D", op, p.mixed.shape_string());
+  }
   DS_TRY(ops::check_same_shape(op, "mixed", p.mixed, "conv", p.conv));
   if (kernel < 1) return invalid_argument("{}: conv_w {}: kernel must be >= 1", op, p.conv_w.shape_string());
   DS_TRY(ops::check_shape(op, "conv_w", p.conv_w, kernel, n_ch));

@@ -20,7 +20,8 @@ std::vector<OpSupport>& registry() {
       t.push_back({"moe_ffn", DeviceKind::kCpu, dt});
     }
     for (const char* op : {"rms_norm", "l2_norm", "rope_neox", "attention", "delta_net", "delta_net_gates",
-                           "delta_net_prep", "conv1d_causal", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
+                           "delta_net_prep", "conv1d_causal", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid",
+                           "copy",
                            "moe_route"}) {
       t.push_back({op, DeviceKind::kCpu, DType::F32});
     }

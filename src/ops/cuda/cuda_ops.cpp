@@ -391,7 +391,8 @@ void register_ops() {
     op_register("moe_ffn", DeviceKind::kCuda, t);
   }
   for (const char* op : {"rms_norm", "l2_norm", "rms_norm_gated", "add_rms_norm", "rope_neox", "attention", "delta_net_gates",
-                         "delta_net", "delta_net_prep", "conv1d_causal", "conv1d_causal_silu", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
+                         "delta_net", "delta_net_prep",
+                         "conv1d_causal", "conv1d_causal_silu", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",
                          "moe_route"}) {
     op_register(op, DeviceKind::kCuda, DType::F32);
   }

@@ -314,7 +314,9 @@ __global__ void delta_net_prep_kernel(DeltaNetPrepArgs a, int64_t v_blocks) {
     const int64_t c = qk_blocks * a.dk + (blk - qk_blocks) * blockDim.x + threadIdx.x;
     if (c < a.n_ch) prep_conv_channel(a, c);
   } else {
-    for (int64_t h = threadIdx.x; h < a.nv; h += blockDim.x) gate_values(a.alpha, a.b, a.dt_bias, a.ssm_a, a.g, a.beta, h, h);
+    for (int64_t h = threadIdx.x; h < a.nv; h += blockDim.x) {
+      gate_values(a.alpha, a.b, a.dt_bias, a.ssm_a, a.g, a.beta, h, h);
+    }
   }
 }
 
