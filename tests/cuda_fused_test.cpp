@@ -26,6 +26,8 @@
 #include "ops/conv1d.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_matmul.h"
+#include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/delta_net.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
@@ -515,6 +517,92 @@ TEST_F(CudaFusedTest, AddRmsNormMatchesChain) {
     EXPECT_TRUE(matches(down(dout, e * n), ref.v, kTol, e)) << "y";
     EXPECT_FALSE(add_rms_norm(ctx_, dx, up(r), up(w), 1e-6f, dx).is_ok()) << "y aliasing x is refused";
   }
+}
+
+// The norms that also write int8 activations (cuda::*_q8): y bit-equal to the plain norm, the
+// activations byte-equal to quantize_q8 of that y, and products reading them bit-equal to products
+// that quantize y themselves.
+TEST_F(CudaFusedMatmulTest, NormsWriteTheProductsInt8Activations) {
+  auto bytes_of = [&](const TensorView& d, int64_t n) {
+    std::vector<uint8_t> out(static_cast<size_t>(n));
+    EXPECT_TRUE(cuda::copy_to_host(out.data(), d.data, n, stream_).is_ok());
+    EXPECT_TRUE(stream_.synchronize().is_ok());
+    return out;
+  };
+  const auto cs = static_cast<cudaStream_t>(stream_.handle());
+  // (row length, rows): a 27B hidden row, the DeltaNet output norm (48 heads of 128), the longest row
+  // held in registers, a few rows.
+  for (auto [e, rows] : {std::pair<int64_t, int64_t>{5120, 1}, {128, 48}, {8192, 1}, {256, 3}}) {
+    for (int kind = 0; kind < 3; ++kind) {  // rms_norm, add_rms_norm, rms_norm_gated
+      SCOPED_TRACE(::testing::Message() << e << " x " << rows << " kind " << kind);
+      ASSERT_TRUE(cuda::norm_q8_applies(e));
+      const int64_t act_bytes = cuda::norm_q8_act_bytes(e, rows);
+      Host x({e, rows}), r({e, rows}), w({e}), z({e, rows}), y({e, rows});
+      x.random(rng_, -3, 3);
+      r.random(rng_, -3, 3);
+      w.random(rng_, 0.5, 1.5);
+      z.random(rng_, -2, 2);
+      const TensorView dx1 = up(x), dx2 = up(x), dr = up(r), dw = up(w), dz = up(z), dy1 = up(y), dy2 = up(y);
+      const TensorView act = TensorView::contiguous(dev(act_bytes), DType::I8, {act_bytes}, ctx_.device);
+      const TensorView act_ref = TensorView::contiguous(dev(act_bytes), DType::I8, {act_bytes}, ctx_.device);
+      Status plain, fused;
+      if (kind == 0) {
+        plain = rms_norm(ctx_, dx1, dw, 1e-6f, dy1);
+        fused = cuda::rms_norm_q8(ctx_, dx2, dw, 1e-6f, dy2, act);
+      } else if (kind == 1) {
+        plain = add_rms_norm(ctx_, dx1, dr, dw, 1e-6f, dy1);
+        fused = cuda::add_rms_norm_q8(ctx_, dx2, dr, dw, 1e-6f, dy2, act);
+      } else {
+        plain = rms_norm_gated(ctx_, dx1, dw, dz, 1e-6f, dy1);
+        fused = cuda::rms_norm_gated_q8(ctx_, dx2, dw, dz, 1e-6f, dy2, act);
+      }
+      ASSERT_TRUE(plain.is_ok()) << plain.to_string();
+      ASSERT_TRUE(fused.is_ok()) << fused.to_string();
+      ASSERT_EQ(cuda::quantize_q8_launch(static_cast<const float*>(dy1.data), e, nullptr, rows, e, act_ref.data,
+                                         nullptr, 0, cs),
+                cudaSuccess);
+      EXPECT_TRUE(identical(down(dy2, e * rows), down(dy1, e * rows), e)) << "y";
+      EXPECT_TRUE(identical(down(dx2, e * rows), down(dx1, e * rows), e)) << "x (written back by add_rms_norm)";
+      EXPECT_TRUE(bytes_of(act, act_bytes) == bytes_of(act_ref, act_bytes)) << "activations vs quantize_q8";
+    }
+  }
+  // Products on the norm's activations: bit-equal to products that quantize x themselves.
+  std::vector<QWeight> ws;
+  ws.push_back(weight(DType::Q4_K, 5120, 2048));
+  ws.push_back(weight(DType::Q6_K, 5120, 512));
+  ws.push_back(weight(DType::F32, 5120, 48));  // no int8 kernel: reads x
+  Host x({5120, 1}), w({5120}), y({5120, 1});
+  x.random(rng_, -3, 3);
+  w.random(rng_, 0.5, 1.5);
+  const int64_t act_bytes = cuda::norm_q8_act_bytes(5120, 1);
+  const TensorView dx = up(x), dy = up(y);
+  const TensorView act = TensorView::contiguous(dev(act_bytes), DType::I8, {act_bytes}, ctx_.device);
+  ASSERT_TRUE(cuda::rms_norm_q8(ctx_, dx, up(w), 1e-6f, dy, act).is_ok());
+  std::vector<TensorView> dws, fused, plain;
+  for (const QWeight& q : ws) {
+    Host out({q.rows, 1});
+    dws.push_back(q.dev);
+    fused.push_back(up(out));
+    plain.push_back(up(out));
+  }
+  const Status s = cuda::matmul_many_q8(ctx_, dws, dy, act, fused);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  ASSERT_TRUE(matmul_many(ctx_, dws, dy, plain).is_ok());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    EXPECT_TRUE(identical(down(fused[i], ws[i].rows), down(plain[i], ws[i].rows), ws[i].rows)) << "product " << i;
+  }
+  Host one({2048, 1});
+  const TensorView done = up(one);
+  ASSERT_TRUE(cuda::matmul_q8(ctx_, dws[0], dy, act, done).is_ok());
+  EXPECT_TRUE(identical(down(done, 2048), down(plain[0], 2048), 2048)) << "matmul_q8";
+  // Refusals: activations too small, a row length the kernel cannot quantize, a bad norm argument.
+  const TensorView small = TensorView::contiguous(act.data, DType::I8, {act_bytes - 16}, ctx_.device);
+  EXPECT_FALSE(cuda::rms_norm_q8(ctx_, dx, up(w), 1e-6f, dy, small).is_ok());
+  EXPECT_FALSE(cuda::matmul_many_q8(ctx_, dws, dy, small, fused).is_ok());
+  Host x33({33, 1}), w33({33}), y33({33, 1});
+  EXPECT_FALSE(cuda::norm_q8_applies(33));
+  EXPECT_FALSE(cuda::rms_norm_q8(ctx_, up(x33), up(w33), 1e-6f, up(y33), act).is_ok());
+  EXPECT_FALSE(cuda::rms_norm_q8(ctx_, dx, up(w33), 1e-6f, dy, act).is_ok()) << "w of the wrong length";
 }
 
 TEST_F(CudaFusedMatmulTest, FusedOpsReplayInACudaGraph) {

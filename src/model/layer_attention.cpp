@@ -47,7 +47,7 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
   {
     const TensorView ws[] = {w.wq, w.wk, w.wv};
     const TensorView ys[] = {qg, reshape(k, {Hkv * D, n}), reshape(v, {Hkv * D, n})};
-    DS_TRY(matmul_many(ctx, ws, x_norm, ys));
+    DS_TRY(layer_matmul_many(call, ws, x_norm, ys));
   }
 
   // QG per head: q_h = QG[h, 0:D], gate_h = QG[h, D:2D], read as strided views (no split copies):

@@ -7,6 +7,9 @@
 #include "ops/delta_net.h"
 #include "ops/matmul.h"
 #include "ops/rms_norm.h"
+#if DS_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
 
 namespace ds {
 
@@ -25,7 +28,7 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
   {
     const TensorView ws[] = {w.wqkv, w.wgate, w.wbeta, w.walpha};
     const TensorView ys[] = {mixed, z, b, a};
-    DS_TRY(matmul_many(ctx, ws, x_norm, ys));
+    DS_TRY(layer_matmul_many(call, ws, x_norm, ys));
   }
 
   // One op (one kernel for a decode step on CUDA), [n, nv] / [n, conv_dim] / [n, nk, dk]:
@@ -65,6 +68,16 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
   call.dump("deltanet.o", o);
 
   // y = RMSNorm(o; ssm_norm) * silu(z), per v-head over dv; then ssm_out.
+#if DS_HAVE_CUDA
+  // With the block's input in int8 form (CUDA, one token) the output norm writes o's int8 activations
+  // for ssm_out as well.
+  if (call.x_q8.data != nullptr && cuda::norm_q8_applies(dv)) {
+    DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(dv, nv * n) + 3) / 4}));
+    DS_TRY(cuda::rms_norm_gated_q8(ctx, o, w.norm, reshape(z, {dv, nv, n}), c.rms_eps, o, o_q8));
+    call.dump("deltanet.y", o);
+    return cuda::matmul_q8(ctx, w.wout, reshape(o, {c.value_dim(), n}), o_q8, out);
+  }
+#endif
   DS_TRY(rms_norm_gated(ctx, o, w.norm, reshape(z, {dv, nv, n}), c.rms_eps, o));
   call.dump("deltanet.y", o);
   DS_TRY(matmul(ctx, w.wout, reshape(o, {c.value_dim(), n}), out));

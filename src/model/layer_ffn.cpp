@@ -21,7 +21,7 @@ Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const 
   const TensorView g = gu[0], u = gu[1];
   const TensorView ws[] = {w.gate, w.up};
   const TensorView ys[] = {g, u};
-  DS_TRY(matmul_many(call.ctx, ws, x_norm, ys));
+  DS_TRY(layer_matmul_many(call, ws, x_norm, ys));
   DS_TRY(matmul_swiglu(call.ctx, w.down, g, u, out));  // down (silu(gate x) * (up x)); g is scratch
   return Status::ok();
 }

@@ -20,6 +20,9 @@
 #include "ops/matmul.h"
 #include "ops/rms_norm.h"
 #include "state/state_io.h"
+#if DS_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
 
 namespace ds {
 
@@ -314,6 +317,14 @@ Status Model::forward(LayerRange range, SequenceState& state, const TensorView& 
   return forward_layers(range, state, hidden_in, hidden_out);
 }
 
+Status layer_matmul_many(const LayerCall& call, std::span<const TensorView> ws, const TensorView& x_norm,
+                         std::span<const TensorView> ys) {
+#if DS_HAVE_CUDA
+  if (call.x_q8.data != nullptr) return cuda::matmul_many_q8(call.ctx, ws, x_norm, call.x_q8, ys);
+#endif
+  return matmul_many(call.ctx, ws, x_norm, ys);
+}
+
 Status Model::forward_layers(LayerRange range, SequenceState& state, const TensorView& hidden_in,
                              const TensorView& hidden_out) {
   const int64_t E = config_.n_embd, n = hidden_in.ne[1];
@@ -333,13 +344,29 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
   const int32_t* d_pos = cuda_ ? cuda_step_pos() : nullptr;
   const int64_t max_kv = std::min(n_ctx_, (pos0 + n + 1023) / 1024 * 1024);
   // Each residual add is fused with the norm that follows it (add_rms_norm); cur holds the normalized
-  // input of the next block.
+  // input of the next block. On CUDA for one token the norm also writes cur's int8 activations
+  // (cur_q8), which the block's first products read instead of quantizing cur themselves.
+  TensorView cur_q8{};
+#if DS_HAVE_CUDA
+  if (cuda_ && n == 1 && cuda::norm_q8_applies(E)) {
+    DS_ASSIGN_OR_RETURN(cur_q8, scratch_->f32({(cuda::norm_q8_act_bytes(E, 1) + 3) / 4}));
+  }
+#endif
+  const auto norm_cur = [&](const TensorView* res, const TensorView& w) -> Status {
+#if DS_HAVE_CUDA
+    if (cur_q8.data != nullptr) {
+      return res ? cuda::add_rms_norm_q8(ctx_, x, *res, w, config_.rms_eps, cur, cur_q8)
+                 : cuda::rms_norm_q8(ctx_, x, w, config_.rms_eps, cur, cur_q8);
+    }
+#endif
+    return res ? add_rms_norm(ctx_, x, *res, w, config_.rms_eps, cur) : rms_norm(ctx_, x, w, config_.rms_eps, cur);
+  };
   if (range.first < range.last) {
-    DS_TRY(rms_norm(ctx_, x, weights_.layers[static_cast<size_t>(range.first)].attn_norm, config_.rms_eps, cur));
+    DS_TRY(norm_cur(nullptr, weights_.layers[static_cast<size_t>(range.first)].attn_norm));
   }
   for (int64_t il = range.first; il < range.last; ++il) {
     const LayerWeights& L = weights_.layers[static_cast<size_t>(il)];
-    const LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n, d_pos, max_kv};
+    const LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n, d_pos, max_kv, cur_q8};
     // h = x + Mixer(RMSNorm(x; attn_norm))
     if (L.kind == LayerKind::kAttention) {
       DS_TRY(attention_forward(call, L.attn, attn_index++, cur, mix));
@@ -348,7 +375,7 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
     }
     call.dump("attn_out", mix);
     // out = h + FFN(RMSNorm(h; post_attention_norm))
-    DS_TRY(add_rms_norm(ctx_, x, mix, L.post_attention_norm, config_.rms_eps, cur));
+    DS_TRY(norm_cur(&mix, L.post_attention_norm));
     if (config_.is_moe()) {
       DS_TRY(moe_ffn_forward(call, L.moe, cur, mix));
     } else {
@@ -356,7 +383,7 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
     }
     call.dump("ffn_out", mix);
     if (il + 1 < range.last) {
-      DS_TRY(add_rms_norm(ctx_, x, mix, weights_.layers[static_cast<size_t>(il + 1)].attn_norm, config_.rms_eps, cur));
+      DS_TRY(norm_cur(&mix, weights_.layers[static_cast<size_t>(il + 1)].attn_norm));
     } else {
       DS_TRY(add(ctx_, x, mix, x));
     }

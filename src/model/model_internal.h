@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,9 @@ struct LayerCall {
   // of pos0 + n_tokens that sizes attention launches (a multiple of 1024, capped at n_ctx).
   const int32_t* d_pos = nullptr;
   int64_t max_kv = 0;
+  // CUDA, one token: the int8 activations of the layer's normalized input, written by the norm that
+  // produced it (cuda::add_rms_norm_q8); empty otherwise. layer_matmul_many reads them.
+  TensorView x_q8{};
 
   // Reports a named intermediate ("blk.<il>.<what>") to the debug hook, if one is set.
   void dump(const char* what, const TensorView& t) const;
@@ -86,6 +90,11 @@ void debug_dump(const DebugHook& hook, std::string_view name, const TensorView& 
 TensorView reshape(const TensorView& t, std::initializer_list<int64_t> ne);
 // Columns [c0, c0 + n) of every row of a contiguous 2-D F32 tensor: a strided view.
 TensorView columns(const TensorView& t, int64_t c0, int64_t n);
+
+// matmul_many of the layer's normalized input x_norm: with call.x_q8 the int8-activation products read
+// those activations instead of quantizing x_norm again.
+Status layer_matmul_many(const LayerCall& call, std::span<const TensorView> ws, const TensorView& x_norm,
+                         std::span<const TensorView> ys);
 
 // x_norm, out: [n_tokens, n_embd]. out is overwritten with the mixer / FFN output (before residual).
 Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64_t attn_index,

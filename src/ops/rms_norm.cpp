@@ -39,12 +39,17 @@ void run_cpu(const OpContext& ctx, const TensorView& x, const float* w, float ep
 
 }  // namespace
 
-Status rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y) {
+Status rms_norm_check(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& y) {
   DS_TRY(check_rows("rms_norm", ctx, x, y));
   DS_TRY(ops::check_contig("rms_norm", "w", ctx, w, DType::F32));
   if (w.n_elements() != x.ne[0]) {
     return invalid_argument("rms_norm: w {} does not match x {}", w.shape_string(), x.shape_string());
   }
+  return Status::ok();
+}
+
+Status rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y) {
+  DS_TRY(rms_norm_check(ctx, x, w, y));
   if (x.n_elements() == 0) return Status::ok();
   DS_CUDA_DISPATCH(rms_norm, ctx, x, w, eps, y);
   run_cpu(ctx, x, w.as<float>(), eps, false, y);
@@ -59,8 +64,8 @@ Status l2_norm(const OpContext& ctx, const TensorView& x, float eps, const Tenso
   return Status::ok();
 }
 
-Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z, float eps,
-                      const TensorView& y) {
+Status rms_norm_gated_check(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z,
+                            const TensorView& y) {
   const char* op = "rms_norm_gated";
   DS_TRY(check_rows(op, ctx, x, y));
   DS_TRY(ops::check_contig(op, "w", ctx, w, DType::F32));
@@ -70,14 +75,20 @@ Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorVie
   DS_TRY(ops::check_contig(op, "z", ctx, z, DType::F32));
   DS_TRY(ops::check_same_shape(op, "x", x, "z", z));
   if (z.data == y.data && z.n_elements() > 0) return invalid_argument("{}: y must not alias z", op);
+  return Status::ok();
+}
+
+Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z, float eps,
+                      const TensorView& y) {
+  DS_TRY(rms_norm_gated_check(ctx, x, w, z, y));
   if (x.n_elements() == 0) return Status::ok();
   DS_CUDA_DISPATCH(rms_norm_gated, ctx, x, w, z, eps, y);
   run_cpu(ctx, x, w.as<float>(), eps, false, y);
   return swiglu(ctx, z, y, y);  // y = silu(z) * y
 }
 
-Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w, float eps,
-                    const TensorView& y) {
+Status add_rms_norm_check(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w,
+                          const TensorView& y) {
   const char* op = "add_rms_norm";
   DS_TRY(ops::check_contig(op, "x", ctx, x, DType::F32));
   DS_TRY(ops::check_contig(op, "r", ctx, r, DType::F32));
@@ -90,6 +101,12 @@ Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView&
   if (x.n_elements() > 0 && (y.data == x.data || y.data == r.data)) {
     return invalid_argument("{}: y must alias neither x nor r", op);
   }
+  return Status::ok();
+}
+
+Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w, float eps,
+                    const TensorView& y) {
+  DS_TRY(add_rms_norm_check(ctx, x, r, w, y));
   if (x.n_elements() == 0) return Status::ok();
   DS_CUDA_DISPATCH(add_rms_norm, ctx, x, r, w, eps, y);
   DS_TRY(add(ctx, x, r, x));

@@ -25,4 +25,12 @@ Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorVie
 Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w, float eps,
                     const TensorView& y);
 
+// The argument checks of rms_norm / rms_norm_gated / add_rms_norm, for entry points that compute the
+// same norm with an extra output (the CUDA norms that also write int8 activations, cuda_ops.h).
+Status rms_norm_check(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& y);
+Status rms_norm_gated_check(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z,
+                            const TensorView& y);
+Status add_rms_norm_check(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w,
+                          const TensorView& y);
+
 }  // namespace ds

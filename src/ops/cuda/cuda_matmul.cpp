@@ -269,7 +269,7 @@ bool rows_follow(const TensorView& wa, const TensorView& ya, const TensorView& w
 }  // namespace
 
 Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
-                      int device, void* stream, MatmulPath path) {
+                      int device, void* stream, MatmulPath path, const TensorView* act_in) {
   if (ws.size() != ys.size()) {
     return invalid_argument("matmul_many x {}: {} weights but {} outputs", x.shape_string(), ws.size(), ys.size());
   }
@@ -311,8 +311,16 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
   for (size_t i = 0; i < ws.size() && !any_q8; ++i) any_q8 = q8(i);
   CudaBuffer act;  // back to the cache on return; later users of the block are ordered after this call
   const int64_t act_bytes = any_q8 ? matvec_q8_act_bytes(k, n_tokens) : 0;
-  if (any_q8) {
+  void* act_data = nullptr;
+  if (any_q8 && act_in != nullptr) {
+    if (act_in->n_bytes() < act_bytes || reinterpret_cast<uintptr_t>(act_in->data) % 16 != 0) {
+      return invalid_argument("matmul_many x {}: q8 activations {} ({} bytes) need {} bytes, 16-byte aligned",
+                              x.shape_string(), act_in->shape_string(), act_in->n_bytes(), act_bytes);
+    }
+    act_data = act_in->data;
+  } else if (any_q8) {
     DS_ASSIGN_OR_RETURN(act, quantized_input(x, nullptr, device, cs));
+    act_data = act.data();
   }
   for (size_t i = 0; i < ws.size();) {
     if (ws[i].ne[1] == 0) {
@@ -331,7 +339,7 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
       w.ne[1] += ws[j].ne[1];
       y.ne[0] += ys[j].ne[0];
     }
-    const MatvecLaunch l = matvec_args(w, x, y, act.data(), act_bytes);
+    const MatvecLaunch l = matvec_args(w, x, y, act_data, act_bytes);
     DS_CUDA_TRY(matvec_q8_product_launch(w.dtype, l, cs), "matmul_many products {}..{}: {} (matvec_q8)", i, j - 1,
                 shapes(w, x, y));
     i = j;

@@ -59,8 +59,10 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
 // Matrix-vector path: x is quantized to int8 blocks once (activation scratch from the caching
 // allocator) and every weight the q8 kernel takes reads that copy; the others run matmul_on. GEMM path:
 // x is converted to BF16 once and every GEMM reads it. Other explicit paths run matmul_on per weight.
+// With `act` (the q8 activations of x, matmul_scratch_bytes(.., k, n_tokens) bytes, 16-byte aligned, as
+// the norms of cuda_ops.h write them) the q8 products read it instead of quantizing x.
 Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
-                      int device, void* stream, MatmulPath path = MatmulPath::kAuto);
+                      int device, void* stream, MatmulPath path = MatmulPath::kAuto, const TensorView* act = nullptr);
 
 // y = w (silu(gate) * up) (ops/matmul.h matmul_swiglu); gate, up [k, n_tokens] F32 contiguous. Where the q8 kernel applies, the SwiGLU happens inside the activation quantizer
 // (gate is left as it was); otherwise gate is overwritten with silu(gate) * up and matmul_on runs.

@@ -21,6 +21,7 @@
 #include "ops/cuda/delta_net_launch.h"
 #include "ops/cuda/ops_launch.h"
 #include "ops/op_registry.h"
+#include "ops/rms_norm.h"
 
 namespace ds::cuda {
 namespace {
@@ -76,13 +77,22 @@ Status elt(const OpContext& ctx, const char* op, EltKind kind, const TensorView&
 RowMap row_map(const TensorView& x) { return RowMap{x.ne[1], x.ne[2], x.nb[1] / 4, x.nb[2] / 4, x.nb[3] / 4}; }
 
 Status row_norm(const OpContext& ctx, const char* op, const TensorView& x, const TensorView* w, const TensorView* z,
-            float eps, bool l2, const TensorView& y, const TensorView* r = nullptr) {
+            float eps, bool l2, const TensorView& y, const TensorView* r = nullptr, const TensorView* act = nullptr) {
   DS_TRY(device_status(ctx.device.index));
-  DS_TRY(check_device_memory(op, {&x, w ? w : &x, z ? z : &x, r ? r : &x, &y}));
+  DS_TRY(check_device_memory(op, {&x, w ? w : &x, z ? z : &x, r ? r : &x, &y, act ? act : &x}));
   if (x.n_rows() > INT32_MAX) return unsupported("{}: x {}: more than 2^31 - 1 rows on CUDA", op, x.shape_string());
+  if (act != nullptr) {
+    const int64_t need = norm_q8_act_bytes(x.ne[0], x.n_rows());
+    if (!norm_q8_fits(x.ne[0]) || !y.is_contiguous() || act->n_bytes() < need ||
+        reinterpret_cast<uintptr_t>(act->data) % 16 != 0) {
+      return invalid_argument("{}: q8 activations {} ({} bytes) for y {}: need rows of a multiple of 32 up to 8192, "
+                              "contiguous y and {} bytes 16-byte aligned",
+                              op, act->shape_string(), act->n_bytes(), y.shape_string(), need);
+    }
+  }
   DeviceGuard guard(ctx.device.index);
   DS_CUDA_TRY(norm_launch(f32(x), row_map(x), w ? f32(*w) : nullptr, z ? f32(*z) : nullptr, f32(y), x.ne[0],
-                          x.n_rows(), eps, l2, stream_of(ctx), r ? f32(*r) : nullptr),
+                          x.n_rows(), eps, l2, stream_of(ctx), r ? f32(*r) : nullptr, act ? act->data : nullptr),
               "{} x {} (strides {}, {}, {})", op, x.shape_string(), x.nb[1], x.nb[2], x.nb[3]);
   return Status::ok();
 }
@@ -147,6 +157,45 @@ Status rms_norm_gated(const OpContext& ctx, const TensorView& x, const TensorVie
 Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w, float eps,
                     const TensorView& y) {
   return row_norm(ctx, "add_rms_norm", x, &w, nullptr, eps, false, y, &r);
+}
+
+bool norm_q8_applies(int64_t n) { return norm_q8_fits(n); }
+int64_t norm_q8_act_bytes(int64_t n, int64_t rows) {
+  return matmul_scratch_ds_offset(n, rows) + rows * (n / 32) * 8;
+}
+
+Status rms_norm_q8(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y,
+                   const TensorView& act) {
+  DS_TRY(rms_norm_check(ctx, x, w, y));
+  return row_norm(ctx, "rms_norm_q8", x, &w, nullptr, eps, false, y, nullptr, &act);
+}
+
+Status add_rms_norm_q8(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w,
+                       float eps, const TensorView& y, const TensorView& act) {
+  DS_TRY(add_rms_norm_check(ctx, x, r, w, y));
+  return row_norm(ctx, "add_rms_norm_q8", x, &w, nullptr, eps, false, y, &r, &act);
+}
+
+Status rms_norm_gated_q8(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z,
+                         float eps, const TensorView& y, const TensorView& act) {
+  DS_TRY(rms_norm_gated_check(ctx, x, w, z, y));
+  return row_norm(ctx, "rms_norm_gated_q8", x, &w, &z, eps, false, y, nullptr, &act);
+}
+
+Status matmul_many_q8(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
+                      const TensorView& act, std::span<const TensorView> ys) {
+  DS_TRY(check_device_memory("matmul_many_q8", {&x, &act}));
+  for (size_t i = 0; i < ws.size() && i < ys.size(); ++i) {
+    DS_TRY(check_device_memory("matmul_many_q8", {&ws[i], &ys[i]}));
+  }
+  return matmul_many_on(ws, x, ys, ctx.device.index, ctx.cuda_stream, MatmulPath::kAuto, &act);
+}
+
+Status matmul_q8(const OpContext& ctx, const TensorView& w, const TensorView& x, const TensorView& act,
+                 const TensorView& y) {
+  const TensorView ws[] = {w};
+  const TensorView ys[] = {y};
+  return matmul_many_q8(ctx, ws, x, act, ys);
 }
 
 Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, int64_t pos0) {

@@ -91,6 +91,27 @@ constexpr int64_t kMoeGatheredMaxSlots = 64;
 Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
                         const TensorView& weights, const TensorView& y);
 
+// ---- Activations quantized by the op that produces them ----
+// A norm whose output feeds only int8-activation products can write those activations itself (one
+// kernel less per product input). `act` is a device byte buffer of matmul_scratch_bytes(t, n, rows)
+// bytes (16-byte aligned), filled with the q8 activations of y exactly as the products' own quantizer
+// would write them (bit for bit); y is written as well. Needs norm_q8_applies(n).
+bool norm_q8_applies(int64_t n);
+int64_t norm_q8_act_bytes(int64_t n, int64_t rows);
+Status rms_norm_q8(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y,
+                   const TensorView& act);
+Status add_rms_norm_q8(const OpContext& ctx, const TensorView& x, const TensorView& r, const TensorView& w,
+                       float eps, const TensorView& y, const TensorView& act);
+Status rms_norm_gated_q8(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z,
+                         float eps, const TensorView& y, const TensorView& act);
+// matmul_many / matmul whose int8-activation products read `act`, the q8 activations of x written by
+// one of the norms above (the caller guarantees they are x's: same values, same k and token count);
+// products the q8 kernel does not take read x.
+Status matmul_many_q8(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
+                      const TensorView& act, std::span<const TensorView> ys);
+Status matmul_q8(const OpContext& ctx, const TensorView& w, const TensorView& x, const TensorView& act,
+                 const TensorView& y);
+
 // The weights of a qwen35moe FFN block for moe_block_decode (device tensors).
 struct MoeBlockWeights {
   TensorView router;      // {n_embd, n_expert} F32

@@ -82,6 +82,24 @@ __device__ __forceinline__ void quantize_block_q8(const float (&v)[4], int (&qi)
   d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
 }
 
+// One 32-element block held by a whole warp (one value per lane): the same codes, d and code sum as
+// quantize_block_q8 gives for those 32 values (max and the integer sum do not depend on the grouping).
+__device__ __forceinline__ void quantize_block_q8_warp(float v, int& code, float& d, int& sum) {
+  float amax = fabsf(v);
+  int nan = v != v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
+  }
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  code = max(-127, min(127, __float2int_rn(v * id)));
+  sum = code;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
+}
+
 // 8 lanes per block of 32, 4 elements per lane. A block holding a NaN gets d = NaN, so NaN activations
 // still give NaN outputs (fmaxf alone would drop them).
 template <bool kSwiglu>

@@ -15,6 +15,7 @@
 
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/ops_launch.h"
 #include "ops/cuda/quant_decode.cuh"
 
@@ -102,8 +103,10 @@ constexpr int kNormPer = 8;
 // before the block reduction: x is written back in place (add_rms_norm) and y may alias the weight or
 // gate as far as the compiler knows, so interleaved loads and stores would each wait a full memory
 // latency (8 round trips per thread instead of one).
+// q8 output (q8 != nullptr, norm_q8_fits): blockDim.x is a multiple of 32, so the j-th values of one warp
+// are the 32-element block (threadIdx.x + j * blockDim.x) / 32, quantized as quantize_q8 does.
 __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const float* gate, float* y, int64_t n,
-                            float eps, bool l2, const float* res) {
+                            float eps, bool l2, const float* res, int8_t* q8, float2* q8_ds) {
   kern::dependency_sync();
   const int64_t r = blockIdx.x;
   const int64_t i1 = r % xmap.ne1, i2 = r / xmap.ne1 % xmap.ne2, i3 = r / (xmap.ne1 * xmap.ne2);
@@ -141,7 +144,18 @@ __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const f
 #pragma unroll
   for (int j = 0; j < kNormPer; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    if (i < n) yr[i] = gated(v[j] * inv * wv[j], gv[j]);
+    const float o = gated(v[j] * inv * wv[j], gv[j]);
+    if (i < n) yr[i] = o;
+    if (q8 != nullptr && j * static_cast<int64_t>(blockDim.x) < n) {  // warp-uniform: n % 32 == 0
+      int code;
+      float d;
+      int sum;
+      kern::quantize_block_q8_warp(i < n ? o : 0.0f, code, d, sum);
+      if (i < n) {
+        q8[r * n + i] = static_cast<int8_t>(code);
+        if (threadIdx.x % 32 == 0) q8_ds[(r * n + i) / 32] = make_float2(d, d * static_cast<float>(sum));
+      }
+    }
   }
   for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
     yr[i] = gated(w ? xr[i] * inv * w[i] : xr[i] * inv, gr ? gr[i] : 0.0f);
@@ -425,12 +439,18 @@ cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cuda
                        shape);
 }
 
+bool norm_q8_fits(int64_t n) { return n > 0 && n % kern::kQ8Block == 0 && n <= kNormPer * 1024; }
+
 cudaError_t norm_launch(const float* x, const RowMap& xmap, const float* w, const float* gate, float* y, int64_t n,
-                        int64_t rows, float eps, bool l2, cudaStream_t s, const float* res) {
+                        int64_t rows, float eps, bool l2, cudaStream_t s, const float* res, void* act) {
   if (rows <= 0) return cudaSuccess;
   if (rows > INT_MAX || n <= 0 || xmap.ne1 <= 0 || xmap.ne2 <= 0) return cudaErrorInvalidValue;
+  if (act != nullptr && !norm_q8_fits(n)) return cudaErrorInvalidValue;
+  auto* q8 = static_cast<int8_t*>(act);
+  auto* q8_ds = act != nullptr ? reinterpret_cast<float2*>(static_cast<uint8_t*>(act) + kern::q8_ds_offset(n, rows))
+                               : nullptr;
   return launch_kernel(norm_kernel, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, xmap, w, gate, y, n, eps, l2,
-                       res);
+                       res, q8, q8_ds);
 }
 
 cudaError_t rope_neox_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,

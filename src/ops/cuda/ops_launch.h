@@ -34,8 +34,14 @@ inline RowMap row_map_contiguous(int64_t n, int64_t rows) { return RowMap{rows, 
 // y = x / sqrt(mean(x^2) + eps) * w (w may be null), or l2: x / sqrt(sum(x^2) + eps); then, with gate,
 // y = silu(gate) * y. rows of n; x rows at `xmap`; y and gate contiguous [rows, n]. With `res`
 // (contiguous [rows, n]; x then contiguous too): x += res first, written back to x, and normalized.
+// With `act` (norm_q8_fits(n)): y is also written as the int8 activations of the q8 matrix-vector
+// kernels (quantize_q8's layout and arithmetic, bit for bit: matvec_q8_act_bytes(n, rows) bytes).
 cudaError_t norm_launch(const float* x, const RowMap& xmap, const float* w, const float* gate, float* y, int64_t n,
-                        int64_t rows, float eps, bool l2, cudaStream_t s, const float* res = nullptr);
+                        int64_t rows, float eps, bool l2, cudaStream_t s, const float* res = nullptr,
+                        void* act = nullptr);
+// True when norm_launch can write the q8 activations of rows of n: n a multiple of 32, the row held in
+// registers by one block (n <= 8192).
+bool norm_q8_fits(int64_t n);
 // In place NeoX rotary embedding on x [n_tokens, n_head, head_dim].
 cudaError_t rope_neox_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
                              float base, int64_t pos0, cudaStream_t s);
