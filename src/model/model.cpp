@@ -340,18 +340,19 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
   }
   DS_ASSIGN_OR_RETURN(TensorView cur, scratch_->f32({E, n}));
   DS_ASSIGN_OR_RETURN(TensorView mix, scratch_->f32({E, n}));
-  const ModelScratch::Mark layer_mark = scratch_->mark();
-  const int32_t* d_pos = cuda_ ? cuda_step_pos() : nullptr;
-  const int64_t max_kv = std::min(n_ctx_, (pos0 + n + 1023) / 1024 * 1024);
-  // Each residual add is fused with the norm that follows it (add_rms_norm); cur holds the normalized
-  // input of the next block. On CUDA for one token the norm also writes cur's int8 activations
-  // (cur_q8), which the block's first products read instead of quantizing cur themselves.
+  // cur's int8 activations (CUDA, one token; see norm_cur below): live across layers, like cur.
   TensorView cur_q8{};
 #if DS_HAVE_CUDA
   if (cuda_ && n == 1 && cuda::norm_q8_applies(E)) {
     DS_ASSIGN_OR_RETURN(cur_q8, scratch_->f32({(cuda::norm_q8_act_bytes(E, 1) + 3) / 4}));
   }
 #endif
+  const ModelScratch::Mark layer_mark = scratch_->mark();
+  const int32_t* d_pos = cuda_ ? cuda_step_pos() : nullptr;
+  const int64_t max_kv = std::min(n_ctx_, (pos0 + n + 1023) / 1024 * 1024);
+  // Each residual add is fused with the norm that follows it (add_rms_norm); cur holds the normalized
+  // input of the next block. On CUDA for one token the norm also writes cur's int8 activations
+  // (cur_q8), which the block's first products read instead of quantizing cur themselves.
   const auto norm_cur = [&](const TensorView* res, const TensorView& w) -> Status {
 #if DS_HAVE_CUDA
     if (cur_q8.data != nullptr) {
