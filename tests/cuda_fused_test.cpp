@@ -542,6 +542,7 @@ TEST_F(CudaFusedMatmulTest, NormsWriteTheProductsInt8Activations) {
       r.random(rng_, -3, 3);
       w.random(rng_, 0.5, 1.5);
       z.random(rng_, -2, 2);
+      if (e == 256 && kind == 0) x.v[256 + 7] = NAN;  // row 1 all NaN: every block's d is NaN, as quantize_q8's
       const TensorView dx1 = up(x), dx2 = up(x), dr = up(r), dw = up(w), dz = up(z), dy1 = up(y), dy2 = up(y);
       const TensorView act = TensorView::contiguous(dev(act_bytes), DType::I8, {act_bytes}, ctx_.device);
       const TensorView act_ref = TensorView::contiguous(dev(act_bytes), DType::I8, {act_bytes}, ctx_.device);

@@ -84,19 +84,15 @@ __device__ __forceinline__ void quantize_block_q8(const float (&v)[4], int (&qi)
 
 // One 32-element block held by a whole warp (one value per lane): the same codes, d and code sum as
 // quantize_block_q8 gives for those 32 values (max and the integer sum do not depend on the grouping).
+// Each reduction is one redux.sync: the bit patterns of non-negative floats order as their values, so
+// the integer max of |v| over the non-NaN lanes is fmaxf's amax.
 __device__ __forceinline__ void quantize_block_q8_warp(float v, int& code, float& d, int& sum) {
-  float amax = fabsf(v);
-  int nan = v != v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
-  }
+  const bool nan_here = v != v;
+  const float amax = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, nan_here ? 0u : __float_as_uint(fabsf(v))));
+  const bool nan = __any_sync(0xFFFFFFFFu, nan_here);
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
   code = max(-127, min(127, __float2int_rn(v * id)));
-  sum = code;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  sum = __reduce_add_sync(0xFFFFFFFFu, code);
   d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
 }
 
