@@ -41,6 +41,8 @@ namespace {
 
 using test::heads_view;
 using test::Host;
+using test::PrepCase;
+using test::PrepIO;
 
 // Tolerances, max |cuda - ref| / max(1, max |ref|), stated once:
 constexpr double kTol = test::kTolF32;    // single-pass F32 ops against the double reference
@@ -424,28 +426,19 @@ TEST_F(CudaFusedTest, RmsNormGatedMatchesChain) {
 // gate, or a head scaled by 1 / sqrt(sum of dk squares) summed in float in another order than the
 // reference's double sum: a few ulps; the state is copied, so it must match exactly.
 TEST_F(CudaFusedTest, DeltaNetPrepMatchesCpu) {
-  struct Case { int64_t nk, nv, dk, kernel, n; };
-  for (Case c : {Case{16, 48, 128, 4, 1},   // 27B decode: the fused kernel
-                 Case{16, 32, 128, 4, 1},   // 35B-A3B decode
-                 Case{16, 48, 128, 4, 3},   // the chain
-                 Case{2, 3, 5, 4, 1},       // dk below a warp, v channels not a block multiple
-                 Case{1, 1, 200, 8, 1},     // the largest kernel, dk not a warp multiple
-                 Case{3, 2, 64, 1, 1},      // kernel 1: no state
-                 Case{1, 2, 1024, 2, 1},    // dk at the kernel's limit
-                 Case{1, 2, 1100, 4, 1}}) { // dk past it: the chain
+  for (PrepCase c : {PrepCase{16, 48, 128, 4, 1},   // 27B decode: the fused kernel
+                     PrepCase{16, 32, 128, 4, 1},   // 35B-A3B decode
+                     PrepCase{16, 48, 128, 4, 3},   // the chain
+                     PrepCase{2, 3, 5, 4, 1},       // dk below a warp, v channels not a block multiple
+                     PrepCase{1, 1, 200, 8, 1},     // the largest kernel, dk not a warp multiple
+                     PrepCase{3, 2, 64, 1, 1},      // kernel 1: no state
+                     PrepCase{1, 2, 1024, 2, 1},    // dk at the kernel's limit
+                     PrepCase{1, 2, 1100, 4, 1}}) { // dk past it: the chain
     SCOPED_TRACE(::testing::Message() << "nk " << c.nk << " nv " << c.nv << " dk " << c.dk << " kernel " << c.kernel
                                       << " tokens " << c.n);
-    const int64_t n_ch = 2 * c.nk * c.dk + c.nv * c.dk;
-    Host mixed({n_ch, c.n}), w({c.kernel, n_ch}), st({n_ch, c.kernel - 1}), alpha({c.nv, c.n}), b({c.nv, c.n});
-    Host dt_bias({c.nv}), ssm_a({c.nv});
-    mixed.random(rng_, -3, 3);
-    w.random(rng_);
-    st.random(rng_);
-    alpha.random(rng_, -4, 25);  // past 20: softplus's linear branch
-    b.random(rng_, -4, 4);
-    dt_bias.random(rng_, -1, 1);
-    ssm_a.random(rng_, -2, -0.1f);
-    Host conv({n_ch, c.n}), q({c.dk, c.nk, c.n}), k({c.dk, c.nk, c.n}), g({c.nv, c.n}), beta({c.nv, c.n});
+    const int64_t n_ch = c.n_ch();
+    PrepIO io(c);
+    io.randomize(rng_, 25);
     // Device copies first (outputs still NaN, the state not yet updated by the reference).
     auto dev_of = [&](const Host& h) {
       if (!h.v.empty()) return up(h);
@@ -454,45 +447,19 @@ TEST_F(CudaFusedTest, DeltaNetPrepMatchesCpu) {
       t.device = ctx_.device;
       return t;
     };
-    DeltaNetPrep d;
-    d.mixed = dev_of(mixed);
-    d.conv_w = dev_of(w);
-    d.alpha = dev_of(alpha);
-    d.b = dev_of(b);
-    d.dt_bias = dev_of(dt_bias);
-    d.ssm_a = dev_of(ssm_a);
-    d.conv_state = dev_of(st);
-    d.eps = 1e-6f;
-    d.conv = dev_of(conv);
-    d.q = dev_of(q);
-    d.k = dev_of(k);
-    d.g = dev_of(g);
-    d.beta = dev_of(beta);
-    DeltaNetPrep h;
-    h.mixed = mixed.t;
-    h.conv_w = w.t;
-    h.alpha = alpha.t;
-    h.b = b.t;
-    h.dt_bias = dt_bias.t;
-    h.ssm_a = ssm_a.t;
-    h.conv_state = st.t;
-    h.eps = 1e-6f;
-    h.conv = conv.t;
-    h.q = q.t;
-    h.k = k.t;
-    h.g = g.t;
-    h.beta = beta.t;
+    const DeltaNetPrep d = io.args(1e-6f, dev_of);
+    const DeltaNetPrep h = io.args(1e-6f);
     const Status sd = delta_net_prep(ctx_, d);
     ASSERT_TRUE(sd.is_ok()) << sd.to_string();
     const Status sh = delta_net_prep(test::ref_ctx(), h);
     ASSERT_TRUE(sh.is_ok()) << sh.to_string();
-    EXPECT_TRUE(matches(down(d.conv), conv.v, kTol, n_ch)) << "conv";
-    EXPECT_TRUE(matches(down(d.q), q.v, kTol, c.dk)) << "q";
-    EXPECT_TRUE(matches(down(d.k), k.v, kTol, c.dk)) << "k";
-    EXPECT_TRUE(matches(down(d.g), g.v, kTol, c.nv)) << "g";
-    EXPECT_TRUE(matches(down(d.beta), beta.v, kTol, c.nv)) << "beta";
-    if (!st.v.empty()) {
-      EXPECT_TRUE(identical(down(d.conv_state), st.v, n_ch)) << "conv_state";
+    EXPECT_TRUE(matches(down(d.conv), io.conv.v, kTol, n_ch)) << "conv";
+    EXPECT_TRUE(matches(down(d.q), io.q.v, kTol, c.dk)) << "q";
+    EXPECT_TRUE(matches(down(d.k), io.k.v, kTol, c.dk)) << "k";
+    EXPECT_TRUE(matches(down(d.g), io.g.v, kTol, c.nv)) << "g";
+    EXPECT_TRUE(matches(down(d.beta), io.beta.v, kTol, c.nv)) << "beta";
+    if (!io.st.v.empty()) {
+      EXPECT_TRUE(identical(down(d.conv_state), io.st.v, n_ch)) << "conv_state";
     }
   }
 }

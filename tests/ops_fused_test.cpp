@@ -27,6 +27,8 @@ namespace {
 
 using test::heads_view;
 using test::Host;
+using test::PrepCase;
+using test::PrepIO;
 
 struct QWeight {
   std::vector<uint8_t> bytes;
@@ -317,37 +319,6 @@ TEST(OpsFused, AddRmsNormEqualsAddThenNorm) {
   EXPECT_NE(s.message().find("add_rms_norm"), std::string::npos) << s.message();
 }
 
-// The inputs of one delta_net_prep call (random) and its outputs (NaN), host tensors.
-struct PrepCase {
-  int64_t nk, nv, dk, kernel, n;
-  int64_t n_ch() const { return 2 * nk * dk + nv * dk; }
-};
-struct PrepIO {
-  Host mixed, w, st, alpha, b, dt_bias, ssm_a, conv, q, k, g, beta;
-  explicit PrepIO(const PrepCase& c)
-      : mixed({c.n_ch(), c.n}), w({c.kernel, c.n_ch()}), st({c.n_ch(), c.kernel - 1}), alpha({c.nv, c.n}),
-        b({c.nv, c.n}), dt_bias({c.nv}), ssm_a({c.nv}), conv({c.n_ch(), c.n}), q({c.dk, c.nk, c.n}),
-        k({c.dk, c.nk, c.n}), g({c.nv, c.n}), beta({c.nv, c.n}) {}
-  PrepIO(const PrepIO& o) = delete;
-  DeltaNetPrep args(float eps) const {
-    DeltaNetPrep p;
-    p.mixed = mixed.t;
-    p.conv_w = w.t;
-    p.alpha = alpha.t;
-    p.b = b.t;
-    p.dt_bias = dt_bias.t;
-    p.ssm_a = ssm_a.t;
-    p.conv_state = st.t;
-    p.eps = eps;
-    p.conv = conv.t;
-    p.q = q.t;
-    p.k = k.t;
-    p.g = g.t;
-    p.beta = beta.t;
-    return p;
-  }
-};
-
 // The 27B (nk 16, nv 48) and 35B-A3B (nk 16, nv 32) DeltaNet shapes, and small odd ones (kernel 1: no
 // state; dk 5; one head each).
 TEST(OpsFused, DeltaNetPrepEqualsTheFourOps) {
@@ -361,13 +332,7 @@ TEST(OpsFused, DeltaNetPrepEqualsTheFourOps) {
         SCOPED_TRACE(::testing::Message() << "nk " << c.nk << " nv " << c.nv << " dk " << c.dk << " kernel "
                                           << c.kernel << " tokens " << c.n << " reference " << ctx.reference);
         PrepIO fused(c), chain(c);
-        fused.mixed.random(rng, -3, 3);
-        fused.w.random(rng);
-        fused.st.random(rng);
-        fused.alpha.random(rng, -4, 4);
-        fused.b.random(rng, -4, 4);
-        fused.dt_bias.random(rng, -1, 1);
-        fused.ssm_a.random(rng, -2, -0.1f);
+        fused.randomize(rng, 4);
         for (auto [from, to] : {std::pair{&fused.mixed, &chain.mixed}, {&fused.w, &chain.w}, {&fused.st, &chain.st},
                                 {&fused.alpha, &chain.alpha}, {&fused.b, &chain.b}, {&fused.dt_bias, &chain.dt_bias},
                                 {&fused.ssm_a, &chain.ssm_a}}) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/delta_net.h"
 #include "ops/op_context.h"
 
 namespace ds::test {
@@ -45,6 +46,52 @@ inline TensorView heads_view(const TensorView& t, int64_t c0, int64_t head_dim, 
   r.nb = {4, 4 * head_stride, t.nb[1], t.nb[1] * t.ne[1]};
   return r;
 }
+
+// The inputs of one delta_net_prep call (random) and its outputs (NaN), host tensors.
+struct PrepCase {
+  int64_t nk, nv, dk, kernel, n;
+  int64_t n_ch() const { return 2 * nk * dk + nv * dk; }
+};
+struct PrepIO {
+  Host mixed, w, st, alpha, b, dt_bias, ssm_a, conv, q, k, g, beta;
+  explicit PrepIO(const PrepCase& c)
+      : mixed({c.n_ch(), c.n}), w({c.kernel, c.n_ch()}), st({c.n_ch(), c.kernel - 1}), alpha({c.nv, c.n}),
+        b({c.nv, c.n}), dt_bias({c.nv}), ssm_a({c.nv}), conv({c.n_ch(), c.n}), q({c.dk, c.nk, c.n}),
+        k({c.dk, c.nk, c.n}), g({c.nv, c.n}), beta({c.nv, c.n}) {}
+  PrepIO(const PrepIO& o) = delete;
+  // Random inputs; alpha up to alpha_hi (past 20: softplus's linear branch).
+  void randomize(std::mt19937& rng, float alpha_hi) {
+    mixed.random(rng, -3, 3);
+    w.random(rng);
+    st.random(rng);
+    alpha.random(rng, -4, alpha_hi);
+    b.random(rng, -4, 4);
+    dt_bias.random(rng, -1, 1);
+    ssm_a.random(rng, -2, -0.1f);
+  }
+  // The call's arguments, each tensor through `view` (the host tensor itself, or a device copy).
+  template <typename View>
+  DeltaNetPrep args(float eps, View view) const {
+    DeltaNetPrep p;
+    p.mixed = view(mixed);
+    p.conv_w = view(w);
+    p.alpha = view(alpha);
+    p.b = view(b);
+    p.dt_bias = view(dt_bias);
+    p.ssm_a = view(ssm_a);
+    p.conv_state = view(st);
+    p.eps = eps;
+    p.conv = view(conv);
+    p.q = view(q);
+    p.k = view(k);
+    p.g = view(g);
+    p.beta = view(beta);
+    return p;
+  }
+  DeltaNetPrep args(float eps) const {
+    return args(eps, [](const Host& h) { return h.t; });
+  }
+};
 
 inline OpContext ref_ctx() {
   OpContext c;
