@@ -1,7 +1,9 @@
 // Kernels of the int8-activation matrix-vector product for quantized weights (workbench v4), included
-// by ops/cuda/matvec.cu, ops/cuda/moe_gathered.cu and the kernels/matvec_q.cu workbench:
+// by ops/cuda/matvec.cu, ops/cuda/moe_gathered.cu, ops/cuda/moe_block.cu, ops/cuda/ops_kernels.cu (the
+// norms that write int8 activations) and the kernels/matvec_q.cu workbench:
 //  - quantize_q8: activation rows (or SwiGLU of two halves, for the MoE down projection) -> blocks of 32
-//    int8 codes q with d = amax / 127 and s = d * sum(q) per block.
+//    int8 codes q with d = amax / 127 and s = d * sum(q) per block (quantize_block_q8, 8 lanes a block;
+//    quantize_block_q8_warp gives the same bits for a block held by a whole warp).
 //  - matvec_q8: y[t, r] = sum over the row's 32-element units of dw * d_x * isum + mw * s_x
 //    (qdec::decode_unit_q8), the integer dot isum taken with __dp4a (4 int8 products per instruction).
 //    Per-element work is one 4-byte mask or shift per 4 weights and one dp4a per 4 weights and token;
