@@ -2,8 +2,8 @@
 //  - moe_route_fused: one warp per router row (F32) and one for the shared-expert gate row computes the
 //    logits of every token; each CTA also quantizes a share of x into int8 blocks (the quantize_q8
 //    format and arithmetic of matvec_q8.cuh, bit for bit); the CTA that finishes last then routes every
-//    token exactly like moe_route_kernel (ops_kernels.cu) and writes the weight selectors of the
-//    gathered gate/up and down launches and the combine coefficients.
+//    token with kern::route_warp (as moe_route_kernel in ops_kernels.cu) and writes the weight selectors
+//    of the gathered gate/up and down launches and the combine coefficients.
 //  - moe_block_combine: y = sum of the routed experts' weighted down rows + sigmoid-gated shared row.
 // Non-obvious choice: "last CTA routes" (each CTA fences its writes, then takes a ticket with
 // atomicInc, which wraps the counter back to 0 for the next launch) instead of a second launch: the
@@ -17,9 +17,12 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/moe_launch.h"
+#include "ops/cuda/moe_route.cuh"
 
 namespace ds::cuda {
 namespace {
+
+static_assert(kMoeBlockMaxExperts <= 32 * kern::kRouteMaxExpertsPerLane, "route_warp's taken mask");
 
 constexpr int kRouteWarps = 4;
 constexpr int kRouteThreads = 32 * kRouteWarps;
@@ -123,68 +126,26 @@ __device__ void router_row(const MoeRouteFusedLaunch& a, int row, bool vec4) {
   }
 }
 
-// An unsigned key whose order is the order of the float values (-0 and +0 equal, as they compare);
-// nonzero for every non-NaN value. (NaN logits, from NaN activations only, may rank differently.)
-__device__ __forceinline__ unsigned order_key(float v) {
-  const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
-  return (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
-}
-
 __device__ __forceinline__ void write_sel(int32_t* const* sel, int64_t slot, const MoeWeightSel& w, int32_t e) {
   const int32_t v = static_cast<int32_t>(w.base_units + static_cast<int64_t>(e) * w.expert_units);
   sel[0][slot] = w.group == 0 ? v : -1;
   if (sel[1] != nullptr) sel[1][slot] = w.group == 1 ? v : -1;
 }
 
-// Routing of token t by one warp (the moe_route_kernel algorithm; logits copied into `l` first).
-__device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l, int32_t* picked) {
+// Routing of token t by one warp (kern::route_warp over the logits copied into `l` first), then the
+// weight selectors and combine coefficients of its pairs.
+__device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l) {
   const int lane = threadIdx.x % 32;
   const int n_expert = a.n_expert, k = a.k, P = k + 1;
   const float* lg = a.logits + static_cast<int64_t>(t) * n_expert;
   for (int e = lane; e < n_expert; e += 32) l[e] = __ldcg(lg + e);  // L2: written by other CTAs
   __syncwarp();
-  double mx = -INFINITY;
-  for (int e = lane; e < n_expert; e += 32) mx = fmax(mx, static_cast<double>(l[e]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-  double sum = 0.0;
-  for (int e = lane; e < n_expert; e += 32) sum += exp(static_cast<double>(l[e]) - mx);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-  uint64_t taken = 0;  // bit i: expert lane + 32 i is selected
-  double sel_sum = 0.0;
-  for (int j = 0; j < k; ++j) {
-    float best_v = -INFINITY;
-    int best_e = INT_MAX;
-    int i = 0;
-    for (int e = lane; e < n_expert; e += 32, ++i) {
-      if ((taken >> i) & 1u) continue;
-      const float v = l[e];
-      if (best_e == INT_MAX || v > best_v) {  // ascending e per lane: strict > keeps the lowest id
-        best_v = v;
-        best_e = e;
-      }
-    }
-    // Warp arg-max, ties to the lower id: the largest order key, then the lowest id holding it.
-    const unsigned key = best_e == INT_MAX ? 0u : order_key(best_v);
-    const unsigned top = __reduce_max_sync(0xFFFFFFFFu, key);
-    best_e = static_cast<int>(__reduce_min_sync(0xFFFFFFFFu, key == top ? static_cast<unsigned>(best_e) : UINT_MAX));
-    best_v = l[best_e];
-    if (best_e % 32 == lane) taken |= uint64_t{1} << (best_e / 32);
-    sel_sum += exp(static_cast<double>(best_v) - mx) / sum;
-    if (lane == 0) picked[j] = best_e;
-  }
-  __syncwarp();
-  const double denom = fmax(sel_sum, static_cast<double>(a.floor));
+  const int64_t s0 = static_cast<int64_t>(t) * k;
+  kern::route_warp(l, n_expert, k, a.floor, a.ids + s0, a.weights + s0);
   for (int j = lane; j < k; j += 32) {
-    const int e = picked[j];
-    // As moe_route_kernel: p rounded to float, then divided in double.
-    const float p = static_cast<float>(exp(static_cast<double>(l[e]) - mx) / sum);
-    const float w = static_cast<float>(static_cast<double>(p) / denom);
-    const int64_t s = static_cast<int64_t>(t) * k + j, pair = static_cast<int64_t>(t) * P + j;
-    a.ids[s] = e;
-    a.weights[s] = w;
-    a.coef[pair] = w;
+    const int e = a.ids[s0 + j];
+    const int64_t pair = static_cast<int64_t>(t) * P + j;
+    a.coef[pair] = a.weights[s0 + j];
     write_sel(a.sel_gu, 2 * pair, a.gate, e);
     write_sel(a.sel_gu, 2 * pair + 1, a.up, e);
     write_sel(a.sel_down, pair, a.down, e);
@@ -197,14 +158,13 @@ __device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l, int32
     write_sel(a.sel_gu, 2 * pair + 1, a.shexp_up_w, 0);
     write_sel(a.sel_down, pair, a.shexp_down_w, 0);
   }
-  __syncwarp();  // `l` and `picked` are reused for the warp's next token
+  __syncwarp();  // `l` is reused for the warp's next token
 }
 
 // Dynamic shared memory: kRouteWarps * n_expert floats (the last CTA's logit copies).
 __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
   kern::dependency_sync();
   extern __shared__ float route_smem[];
-  __shared__ int32_t picked[kRouteWarps][kMoeBlockMaxK];
   __shared__ unsigned int is_last;
   const int warp = threadIdx.x / 32;
 
@@ -220,7 +180,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
   if (is_last == 0) return;
   __threadfence();
   for (int t = warp; t < a.n_tokens; t += kRouteWarps) {
-    route_token(a, t, route_smem + static_cast<int64_t>(warp) * a.n_expert, picked[warp]);
+    route_token(a, t, route_smem + static_cast<int64_t>(warp) * a.n_expert);
   }
 }
 

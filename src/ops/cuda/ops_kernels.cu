@@ -16,6 +16,7 @@
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
+#include "ops/cuda/moe_route.cuh"
 #include "ops/cuda/ops_launch.h"
 #include "ops/cuda/quant_decode.cuh"
 
@@ -334,65 +335,14 @@ __global__ void delta_net_prep_kernel(DeltaNetPrepArgs a, int64_t v_blocks) {
   }
 }
 
-// One thread per token: n_expert is at most a few hundred and k at most kRouteMaxK.
-// One warp per token: lane j holds experts j, j+32, ...; softmax statistics by warp reductions (in
-// double, as the CPU reference), then k rounds of a warp-wide argmax (ties: the lowest expert id, as
-// the CPU's first-maximum scan). Taken experts are remembered in a per-lane bit mask.
-constexpr int kRouteMaxExpertsPerLane = 64;  // n_expert <= 2048
-
+// One warp per token (kern::route_warp).
 __global__ void moe_route_kernel(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k,
                                  int32_t* ids, float* weights, float floor) {
   kern::dependency_sync();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x & 31;
-  if (t >= n_tokens) return;
-  const float* l = logits + t * n_expert;
-  double mx = -INFINITY;
-  for (int64_t e = lane; e < n_expert; e += 32) mx = fmax(mx, static_cast<double>(l[e]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-  double sum = 0.0;
-  for (int64_t e = lane; e < n_expert; e += 32) sum += exp(static_cast<double>(l[e]) - mx);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-  uint64_t taken = 0;  // bit i: expert lane + 32 i is selected
-  double sel_sum = 0.0;
-  for (int64_t j = 0; j < k; ++j) {
-    float best_v = -INFINITY;
-    int best_e = INT_MAX;
-    int i = 0;
-    for (int64_t e = lane; e < n_expert; e += 32, ++i) {
-      if ((taken >> i) & 1u) continue;
-      const float v = l[e];
-      if (best_e == INT_MAX || v > best_v) {  // ascending e per lane: strict > keeps the lowest id
-        best_v = v;
-        best_e = static_cast<int>(e);
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xFFFFFFFFu, best_v, o);
-      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, o);
-      if (oe != INT_MAX && (best_e == INT_MAX || ov > best_v || (ov == best_v && oe < best_e))) {
-        best_v = ov;
-        best_e = oe;
-      }
-    }
-    if (best_e % 32 == lane) taken |= uint64_t{1} << (best_e / 32);
-    const double p = exp(static_cast<double>(best_v) - mx) / sum;
-    sel_sum += p;
-    if (lane == 0) {
-      ids[t * k + j] = best_e;
-      weights[t * k + j] = static_cast<float>(p);  // divided by the selected sum below
-    }
-  }
-  __syncwarp();
-  const double denom = fmax(sel_sum, static_cast<double>(floor));
-  if (lane == 0) {
-    for (int64_t j = 0; j < k; ++j) {
-      weights[t * k + j] = static_cast<float>(static_cast<double>(weights[t * k + j]) / denom);
-    }
-  }
+  if (t >= n_tokens) return;  // warp-uniform
+  kern::route_warp(logits + t * n_expert, static_cast<int>(n_expert), static_cast<int>(k), floor, ids + t * k,
+                   weights + t * k);
 }
 
 __global__ void scatter_add_kernel(const float* x, const int32_t* dst_rows, const float* scale, float* y,
@@ -521,7 +471,7 @@ cudaError_t delta_net_prep_launch(const DeltaNetPrepArgs& a, cudaStream_t s) {
 cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,
                              float* weights, float floor, cudaStream_t s) {
   if (k < 1 || k > kRouteMaxK || k > n_expert) return cudaErrorInvalidValue;
-  if (n_expert > 32 * kRouteMaxExpertsPerLane) return cudaErrorInvalidValue;
+  if (n_expert > 32 * kern::kRouteMaxExpertsPerLane) return cudaErrorInvalidValue;
   constexpr int kWarpsPerBlock = 4;
   const unsigned blocks = static_cast<unsigned>((n_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return launch_kernel(moe_route_kernel, blocks, 32 * kWarpsPerBlock, 0, s, logits, n_expert, n_tokens, k, ids, weights,
