@@ -19,6 +19,7 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_matmul.h"
 #include "ops/cuda/delta_net_launch.h"
+#include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/ops_launch.h"
 #include "ops/op_registry.h"
 #include "ops/rms_norm.h"
@@ -160,9 +161,7 @@ Status add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView&
 }
 
 bool norm_q8_applies(int64_t n) { return norm_q8_fits(n); }
-int64_t norm_q8_act_bytes(int64_t n, int64_t rows) {
-  return matmul_scratch_ds_offset(n, rows) + rows * (n / 32) * 8;
-}
+int64_t norm_q8_act_bytes(int64_t n, int64_t rows) { return matvec_q8_act_bytes(n, rows); }
 
 Status rms_norm_q8(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y,
                    const TensorView& act) {

@@ -93,9 +93,10 @@ Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExpe
 
 // ---- Activations quantized by the op that produces them ----
 // A norm whose output feeds only int8-activation products can write those activations itself (one
-// kernel less per product input). `act` is a device byte buffer of matmul_scratch_bytes(t, n, rows)
-// bytes (16-byte aligned), filled with the q8 activations of y exactly as the products' own quantizer
-// would write them (bit for bit); y is written as well. Needs norm_q8_applies(n).
+// kernel less per product input). `act` is a device byte buffer of norm_q8_act_bytes(n, rows) bytes
+// (16-byte aligned: the products' activation scratch, matvec_q8_act_bytes), filled with the q8
+// activations of y exactly as the products' own quantizer would write them (bit for bit); y is written
+// as well. Needs norm_q8_applies(n).
 bool norm_q8_applies(int64_t n);
 int64_t norm_q8_act_bytes(int64_t n, int64_t rows);
 Status rms_norm_q8(const OpContext& ctx, const TensorView& x, const TensorView& w, float eps, const TensorView& y,
