@@ -449,21 +449,13 @@ TEST_F(CudaAttentionTest, DecodeStepReplaysAsGraph) {
   check(5, "warm-up");
 
   const cudaStream_t cs = static_cast<cudaStream_t>(stream_.handle());
-  ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  s = step();
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(cs, &graph);
-  ASSERT_TRUE(s.is_ok()) << "during capture: " << s.to_string();
-  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(capture(step, &exec));
   for (int32_t pos : {0, 17, 63, 64, 200, 319}) {
     load_inputs(pos);
     ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
     check(pos, "graph replay");
   }
-  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
 
 #endif  // DS_HAVE_CUDA

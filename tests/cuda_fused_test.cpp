@@ -636,23 +636,15 @@ TEST_F(CudaFusedMatmulTest, FusedOpsReplayInACudaGraph) {
 
   const cudaStream_t cs = static_cast<cudaStream_t>(stream_.handle());
   const int64_t allocs_before = cuda::DeviceAllocator::for_device(0).stats().n_device_allocs;
-  ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  s = step();
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(cs, &graph);
-  ASSERT_TRUE(s.is_ok()) << "during capture: " << s.to_string();
-  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_NO_FATAL_FAILURE(capture(step, &exec));
   EXPECT_EQ(cuda::DeviceAllocator::for_device(0).stats().n_device_allocs, allocs_before)
       << "the captured step allocated device memory";
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int rep = 0; rep < 3; ++rep) {
     load();
     ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
     check("graph replay");
   }
-  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
 
 #else  // !DS_HAVE_CUDA

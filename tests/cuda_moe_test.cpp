@@ -587,13 +587,10 @@ class CudaMoeBlockTest : public CudaMoeTest {
 
     if (graph) {  // capture, then replay twice on new x: each replay equals an ordinary call on that x
       const auto stream = static_cast<cudaStream_t>(stream_.handle());
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
-      const Status cs = cuda::moe_block_decode(ctx_, dx, dw, k, dids, dwts, dy);
-      cudaGraph_t gr = nullptr;
-      ASSERT_EQ(cudaStreamEndCapture(stream, &gr), cudaSuccess);
-      ASSERT_TRUE(cs.is_ok()) << cs.to_string();
       cudaGraphExec_t ge = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&ge, gr, 0), cudaSuccess);
+      ASSERT_NO_FATAL_FAILURE(
+          capture([&] { return cuda::moe_block_decode(ctx_, dx, dw, k, dids, dwts, dy); }, &ge,
+                  cudaStreamCaptureModeRelaxed));
       test::Host y2({E, T});
       const TensorView dy2 = up(y2.t, y2.v.data(), 4 * E * T);
       for (int rep = 0; rep < 2; ++rep) {
@@ -606,8 +603,6 @@ class CudaMoeBlockTest : public CudaMoeTest {
         EXPECT_EQ(replayed, fetch<float>(dy2.data, E * T)) << where << ": graph replay " << rep;
         EXPECT_EQ(replay_ids, fetch<int32_t>(dids.data, k * T)) << where << ": graph replay " << rep;
       }
-      (void)cudaGraphExecDestroy(ge);
-      (void)cudaGraphDestroy(gr);
     }
     bufs_.clear();
   }

@@ -5,10 +5,12 @@
 
 #if DS_HAVE_CUDA
 
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ops/cuda/cuda_device.h"
@@ -57,9 +59,32 @@ class CudaTest : public ::testing::Test {
   }
   std::vector<float> down(const TensorView& d) { return down(d, d.n_elements()); }
 
+  // Captures what `step` launches on the fixture's stream into *exec (graph and executable destroyed
+  // when the test ends): the step must succeed inside the capture and the capture must end cleanly.
+  // Call through ASSERT_NO_FATAL_FAILURE.
+  void capture(const std::function<Status()>& step, cudaGraphExec_t* exec,
+               cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+    const auto cs = static_cast<cudaStream_t>(stream_.handle());
+    ASSERT_EQ(cudaStreamBeginCapture(cs, mode), cudaSuccess);
+    const Status s = step();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(cs, &graph);
+    ASSERT_TRUE(s.is_ok()) << "during capture: " << s.to_string();
+    ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+    graphs_.push_back(graph);
+    ASSERT_EQ(cudaGraphInstantiate(exec, graph, 0), cudaSuccess);
+    execs_.push_back(*exec);
+  }
+  void TearDown() override {
+    for (cudaGraphExec_t e : execs_) EXPECT_EQ(cudaGraphExecDestroy(e), cudaSuccess);
+    for (cudaGraph_t g : graphs_) EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+  }
+
   cuda::Stream stream_;
   OpContext ctx_;
   std::vector<cuda::CudaBuffer> bufs_;
+  std::vector<cudaGraph_t> graphs_;
+  std::vector<cudaGraphExec_t> execs_;
 };
 
 }  // namespace ds::test
