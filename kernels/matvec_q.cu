@@ -289,17 +289,47 @@ struct Problem {
   int64_t bytes = 0;
 };
 
-void setup(Problem& p, int64_t l2_bytes) {
+int64_t copy_stride(const Problem& p) { return (p.bytes + 255) / 256 * 256; }
+
+// Random weights, their CPU dequantization, and enough device copies (at most max_copies) to exceed
+// 4x the L2.
+void setup(Problem& p, int64_t l2_bytes, int64_t max_copies) {
   p.w = random_weights(p.t, p.n_rows, p.k, static_cast<uint32_t>(p.k + p.n_rows));
   p.bytes = static_cast<int64_t>(p.w.size());
-  p.copies = static_cast<int>(std::min<int64_t>(64, std::max<int64_t>(1, (4 * l2_bytes + p.bytes - 1) / p.bytes)));
-  const int64_t stride = (p.bytes + 255) / 256 * 256;
+  p.copies = static_cast<int>(std::min<int64_t>(max_copies, std::max<int64_t>(1, (4 * l2_bytes + p.bytes - 1) / p.bytes)));
+  const int64_t stride = copy_stride(p);
   CK(cudaMalloc(&p.dw, stride * p.copies));
-  for (int c = 0; c < p.copies; ++c) CK(cudaMemcpy(p.dw + c * stride, p.w.data(), p.bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(p.dw, p.w.data(), p.bytes, cudaMemcpyHostToDevice));
+  for (int c = 1; c < p.copies; ++c) CK(cudaMemcpy(p.dw + c * stride, p.dw, p.bytes, cudaMemcpyDeviceToDevice));
   p.ref_w.resize(static_cast<size_t>(p.k * p.n_rows));
   quant::dequantize_rows(p.t, p.w.data(), p.ref_w.data(), p.n_rows, p.k, ThreadPool::global().n_threads());
 }
-int64_t copy_stride(const Problem& p) { return (p.bytes + 255) / 256 * 256; }
+
+// Activations of up to max_tokens rows (normal random, seeded) on the host and device, the output and
+// the q8 activation scratch.
+struct DeviceIO {
+  std::vector<float> x;
+  float *dx = nullptr, *dy = nullptr;
+  uint8_t* dact = nullptr;
+};
+DeviceIO make_io(const Problem& p, int max_tokens, uint32_t seed) {
+  DeviceIO io;
+  CK(cudaMalloc(&io.dx, 4 * max_tokens * p.k));
+  CK(cudaMalloc(&io.dy, 4 * max_tokens * p.n_rows));
+  CK(cudaMalloc(&io.dact, ds::cuda::kern::q8_act_bytes(p.k, max_tokens)));
+  io.x.resize(static_cast<size_t>(max_tokens * p.k));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  for (auto& v : io.x) v = nd(rng);
+  CK(cudaMemcpy(io.dx, io.x.data(), 4 * io.x.size(), cudaMemcpyHostToDevice));
+  return io;
+}
+void free_problem(Problem& p, DeviceIO& io) {
+  CK(cudaFree(io.dx));
+  CK(cudaFree(io.dy));
+  CK(cudaFree(io.dact));
+  CK(cudaFree(p.dw));
+}
 
 // Worst |y - ref| / sum|w x| over all outputs; NaN (unwritten) counts as failure (returns inf).
 double check(const Problem& p, const std::vector<float>& x, const std::vector<float>& y, int nt) {
@@ -483,25 +513,12 @@ int run_v5_section(double read_gbs, int64_t l2_bytes) {
   for (DType t : types) {
     for (const Shape& sh : shapes) {
       Problem p{t, sh.k, sh.n_rows};
-      p.w = random_weights(t, p.n_rows, p.k, static_cast<uint32_t>(p.k + p.n_rows));
-      p.bytes = static_cast<int64_t>(p.w.size());
-      p.copies = static_cast<int>(std::max<int64_t>(1, (4 * l2_bytes + p.bytes - 1) / p.bytes));
+      setup(p, l2_bytes, INT64_MAX);  // every small matrix from device memory, however many copies
       const int64_t cs = copy_stride(p);
-      CK(cudaMalloc(&p.dw, cs * p.copies));
-      CK(cudaMemcpy(p.dw, p.w.data(), p.bytes, cudaMemcpyHostToDevice));
-      for (int c = 1; c < p.copies; ++c) CK(cudaMemcpy(p.dw + c * cs, p.dw, p.bytes, cudaMemcpyDeviceToDevice));
-      p.ref_w.resize(static_cast<size_t>(p.k * p.n_rows));
-      quant::dequantize_rows(t, p.w.data(), p.ref_w.data(), p.n_rows, p.k, ThreadPool::global().n_threads());
-      float *dx, *dy;
-      uint8_t* dact;
-      CK(cudaMalloc(&dx, 4 * 8 * p.k));
-      CK(cudaMalloc(&dy, 4 * 8 * p.n_rows));
-      CK(cudaMalloc(&dact, ds::cuda::kern::q8_act_bytes(p.k, 8)));
-      std::vector<float> x(static_cast<size_t>(8 * p.k));
-      std::mt19937 rng(11);
-      std::normal_distribution<float> nd;
-      for (auto& v : x) v = nd(rng);
-      CK(cudaMemcpy(dx, x.data(), 4 * x.size(), cudaMemcpyHostToDevice));
+      DeviceIO io = make_io(p, 8, 11);
+      float *dx = io.dx, *dy = io.dy;
+      uint8_t* dact = io.dact;
+      const std::vector<float>& x = io.x;
       for (int nt : token_counts) {
         quantize(dx, p.k, nt, dact, s);
         CK(cudaDeviceSynchronize());
@@ -548,10 +565,7 @@ int run_v5_section(double read_gbs, int64_t l2_bytes) {
         }
         rows.push_back(row);
       }
-      CK(cudaFree(dx));
-      CK(cudaFree(dy));
-      CK(cudaFree(dact));
-      CK(cudaFree(p.dw));
+      free_problem(p, io);
     }
   }
   // Summary: per (type, shape, tokens) the product time of v4 and each v5 version (us), % of the read
@@ -622,18 +636,12 @@ int main(int argc, char** argv) {
     if (section == "v5") break;
     for (const Shape& sh : shapes) {
       Problem p{t, sh.k, sh.n_rows};
-      setup(p, prop.l2CacheSize);
+      setup(p, prop.l2CacheSize, 64);
       const int64_t cs = copy_stride(p);
-      float *dx, *dy;
-      uint8_t* dact;
-      CK(cudaMalloc(&dx, 4 * 16 * p.k));
-      CK(cudaMalloc(&dy, 4 * 16 * p.n_rows));
-      CK(cudaMalloc(&dact, ds::cuda::kern::q8_act_bytes(p.k, 16)));
-      std::vector<float> x(static_cast<size_t>(16 * p.k));
-      std::mt19937 rng(7);
-      std::normal_distribution<float> nd;
-      for (auto& v : x) v = nd(rng);
-      CK(cudaMemcpy(dx, x.data(), 4 * x.size(), cudaMemcpyHostToDevice));
+      DeviceIO io = make_io(p, 16, 7);
+      float *dx = io.dx, *dy = io.dy;
+      uint8_t* dact = io.dact;
+      const std::vector<float>& x = io.x;
       double t1_v2_gbs = 0;
       V4Summary v4s{dtype_name(t)};
       for (int nt : token_counts) {
@@ -737,10 +745,7 @@ int main(int argc, char** argv) {
           CK(cudaFree(yb));
         }
       }
-      CK(cudaFree(dx));
-      CK(cudaFree(dy));
-      CK(cudaFree(dact));
-      CK(cudaFree(p.dw));
+      free_problem(p, io);
     }
   }
   std::printf("\n== summary (k=5120 rows=17408): v3 decode GB/s at 1 token, prefill TFLOP/s at 2048 tokens ==\n");
