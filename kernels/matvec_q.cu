@@ -34,6 +34,9 @@
 //     v5r1d2    1 row per warp, prefetch 2 steps (v5r1d2s4: split 4; v5r1d2p: persistent).
 //     v5r1      1 row per warp, prefetch 1 step (fewest registers for q6_K; v5r1s4: split 4).
 //     v5r4      4 rows per warp (q4_K, q4_0 at one token only: the others' rings need too many registers).
+//   v7 (kernels/matvec_q8v7.cuh, workbench only): one CTA per SM streams its contiguous rows through a
+//     ring of 32 bulk copies of ~3 KB (cp.async.bulk + mbarrier), each read by one of 16 consumer warps;
+//     timed in the v5 section. Slower than v4 everywhere (the header says why).
 //   gemm:       dequantize to BF16 tiles + cublasGemmEx (BF16 in, F32 accumulate), for prefill.
 // Non-obvious choice: timed runs rotate over enough copies of the weights to exceed 4x the L2 size, so
 // small matrices are timed from device memory, not from the 50 MB L2.
@@ -43,6 +46,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -53,6 +57,7 @@
 #include "ops/cuda/matvec_kernels.cuh"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/matvec_q8v5.cuh"
+#include "matvec_q8v7.cuh"
 #include "quant/quant.h"
 
 using namespace ds;
@@ -389,6 +394,7 @@ const V5Config kV5Configs[] = {
     {"v5s4", 2, 1, 4, false, 8},     {"v5r1d2", 1, 2, 1, false, 8},      {"v5r1d2s4", 1, 2, 4, false, 8},
     {"v5r1d2p", 1, 2, 1, true, 8},   {"v5r1", 1, 1, 1, false, 8},        {"v5r1s4", 1, 1, 4, false, 8},
     {"v5r4", 4, 1, 1, false, 1},  // q4_K and q4_0 only
+    {"v7", 0, 0, 1, true, 8},     // rows 0: the bulk-copy stream of matvec_q8v7.cuh (one CTA per SM)
 };
 bool v5_runs(DType t, const V5Config& c, int nt) {
   return nt <= c.max_nt && (c.rows != 4 || t == DType::Q4_K || t == DType::Q4_0);
@@ -412,7 +418,13 @@ void launch_v5_rows(const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cu
 template <DType T>
 void launch_v5_typed(const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cudaStream_t s) {
   if constexpr (ds::cuda::qdec::q8_supported(T)) {
-    if (c.rows == 2 && c.depth == 1) launch_v5_rows<T, 2, 1>(a, c, s);
+    using namespace ds::cuda::kern;
+    if (c.rows == 0) {
+      if (a.n_tokens <= 1) CK((q8v7_launch<T, 1>(a, s)));
+      else if (a.n_tokens <= 2) CK((q8v7_launch<T, 2>(a, s)));
+      else if (a.n_tokens <= 4) CK((q8v7_launch<T, 4>(a, s)));
+      else CK((q8v7_launch<T, 8>(a, s)));
+    } else if (c.rows == 2 && c.depth == 1) launch_v5_rows<T, 2, 1>(a, c, s);
     else if (c.rows == 1 && c.depth == 2) launch_v5_rows<T, 1, 2>(a, c, s);
     else if (c.rows == 1 && c.depth == 1) launch_v5_rows<T, 1, 1>(a, c, s);
     else if constexpr (ds::cuda::kern::Q8v5Type<T>::kRaw <= 8) {  // 4 rows: only the light load rings
@@ -510,7 +522,9 @@ int run_v5_section(double read_gbs, int64_t l2_bytes) {
   cudaStream_t s = nullptr;
   int failures = 0;
   std::vector<V5Row> rows;
+  const char* only = std::getenv("MATVEC_Q_TYPES");  // e.g. "q4_K,q6_K": those types only
   for (DType t : types) {
+    if (only != nullptr && std::strstr(only, dtype_name(t)) == nullptr) continue;
     for (const Shape& sh : shapes) {
       Problem p{t, sh.k, sh.n_rows};
       setup(p, l2_bytes, INT64_MAX);  // every small matrix from device memory, however many copies

@@ -4,9 +4,11 @@
 // NaN. Skipped without a CUDA build or device.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
-#include <tuple>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/half.h"
@@ -19,6 +21,7 @@
 #include "ops/conv1d.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_registry.h"
+#include "ops/cuda/pdl.h"
 #include "ops/delta_net.h"
 #include "ops/elementwise.h"
 #include "ops/get_rows.h"
@@ -127,6 +130,30 @@ TEST_F(CudaOpsTest, Norms) {
     ASSERT_TRUE(l2_norm(ctx_, dx, 1e-6f, dy2).is_ok());
     EXPECT_LE(test::rel_err(down(dy2, 6 * n), ref2.v), kTol) << "l2_norm n=" << n;
   }
+}
+
+// The in-graph attribution filter (`bench --skip-kernels / --only-kernels`): a dropped kernel leaves its
+// output as it was (NaN here), and clearing the filter launches it again.
+TEST_F(CudaOpsTest, KernelFilterDropsLaunchesUntilCleared) {
+  Host x({64, 2}), w({64}), ref({64, 2});
+  x.random(rng_, -3, 3);
+  w.random(rng_);
+  ASSERT_TRUE(rms_norm(test::ref_ctx(), x.t, w.t, 1e-6f, ref.t).is_ok());
+  const TensorView dx = up(x), dw = up(w);
+  const std::pair<const char*, const char*> filters[] = {{"norm_kernel", ""}, {"eltwise,copy", "eltwise"}, {"", "copy"}};
+  for (const auto& [skip, only] : filters) {
+    Host out({64, 2});
+    const TensorView dy = up(out);
+    cuda::set_kernel_filter(skip, only);
+    const Status st = rms_norm(ctx_, dx, dw, 1e-6f, dy);
+    cuda::set_kernel_filter("", "");
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    for (float v : down(dy, 128)) EXPECT_TRUE(std::isnan(v)) << "skip '" << skip << "' only '" << only << "'";
+  }
+  Host out({64, 2});
+  const TensorView dy = up(out);
+  ASSERT_TRUE(rms_norm(ctx_, dx, dw, 1e-6f, dy).is_ok());
+  EXPECT_LE(test::rel_err(down(dy, 128), ref.v), kTol);
 }
 
 TEST_F(CudaOpsTest, RopeNeoxAtLargePositions) {

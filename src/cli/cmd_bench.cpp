@@ -25,6 +25,7 @@
 #include "ops/cpu/membw.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_limits.h"
+#include "ops/cuda/pdl.h"
 #include "ops/device_buffer.h"
 
 namespace {
@@ -48,6 +49,8 @@ struct Options {
   std::vector<int64_t> ttft;   // prompt lengths for the time-to-first-token benchmark
   std::string cache_dir;       // disk tier directory for --ttft (a temporary one if empty)
   int64_t tail = 100;          // new tokens after the cached prefix
+  std::string skip_kernels;    // diagnostic: CUDA kernels not launched (ops/cuda/pdl.h)
+  std::string only_kernels;    // diagnostic: the only CUDA kernels launched
 };
 
 ds::Result<ds::DType> parse_kv_type(const std::string& s, ds::Device device) {
@@ -66,6 +69,22 @@ ds::Status check_device(ds::Device device) {
   }
 #endif
   (void)device;
+  return ds::Status::ok();
+}
+
+// --skip-kernels / --only-kernels: the in-graph attribution diagnostic (ops/cuda/pdl.h), CUDA only.
+ds::Status apply_kernel_filter(const Options& o, ds::Device device) {
+  if (o.skip_kernels.empty() && o.only_kernels.empty()) return ds::Status::ok();
+  if (device.kind != ds::DeviceKind::kCuda) {
+    return ds::invalid_argument("--skip-kernels / --only-kernels: only with --device cuda:N");
+  }
+#if DS_HAVE_CUDA
+  ds::cuda::set_kernel_filter(o.skip_kernels, o.only_kernels);
+  std::printf("diagnostic: CUDA kernels%s%s%s%s are not launched; outputs are meaningless, only the timings mean "
+              "something\n",
+              o.skip_kernels.empty() ? "" : " matching ", o.skip_kernels.c_str(),
+              o.only_kernels.empty() ? "" : " not matching ", o.only_kernels.c_str());
+#endif
   return ds::Status::ok();
 }
 
@@ -462,6 +481,7 @@ ds::Status run(Options o) {
   DS_ASSIGN_OR_RETURN(const ds::DType kv_dtype, parse_kv_type(o.kv_type, device));
   if (o.prefill_chunk < 0) return ds::invalid_argument("--prefill-chunk {}: must be 0 (auto) or positive", o.prefill_chunk);
   DS_TRY(check_device(device));
+  DS_TRY(apply_kernel_filter(o, device));
   if (!o.ttft.empty()) {
     if (!o.json_path.empty()) return ds::invalid_argument("--json is not supported with --ttft");
     return run_ttft(o);
@@ -495,6 +515,11 @@ void setup(CLI::App& app, int& exit_code) {
       ->delimiter(',');
   app.add_option("--kv-cache-dir", o->cache_dir, "With --ttft: snapshot directory (default: a temporary one)");
   app.add_option("--tail", o->tail, "With --ttft: new tokens after the cached prefix")->capture_default_str();
+  app.add_option("--skip-kernels", o->skip_kernels,
+                 "Diagnostic, CUDA: do not launch kernels whose name contains one of these comma-separated "
+                 "substrings (what they cost inside the decode graph; outputs are meaningless)");
+  app.add_option("--only-kernels", o->only_kernels,
+                 "Diagnostic, CUDA: launch only kernels whose name contains one of these substrings");
   app.callback([o, &exit_code] { exit_code = ds::cli::report(run(*o)); });
 }
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -108,6 +109,65 @@ bool pdl_enabled() {
     known[dev].store(v, std::memory_order_relaxed);
   }
   return v == 2;
+}
+
+namespace {
+
+struct KernelFilter {
+  std::atomic<bool> active{false};
+  std::mutex mu;  // guards the rest
+  std::vector<std::string> skip, only;
+  std::map<const void*, bool> decided;  // kernel -> filtered
+};
+
+KernelFilter& kernel_filter() {
+  static auto* f = new KernelFilter();  // never freed: launches may run during static destruction
+  return *f;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t a = 0;
+  while (a <= s.size()) {
+    size_t b = s.find(',', a);
+    if (b == std::string::npos) b = s.size();
+    if (b > a) out.push_back(s.substr(a, b - a));
+    a = b + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+void set_kernel_filter(const std::string& skip, const std::string& only) {
+  KernelFilter& f = kernel_filter();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.skip = split_commas(skip);
+  f.only = split_commas(only);
+  f.decided.clear();
+  f.active.store(!f.skip.empty() || !f.only.empty(), std::memory_order_release);
+}
+
+bool kernel_filtered(const void* kernel) {
+  KernelFilter& f = kernel_filter();
+  if (!f.active.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (const auto it = f.decided.find(kernel); it != f.decided.end()) return it->second;
+  const char* name = nullptr;
+  if (cudaFuncGetName(&name, kernel) != cudaSuccess || name == nullptr) {
+    (void)cudaGetLastError();
+    name = "";
+  }
+  const std::string_view n(name);
+  const auto any = [&](const std::vector<std::string>& subs) {
+    for (const std::string& sub : subs) {
+      if (n.find(sub) != std::string_view::npos) return true;
+    }
+    return false;
+  };
+  const bool drop = any(f.skip) || (!f.only.empty() && !any(f.only));
+  f.decided.emplace(kernel, drop);
+  return drop;
 }
 
 bool device_usable(int device) {

@@ -45,9 +45,11 @@ __device__ __forceinline__ void dependency_sync() {
 }  // namespace kern
 
 // Launches a kernel chosen at run time, its arguments packed as for cudaLaunchKernel, with the
-// programmatic-serialization attribute when pdl_enabled(); returns the launch's error.
+// programmatic-serialization attribute when pdl_enabled(); returns the launch's error. A kernel the
+// diagnostic filter drops (set_kernel_filter) is not launched.
 inline cudaError_t launch_kernel_packed(const void* kernel, dim3 grid, dim3 block, void** args, size_t smem,
                                         cudaStream_t s) {
+  if (kernel_filtered(kernel)) return cudaSuccess;  // diagnostic only (pdl.h)
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
