@@ -163,13 +163,21 @@ __device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l) {
 
 // Dynamic shared memory: kRouteWarps * n_expert floats (the last CTA's logit copies).
 __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
-  kern::dependency_sync();
   extern __shared__ float route_smem[];
   __shared__ unsigned int is_last;
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kRouteWarps + warp;
+  // While the previous kernel drains (launch.cuh), pull this warp's router row into L2: weights are no
+  // kernel's output.
+  if (row <= a.n_expert) {
+    const float* w = row < a.n_expert ? a.router + static_cast<int64_t>(row) * a.router_stride : a.shexp_gate;
+    for (int64_t i = 32 * static_cast<int64_t>(lane); i < a.n_embd; i += 32 * 32) {  // one 128-byte line a lane
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + i));
+    }
+  }
+  kern::dependency_sync();
 
   quantize_x(a, vec4);
-  const int row = blockIdx.x * kRouteWarps + warp;
   if (row <= a.n_expert) router_row(a, row, vec4);
 
   // Publish this CTA's logits and codes, then take a ticket; the last ticket routes.

@@ -108,6 +108,13 @@ constexpr int kNormPer = 8;
 // are the 32-element block (threadIdx.x + j * blockDim.x) / 32, quantized as quantize_q8 does.
 __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const float* gate, float* y, int64_t n,
                             float eps, bool l2, const float* res, int8_t* q8, float2* q8_ds) {
+  // The weight is no kernel's output, and by the time a decode step comes back to a layer the products
+  // have pushed it out of L2: start fetching it while the previous kernel drains (launch.cuh).
+  if (w != nullptr) {
+    for (int64_t i = 32 * static_cast<int64_t>(threadIdx.x); i < n; i += 32 * static_cast<int64_t>(blockDim.x)) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + i));  // one 128-byte line a thread
+    }
+  }
   kern::dependency_sync();
   const int64_t r = blockIdx.x;
   const int64_t i1 = r % xmap.ne1, i2 = r / xmap.ne1 % xmap.ne2, i3 = r / (xmap.ne1 * xmap.ne2);
