@@ -112,7 +112,6 @@ __global__ void __launch_bounds__(kQ8v7Threads, 1) matvec_q8v7(MatvecQ8Args a, i
   constexpr int kUnits = tr.block_elems / kQ8Block;  // units per block
   constexpr int kBB = tr.block_bytes;
   constexpr int kSB = q8v7_stage_blocks<T>();
-  constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q4_0 || T == DType::Q5_0;
   extern __shared__ __align__(128) uint8_t smem[];
   float* acc_s = reinterpret_cast<float*>(smem + kQ8v7Stages * kQ8v7StageBytes);
   auto* full = reinterpret_cast<uint64_t*>(acc_s + kQ8v7TaskRows * kNT);
@@ -220,15 +219,7 @@ __global__ void __launch_bounds__(kQ8v7Threads, 1) matvec_q8v7(MatvecQ8Args a, i
                 const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
                 const float2 ds = __ldg(xds + t * act_blocks + ab[i]);
                 const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                int d0 = 0, d1 = 0;
-#pragma unroll
-                for (int q = 0; q < 4; ++q) d0 = __dp4a(static_cast<int>(wu[i].q[q]), xv[q], d0);
-#pragma unroll
-                for (int q = 0; q < 4; ++q) d1 = __dp4a(static_cast<int>(wu[i].q[4 + q]), xv[4 + q], d1);
-                const int isum = T == DType::Q6_K ? wu[i].sc0 * d0 + wu[i].sc1 * d1 : d0 + d1;
-                float v = fmaf(wu[i].dw, ds.x * static_cast<float>(isum), acc[t]);
-                if constexpr (kMin) v = fmaf(wu[i].mw, ds.y, v);
-                acc[t] = v;
+                acc[t] = q8_unit_dot<T>(wu[i], xv, ds, acc[t]);
               }
             }
           }

@@ -185,6 +185,21 @@ __device__ __forceinline__ void q8_issue_chunk(uint8_t (*stage)[Q8Smem<T, kRows>
   }
 }
 
+// acc plus the product of one decoded weight unit with one activation block: its 32 codes as 8 words
+// of 4 int8 (xv) and (d, d * sum of the codes) (ds).
+template <DType T>
+__device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (&xv)[8], float2 ds, float acc) {
+  constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q4_0 || T == DType::Q5_0;
+  int d0 = 0, d1 = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d0 = __dp4a(static_cast<int>(wu.q[i]), xv[i], d0);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d1 = __dp4a(static_cast<int>(wu.q[4 + i]), xv[4 + i], d1);
+  const int isum = T == DType::Q6_K ? wu.sc0 * d0 + wu.sc1 * d1 : d0 + d1;
+  const float s = fmaf(wu.dw, ds.x * static_cast<float>(isum), acc);
+  return kMin ? fmaf(wu.mw, ds.y, s) : s;
+}
+
 // Adds to acc[r][t] the products of chunk c of the staged rows r0 + r with activation rows t: each lane
 // decodes its 32-element unit of every row and takes the dp4a dot with the activation block. Rows past
 // n_rows decode stale shared memory; their sums are never written.
@@ -192,7 +207,6 @@ template <DType T, int kNT, int kRows>
 __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
                                              const MatvecQ8Args& a, const int8_t* xq, const float2* xds, int64_t r0,
                                              int c, int lane, float (&acc)[kRows][kNT]) {
-  constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q4_0 || T == DType::Q5_0;
   const int64_t k0 = static_cast<int64_t>(c) * kQ8ChunkElems;
   const int units = static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - k0) / kQ8Block);
   if (lane >= units) return;
@@ -210,17 +224,7 @@ __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kR
       const float2 ds = __ldg(xds + t * (a.k / kQ8Block) + gu);
       const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        int d0 = 0, d1 = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) d0 = __dp4a(static_cast<int>(wu[r].q[i]), xv[i], d0);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) d1 = __dp4a(static_cast<int>(wu[r].q[4 + i]), xv[4 + i], d1);
-        const int isum = T == DType::Q6_K ? wu[r].sc0 * d0 + wu[r].sc1 * d1 : d0 + d1;
-        float s = fmaf(wu[r].dw, ds.x * static_cast<float>(isum), acc[r][t]);
-        if constexpr (kMin) s = fmaf(wu[r].mw, ds.y, s);
-        acc[r][t] = s;
-      }
+      for (int r = 0; r < kRows; ++r) acc[r][t] = q8_unit_dot<T>(wu[r], xv, ds, acc[r][t]);
     }
   }
 }
