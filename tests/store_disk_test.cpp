@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <cstring>
 #include <fstream>
+#include <set>
+#include <string>
 
 #include <xxhash.h>
 
@@ -137,6 +139,53 @@ TEST_F(DiskStoreTest, BadFilesAreSkippedAtStartup) {
   EXPECT_EQ(store->stats().files, 1u);
   EXPECT_EQ(store->stats().quarantined, 5u);
   EXPECT_FALSE(fs::exists(dir_ / ".tmp-interrupted-write"));
+}
+
+// A run of bad files leaves only the most recently quarantined kQuarantineKeepFiles in the quarantine,
+// and under a byte budget at most a quarter of the budget.
+TEST_F(DiskStoreTest, QuarantineKeepsOnlyTheNewestFiles) {
+  // Writes n snapshots, corrupts their headers, returns their file names.
+  const auto write_bad = [&](int n, int first) {
+    {
+      auto store = open_store();
+      for (int i = 0; i < n; ++i) store->put_async(snap({first + i, first + i + 1}, 1000));
+      store->flush();
+    }
+    std::set<std::string> names;
+    for (const auto& de : fs::directory_iterator(dir_)) {
+      if (de.path().extension() != kSnapshotExtension) continue;
+      flip_byte(de.path().string(), 20);  // header byte
+      names.insert(de.path().filename().string());
+    }
+    return names;
+  };
+  write_bad(7, 0);
+  uintmax_t file_bytes = 0;
+  for (const auto& de : fs::directory_iterator(dir_)) {
+    if (de.path().extension() == kSnapshotExtension) file_bytes = de.file_size();
+  }
+  ASSERT_GT(file_bytes, 1000u);
+  {
+    auto store = open_store();
+    EXPECT_EQ(store->stats().quarantined, 7u);
+    EXPECT_EQ(store->stats().files, 0u);
+  }
+  EXPECT_EQ(quarantined_files(), static_cast<size_t>(kQuarantineKeepFiles));
+  // Under a budget whose quarter holds two and a half files: the two newest stay, and they are the
+  // ones quarantined last (tokens 100.., not the earlier run's).
+  const std::set<std::string> last = write_bad(3, 100);
+  ASSERT_EQ(last.size(), 3u);
+  {
+    auto store = open_store("model-A", 4 * (2 * file_bytes + file_bytes / 2));
+    EXPECT_EQ(store->stats().quarantined, 3u);
+  }
+  EXPECT_EQ(quarantined_files(), 2u);
+  for (const auto& de : fs::directory_iterator(dir_ / "quarantine")) {
+    EXPECT_EQ(last.count(de.path().filename().string()), 1u) << de.path();
+  }
+  auto store = open_store();  // nothing left to quarantine: the folder is as it was
+  EXPECT_EQ(store->stats().quarantined, 0u);
+  EXPECT_EQ(quarantined_files(), 2u);
 }
 
 TEST_F(DiskStoreTest, ForeignModelFilesAreNotUsed) {

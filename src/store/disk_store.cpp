@@ -2,8 +2,10 @@
 // entries. Loads happen on the caller's thread.
 #include "store/disk_store.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 #include "core/log.h"
 
@@ -89,11 +91,48 @@ void DiskSnapshotStore::quarantine(const std::string& path, const Status& why) {
   std::error_code ec;
   const fs::path qdir = fs::path(options_.dir) / "quarantine";
   fs::create_directories(qdir, ec);
-  fs::rename(path, qdir / fs::path(path).filename(), ec);
-  if (ec) fs::remove(path, ec);
+  const fs::path moved = qdir / fs::path(path).filename();
+  fs::rename(path, moved, ec);
+  if (ec) {
+    fs::remove(path, ec);
+  } else {
+    fs::last_write_time(moved, fs::file_time_type::clock::now(), ec);  // order by time of quarantine
+    prune_quarantine(qdir.string());
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.quarantined++;
   remove_locked(fs::path(path).filename().string());
+}
+
+// Keeps the newest kQuarantineKeepFiles files of the quarantine (at most budget / 4 bytes of them
+// under a budget) and deletes the rest. Errors are ignored: the folder is only kept for inspection.
+void DiskSnapshotStore::prune_quarantine(const std::string& qdir) {
+  struct File {
+    fs::path path;
+    fs::file_time_type time;
+    uintmax_t bytes;
+  };
+  std::vector<File> files;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(qdir, ec)) {
+    std::error_code e1, e2;
+    if (!de.is_regular_file(e1)) continue;
+    files.push_back({de.path(), de.last_write_time(e1), de.file_size(e2)});
+  }
+  std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.time > b.time; });
+  uint64_t kept_bytes = 0;
+  int kept = 0;
+  for (const File& f : files) {
+    const bool fits = options_.budget_bytes == 0 || kept_bytes + f.bytes <= options_.budget_bytes / 4;
+    if (kept < kQuarantineKeepFiles && fits) {
+      ++kept;
+      kept_bytes += f.bytes;
+      continue;
+    }
+    fs::remove(f.path, ec);
+    DS_LOG_INFO("snapshot store: deleted {} from the quarantine (it keeps {} files)", f.path.string(),
+                kQuarantineKeepFiles);
+  }
 }
 
 void DiskSnapshotStore::evict_to_budget_locked() {

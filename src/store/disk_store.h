@@ -2,7 +2,9 @@
 // request never waits on disk), indexed at startup from file headers and token ids (payloads are not
 // read), looked up by longest token prefix, and verified when loaded. A corrupt, truncated, foreign or
 // unreadable file is moved into DIR/quarantine/ (or deleted if that fails) with one warning and is
-// never used. The directory is kept under a byte budget by deleting the least recently used files.
+// never used; the quarantine keeps the kQuarantineKeepFiles most recently quarantined files (and,
+// under a byte budget, at most a quarter of it), so a run of bad files cannot fill the disk. The
+// directory is kept under the byte budget by deleting the least recently used files.
 #pragma once
 
 #include <condition_variable>
@@ -22,6 +24,8 @@
 #include "store/snapshot_file.h"
 
 namespace ds {
+
+constexpr int kQuarantineKeepFiles = 4;
 
 struct DiskStoreOptions {
   std::string dir;
@@ -60,6 +64,7 @@ class DiskSnapshotStore {
   void add_locked(SnapshotFileInfo info);
   void remove_locked(const std::string& name);
   void quarantine(const std::string& path, const Status& why);
+  void prune_quarantine(const std::string& qdir);
   void evict_to_budget_locked();
 
   DiskStoreOptions options_;
