@@ -18,7 +18,7 @@ bool pdl_enabled();
 // kernels one by one, outside the graph). Results are meaningless while a filter is set. Empty
 // strings clear it. Kernels launched by libraries (cuBLAS) are never filtered.
 void set_kernel_filter(const std::string& skip, const std::string& only);
-// True when the filter drops `kernel` (a __global__ function); one relaxed load when none is set.
+// True when the filter drops `kernel` (a __global__ function); one atomic load when none is set.
 bool kernel_filtered(const void* kernel);
 
 }  // namespace ds::cuda
