@@ -39,7 +39,6 @@ namespace {
 
 #if DS_HAVE_CUDA
 
-using test::heads_view;
 using test::Host;
 using test::PrepCase;
 using test::PrepIO;
@@ -313,8 +312,8 @@ TEST_F(CudaFusedTest, NormsReadStridedRows) {
     Host src({c.row, c.n}), w({c.head_dim});
     src.random(rng_, -3, 3);
     w.random(rng_, 0.5, 1.5);
-    const TensorView view = heads_view(src.t, c.c0, c.head_dim, c.n_head, c.head_stride);
-    const TensorView dview = heads_view(up(src), c.c0, c.head_dim, c.n_head, c.head_stride);
+    const TensorView view = row_heads(src.t, c.c0, c.head_dim, c.n_head, c.head_stride);
+    const TensorView dview = row_heads(up(src), c.c0, c.head_dim, c.n_head, c.head_stride);
     const TensorView dw = up(w);
     const int64_t n_out = c.head_dim * c.n_head * c.n;
     Host ref({c.head_dim, c.n_head, c.n}), out({c.head_dim, c.n_head, c.n});
@@ -336,8 +335,8 @@ TEST_F(CudaFusedTest, MulSigmoidReadsStridedGate) {
     Host qg({2 * H * D, n}), x({D, H, n}), ref({D, H, n});
     qg.random(rng_, -4, 4);
     x.random(rng_, -2, 2);
-    const TensorView gate = heads_view(qg.t, D, D, H, 2 * D);
-    const TensorView dgate = heads_view(up(qg), D, D, H, 2 * D);
+    const TensorView gate = row_heads(qg.t, D, D, H, 2 * D);
+    const TensorView dgate = row_heads(up(qg), D, D, H, 2 * D);
     ASSERT_TRUE(mul_sigmoid(test::ref_ctx(), x.t, gate, ref.t).is_ok());
     const TensorView dx = up(x);
     ASSERT_TRUE(mul_sigmoid(ctx_, dx, dgate, dx).is_ok());  // in place on x, as the attention layer runs it
@@ -368,10 +367,10 @@ TEST_F(CudaFusedTest, DeltaNetReadsStridedV) {
     rows_d.device = ctx_.device;
     // q, k: L2-normalized from the strided views, as the layer does (checked by NormsReadStridedRows).
     Host q({c.dk, c.nk, c.n}), k({c.dk, c.nk, c.n});
-    ASSERT_TRUE(l2_norm(test::ref_ctx(), heads_view(rows_h, 0, c.dk, c.nk, c.dk), 1e-6f, q.t).is_ok());
-    ASSERT_TRUE(l2_norm(test::ref_ctx(), heads_view(rows_h, key_dim, c.dk, c.nk, c.dk), 1e-6f, k.t).is_ok());
-    const TensorView v_h = heads_view(rows_h, 2 * key_dim, c.dv, c.nv, c.dv);
-    const TensorView v_d = heads_view(rows_d, 2 * key_dim, c.dv, c.nv, c.dv);
+    ASSERT_TRUE(l2_norm(test::ref_ctx(), row_heads(rows_h, 0, c.dk, c.nk, c.dk), 1e-6f, q.t).is_ok());
+    ASSERT_TRUE(l2_norm(test::ref_ctx(), row_heads(rows_h, key_dim, c.dk, c.nk, c.dk), 1e-6f, k.t).is_ok());
+    const TensorView v_h = row_heads(rows_h, 2 * key_dim, c.dv, c.nv, c.dv);
+    const TensorView v_d = row_heads(rows_d, 2 * key_dim, c.dv, c.nv, c.dv);
     Host st_ref = st, ref({c.dv, c.nv, c.n}), out({c.dv, c.nv, c.n});
     st_ref.t.data = st_ref.v.data();
     const TensorView dst = up(st), dout = up(out);
@@ -587,7 +586,7 @@ TEST_F(CudaFusedMatmulTest, FusedOpsReplayInACudaGraph) {
   const TensorView dx = up(x), dqg = up(qg), dz = up(z), dwn = up(wn), dox = up(o);
   const TensorView dgate = up(gate_out), dup = up(up_out), dsmall = up(small_out), ddown = up(down_out);
   const TensorView dqn = up(qn), dy = up(y);
-  const TensorView dq_heads = heads_view(dqg, 0, D, H, 2 * D), dg_heads = heads_view(dqg, D, D, H, 2 * D);
+  const TensorView dq_heads = row_heads(dqg, 0, D, H, 2 * D), dg_heads = row_heads(dqg, D, D, H, 2 * D);
   auto step = [&]() -> Status {
     const TensorView dws[] = {ws[0].dev, ws[1].dev, ws[2].dev};
     const TensorView dys[] = {dgate, dup, dsmall};
@@ -622,8 +621,8 @@ TEST_F(CudaFusedMatmulTest, FusedOpsReplayInACudaGraph) {
     ASSERT_TRUE(swiglu(test::ref_ctx(), g_dev.t, u_dev.t, g_dev.t).is_ok());
     ASSERT_TRUE(matmul(test::ref_ctx(), wd.host, g_dev.t, d_ref.t).is_ok());
     EXPECT_TRUE(matches(down(ddown, k), d_ref.v, kTolQ8, k)) << "down";
-    ASSERT_TRUE(rms_norm(test::ref_ctx(), heads_view(qg.t, 0, D, H, 2 * D), wn.t, 1e-6f, q_ref.t).is_ok());
-    ASSERT_TRUE(mul_sigmoid(test::ref_ctx(), q_ref.t, heads_view(qg.t, D, D, H, 2 * D), q_ref.t).is_ok());
+    ASSERT_TRUE(rms_norm(test::ref_ctx(), row_heads(qg.t, 0, D, H, 2 * D), wn.t, 1e-6f, q_ref.t).is_ok());
+    ASSERT_TRUE(mul_sigmoid(test::ref_ctx(), q_ref.t, row_heads(qg.t, D, D, H, 2 * D), q_ref.t).is_ok());
     EXPECT_TRUE(matches(down(dqn, D * H), q_ref.v, kTol, D)) << "q norm + gate";
     ASSERT_TRUE(rms_norm(test::ref_ctx(), o.t, wn.t, 1e-6f, y_ref.t).is_ok());
     ASSERT_TRUE(swiglu(test::ref_ctx(), z.t, y_ref.t, y_ref.t).is_ok());

@@ -25,7 +25,6 @@
 namespace ds {
 namespace {
 
-using test::heads_view;
 using test::Host;
 using test::PrepCase;
 using test::PrepIO;
@@ -157,7 +156,7 @@ TEST(OpsFused, NormsReadStridedRows) {
     Host src({c.row, c.n}), w({c.head_dim});
     src.random(rng, -3, 3);
     w.random(rng, 0.5, 1.5);
-    const TensorView view = heads_view(src.t, c.c0, c.head_dim, c.n_head, c.head_stride);
+    const TensorView view = row_heads(src.t, c.c0, c.head_dim, c.n_head, c.head_stride);
     for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
       Host packed({c.head_dim, c.n_head, c.n});
       ASSERT_TRUE(copy(ctx, view, packed.t).is_ok());
@@ -178,7 +177,7 @@ TEST(OpsFused, NormsReadStridedRows) {
   }
   // In place needs a contiguous x; a strided y is refused.
   Host src({48, 2}), w({8}), y({8, 3, 2});
-  const TensorView view = heads_view(src.t, 0, 8, 3, 16);
+  const TensorView view = row_heads(src.t, 0, 8, 3, 16);
   Status s = rms_norm(test::fast_ctx(), view, w.t, 1e-6f, view);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   s = l2_norm(test::fast_ctx(), y.t, 1e-6f, view);
@@ -192,7 +191,7 @@ TEST(OpsFused, MulSigmoidReadsStridedGate) {
     Host qg({2 * H * D, n}), x({D, H, n});
     qg.random(rng, -4, 4);
     x.random(rng, -2, 2);
-    const TensorView gate = heads_view(qg.t, D, D, H, 2 * D);
+    const TensorView gate = row_heads(qg.t, D, D, H, 2 * D);
     for (const OpContext& ctx : {test::fast_ctx(), test::ref_ctx()}) {
       Host packed({D, H, n}), y({D, H, n}), y_ref({D, H, n});
       ASSERT_TRUE(copy(ctx, gate, packed.t).is_ok());
@@ -211,7 +210,7 @@ TEST(OpsFused, MulSigmoidReadsStridedGate) {
   }
   // Rows that do not share one stride are refused.
   Host qg({64, 2}), x({4, 2, 2});
-  TensorView gate = heads_view(qg.t, 4, 4, 2, 8);
+  TensorView gate = row_heads(qg.t, 4, 4, 2, 8);
   gate.nb[2] = 4 * 60;  // token stride != n_head * head stride
   const Status s = mul_sigmoid(test::fast_ctx(), x.t, gate, x.t);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
@@ -229,9 +228,9 @@ TEST(OpsFused, DeltaNetReadsStridedV) {
     beta.random(rng, 0.1f, 0.9f);
     s0.random(rng, -0.5f, 0.5f);
     Host q({c.dk, c.nk, c.n}), k({c.dk, c.nk, c.n});
-    ASSERT_TRUE(l2_norm(test::fast_ctx(), heads_view(conv.t, 0, c.dk, c.nk, c.dk), 1e-6f, q.t).is_ok());
-    ASSERT_TRUE(l2_norm(test::fast_ctx(), heads_view(conv.t, key_dim, c.dk, c.nk, c.dk), 1e-6f, k.t).is_ok());
-    const TensorView v = heads_view(conv.t, 2 * key_dim, dv, c.nv, dv);
+    ASSERT_TRUE(l2_norm(test::fast_ctx(), row_heads(conv.t, 0, c.dk, c.nk, c.dk), 1e-6f, q.t).is_ok());
+    ASSERT_TRUE(l2_norm(test::fast_ctx(), row_heads(conv.t, key_dim, c.dk, c.nk, c.dk), 1e-6f, k.t).is_ok());
+    const TensorView v = row_heads(conv.t, 2 * key_dim, dv, c.nv, dv);
     Host v_packed({dv, c.nv, c.n});
     ASSERT_TRUE(copy(test::fast_ctx(), v, v_packed.t).is_ok());
     for (auto [ref, mode] : {std::pair<bool, DeltaNetMode>{true, DeltaNetMode::kRecurrent},
@@ -344,8 +343,8 @@ TEST(OpsFused, DeltaNetPrepEqualsTheFourOps) {
         const PrepIO& r = chain;
         ASSERT_TRUE(delta_net_gates(ctx, r.alpha.t, r.b.t, r.dt_bias.t, r.ssm_a.t, r.g.t, r.beta.t).is_ok());
         ASSERT_TRUE(conv1d_causal_silu(ctx, r.mixed.t, r.w.t, r.st.t, r.conv.t).is_ok());
-        ASSERT_TRUE(l2_norm(ctx, heads_view(r.conv.t, 0, c.dk, c.nk, c.dk), 1e-6f, r.q.t).is_ok());
-        ASSERT_TRUE(l2_norm(ctx, heads_view(r.conv.t, c.nk * c.dk, c.dk, c.nk, c.dk), 1e-6f, r.k.t).is_ok());
+        ASSERT_TRUE(l2_norm(ctx, row_heads(r.conv.t, 0, c.dk, c.nk, c.dk), 1e-6f, r.q.t).is_ok());
+        ASSERT_TRUE(l2_norm(ctx, row_heads(r.conv.t, c.nk * c.dk, c.dk, c.nk, c.dk), 1e-6f, r.k.t).is_ok());
         for (auto [name, got, want] : {std::tuple{"conv", &fused.conv, &chain.conv}, {"q", &fused.q, &chain.q},
                                        {"k", &fused.k, &chain.k}, {"g", &fused.g, &chain.g},
                                        {"beta", &fused.beta, &chain.beta}, {"conv_state", &fused.st, &chain.st}}) {

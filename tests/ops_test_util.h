@@ -36,17 +36,6 @@ struct Host {
   void poison() { std::fill(v.begin(), v.end(), std::numeric_limits<float>::quiet_NaN()); }
 };
 
-// Heads [n, n_head, head_dim] at column c0 of every row of the contiguous [n, row] tensor t, heads
-// head_stride elements apart: a strided view (the layout of the model's q / k / v and q / gate).
-inline TensorView heads_view(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head, int64_t head_stride) {
-  TensorView r = t;
-  r.data = t.as<float>() + c0;
-  r.n_dims = 3;
-  r.ne = {head_dim, n_head, t.ne[1], 1};
-  r.nb = {4, 4 * head_stride, t.nb[1], t.nb[1] * t.ne[1]};
-  return r;
-}
-
 // The inputs of one delta_net_prep call (random) and its outputs (NaN), host tensors.
 struct PrepCase {
   int64_t nk, nv, dk, kernel, n;

@@ -46,4 +46,17 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   return t;
 }
 
+TensorView row_heads(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head, int64_t head_stride) {
+  DS_CHECK(t.dtype == DType::F32 && c0 >= 0 && head_dim >= 0 && n_head >= 0 && head_stride >= head_dim &&
+               (n_head == 0 || c0 + head_stride * (n_head - 1) + head_dim <= t.ne[0]),
+           "row_heads: {} heads of {} every {} from column {} exceed t {}", n_head, head_dim, head_stride, c0,
+           t.shape_string());
+  TensorView r = t;
+  r.data = t.as<float>() + c0;
+  r.n_dims = 3;
+  r.ne = {head_dim, n_head, t.ne[1], 1};
+  r.nb = {4, 4 * head_stride, t.nb[1], t.nb[1] * t.ne[1]};
+  return r;
+}
+
 }  // namespace ds

@@ -47,4 +47,10 @@ struct TensorView {
                                Device device = {});
 };
 
+// Heads of every row of a 2-D F32 tensor t [n, row] (rows at t.nb[1]): n_head runs of head_dim
+// elements, the first at column c0, head_stride elements apart, as a strided view [n, n_head,
+// head_dim] (a fused projection's q / k / v heads, or the q / gate halves of interleaved heads).
+// No copy; the heads must lie within the row.
+TensorView row_heads(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head, int64_t head_stride);
+
 }  // namespace ds

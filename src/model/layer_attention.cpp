@@ -52,12 +52,8 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
 
   // QG per head: q_h = QG[h, 0:D], gate_h = QG[h, D:2D], read as strided views (no split copies):
   // q_h is RMS-normalized into q, gate_h is read in place by the output gate.
-  TensorView q_heads = qg;
-  q_heads.n_dims = 3;
-  q_heads.ne = {D, H, n, 1};
-  q_heads.nb = {4, 2 * D * 4, 2 * H * D * 4, 2 * H * D * 4 * n};
-  TensorView gate = q_heads;
-  gate.data = qg.as<float>() + D;
+  const TensorView q_heads = row_heads(qg, 0, D, H, 2 * D);
+  const TensorView gate = row_heads(qg, D, D, H, 2 * D);
 
   DS_ASSIGN_OR_RETURN(TensorView q, S.f32({D, H, n}));
   DS_TRY(rms_norm(ctx, q_heads, w.q_norm, c.rms_eps, q));  // per head over D

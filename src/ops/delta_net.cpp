@@ -103,14 +103,7 @@ bool overlaps(const TensorView& a, const TensorView& b) {
 }  // namespace
 
 TensorView delta_net_conv_heads(const TensorView& t, int64_t c0, int64_t head_dim, int64_t n_head) {
-  DS_CHECK(c0 >= 0 && head_dim >= 0 && n_head >= 0 && c0 + head_dim * n_head <= t.ne[0],
-           "delta_net_conv_heads: {} heads of {} from column {} exceed t {}", n_head, head_dim, c0, t.shape_string());
-  TensorView r = t;
-  r.data = t.as<float>() + c0;
-  r.n_dims = 3;
-  r.ne = {head_dim, n_head, t.ne[1], 1};
-  r.nb = {4, 4 * head_dim, t.nb[1], t.nb[1] * t.ne[1]};
-  return r;
+  return row_heads(t, c0, head_dim, n_head, head_dim);
 }
 
 Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
