@@ -109,8 +109,9 @@ constexpr int kNormPer = 8;
 __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const float* gate, float* y, int64_t n,
                             float eps, bool l2, const float* res, int8_t* q8, float2* q8_ds) {
   // The weight is no kernel's output, and by the time a decode step comes back to a layer the products
-  // have pushed it out of L2: start fetching it while the previous kernel drains (launch.cuh).
-  if (w != nullptr) {
+  // have pushed it out of L2: start fetching it while the previous kernel drains (launch.cuh). Every
+  // row shares it, so the first block alone fetches it.
+  if (w != nullptr && blockIdx.x == 0) {
     for (int64_t i = 32 * static_cast<int64_t>(threadIdx.x); i < n; i += 32 * static_cast<int64_t>(blockDim.x)) {
       asm volatile("prefetch.global.L2 [%0];" ::"l"(w + i));  // one 128-byte line a thread
     }
