@@ -480,6 +480,7 @@ cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_to
                              float* weights, float floor, cudaStream_t s) {
   if (k < 1 || k > kRouteMaxK || k > n_expert) return cudaErrorInvalidValue;
   if (n_expert > 32 * kern::kRouteMaxExpertsPerLane) return cudaErrorInvalidValue;
+  static_assert(kRouteMaxK <= kern::kRouteMaxPicks, "route_warp keeps pick j in lane j");
   constexpr int kWarpsPerBlock = 4;
   const unsigned blocks = static_cast<unsigned>((n_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return launch_kernel(moe_route_kernel, blocks, 32 * kWarpsPerBlock, 0, s, logits, n_expert, n_tokens, k, ids, weights,
