@@ -395,8 +395,17 @@ const V5Config kV5Configs[] = {
     {"v5r1d2p", 1, 2, 1, true, 8},   {"v5r1", 1, 1, 1, false, 8},        {"v5r1s4", 1, 1, 4, false, 8},
     {"v5r4", 4, 1, 1, false, 1},  // q4_K and q4_0 only
     {"v7", 0, 0, 1, true, 8},     // rows 0: the bulk-copy stream of matvec_q8v7.cuh (one CTA per SM)
+    // rows -1: v4 itself with `depth` shared-memory stages and a register budget of `split` CTAs per SM
+    {"v4st2c8", -1, 2, 8, false, 1}, {"v4st2c6", -1, 2, 6, false, 1}, {"v4st4", -1, 4, 1, false, 1},
 };
+// v4 variants whose static shared memory fits the 48 KB limit.
+bool v4_variant_fits(DType t, const V5Config& c) {
+  const int row_bytes = 16 * ((ds::cuda::kern::kQ8ChunkElems / ds::cuda::qdec::traits(t).block_elems *
+                                   ds::cuda::qdec::traits(t).block_bytes + 30) / 16) + 16;
+  return ds::cuda::kern::kQ8Warps * c.depth * ds::cuda::kern::kQ8Rows * row_bytes <= 48 * 1024;
+}
 bool v5_runs(DType t, const V5Config& c, int nt) {
+  if (c.rows < 0) return nt <= c.max_nt && v4_variant_fits(t, c);
   return nt <= c.max_nt && (c.rows != 4 || t == DType::Q4_K || t == DType::Q4_0);
 }
 constexpr int kV5NumConfigs = sizeof(kV5Configs) / sizeof(kV5Configs[0]);
@@ -415,11 +424,30 @@ void launch_v5_rows(const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cu
   }
 }
 
+// One token: v4 with the stage count and register budget of c (rows -1).
+template <DType T, int kStages, int kMinCtas>
+void launch_v4_variant(const ds::cuda::kern::MatvecQ8Args& a, cudaStream_t s) {
+  using namespace ds::cuda::kern;
+  if constexpr (kQ8Warps * kStages * kQ8Rows * Q8Smem<T, kQ8Rows>::kRowBytes <= 48 * 1024) {
+    const unsigned grid = static_cast<unsigned>((a.n_rows + kQ8Warps * kQ8Rows - 1) / (kQ8Warps * kQ8Rows));
+    matvec_q8<T, 1, kQ8Rows, kStages, kMinCtas><<<grid, kQ8Threads, 0, s>>>(a);
+    CK(cudaGetLastError());
+  } else {
+    std::abort();  // v5_runs keeps it out
+  }
+}
+
 template <DType T>
 void launch_v5_typed(const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cudaStream_t s) {
   if constexpr (ds::cuda::qdec::q8_supported(T)) {
     using namespace ds::cuda::kern;
-    if (c.rows == 0) {
+    if (c.rows < 0) {
+      if (a.n_tokens != 1) std::abort();
+      if (c.depth == 2 && c.split == 8) launch_v4_variant<T, 2, 8>(a, s);
+      else if (c.depth == 2 && c.split == 6) launch_v4_variant<T, 2, 6>(a, s);
+      else if (c.depth == 4 && c.split == 1) launch_v4_variant<T, 4, 1>(a, s);
+      else std::abort();
+    } else if (c.rows == 0) {
       if (a.n_tokens <= 1) CK((q8v7_launch<T, 1>(a, s)));
       else if (a.n_tokens <= 2) CK((q8v7_launch<T, 2>(a, s)));
       else if (a.n_tokens <= 4) CK((q8v7_launch<T, 4>(a, s)));
@@ -515,10 +543,19 @@ struct V5Row {
 
 int run_v5_section(double read_gbs, int64_t l2_bytes) {
   struct Shape { int64_t n_rows, k; };  // rows x k, as in the brief
-  const Shape shapes[] = {{17408, 5120}, {5120, 17408}, {10240, 5120}, {6144, 5120}, {5120, 6144},
-                          {48, 5120},    {1024, 5120},  {2048, 512},   {512, 2048},  {8192, 2048}};
+  std::vector<Shape> shapes = {{17408, 5120}, {5120, 17408}, {10240, 5120}, {6144, 5120}, {5120, 6144},
+                               {48, 5120},    {1024, 5120},  {2048, 512},   {512, 2048},  {8192, 2048}};
+  if (std::getenv("MATVEC_Q_VOCAB") != nullptr) {  // the output products of the 27B and 35B-A3B models
+    shapes.push_back({248320, 5120});
+    shapes.push_back({248320, 2048});
+  }
   const DType types[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::Q5_0};
-  const int token_counts[] = {1, 2, 4, 8};
+  const int token_counts_all[] = {1, 2, 4, 8};
+  const char* tok_env = std::getenv("MATVEC_Q_TOKENS");  // e.g. "1": that many tokens only
+  std::vector<int> token_counts;
+  for (int nt : token_counts_all) {
+    if (tok_env == nullptr || std::atoi(tok_env) == nt) token_counts.push_back(nt);
+  }
   cudaStream_t s = nullptr;
   int failures = 0;
   std::vector<V5Row> rows;

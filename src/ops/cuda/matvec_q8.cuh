@@ -239,10 +239,13 @@ __device__ __forceinline__ uintptr_t q8_weights_end(uintptr_t w_base, const Matv
 // kNT: activation rows per launch (n_tokens <= kNT, the rest predicated off). Needs (host-checked):
 // w 16-byte aligned, w_stride and w_expert_stride multiples of 16 (Q4_K, Q5_K) or 2 (others),
 // k a multiple of the block size, xq / xds from quantize_q8 (16-byte aligned).
-template <DType T, int kNT, int kRows = kQ8Rows>
-__global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
+// kStagesWant (0: Q8Smem's choice) and kMinCtas (__launch_bounds__' CTAs per SM, i.e. the register
+// budget) are occupancy knobs the matvec_q workbench times; production uses the defaults.
+template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1>
+__global__ void __launch_bounds__(kQ8Threads, kMinCtas) matvec_q8(MatvecQ8Args a) {
   using S = Q8Smem<T, kRows>;
-  __shared__ __align__(16) uint8_t smem[kQ8Warps][S::kStages][kRows][S::kRowBytes];
+  constexpr int kStages = kStagesWant > 0 ? kStagesWant : S::kStages;
+  __shared__ __align__(16) uint8_t smem[kQ8Warps][kStages][kRows][S::kRowBytes];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp) * kRows;
@@ -274,7 +277,7 @@ __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
     for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
 
 #pragma unroll
-  for (int c = 0; c < S::kStages - 1; ++c) {
+  for (int c = 0; c < kStages - 1; ++c) {
     if (c < n_chunks) q8_issue_chunk<T, kRows>(smem[warp][c], w_base, w_hi, a, r0, c, lane);
     cp_async_commit();  // empty groups keep the count uniform
   }
@@ -283,12 +286,12 @@ __global__ void __launch_bounds__(kQ8Threads) matvec_q8(MatvecQ8Args a) {
   if (!gathered) dependency_wait();
   allow_dependents();
   for (int c = 0; c < n_chunks; ++c) {
-    const int next = c + S::kStages - 1;  // into the stage read in step c - 1
-    if (next < n_chunks) q8_issue_chunk<T, kRows>(smem[warp][next % S::kStages], w_base, w_hi, a, r0, next, lane);
+    const int next = c + kStages - 1;  // into the stage read in step c - 1
+    if (next < n_chunks) q8_issue_chunk<T, kRows>(smem[warp][next % kStages], w_base, w_hi, a, r0, next, lane);
     cp_async_commit();
-    cp_async_wait<S::kStages - 1>();  // this lane's copies of chunk c have landed
+    cp_async_wait<kStages - 1>();  // this lane's copies of chunk c have landed
     __syncwarp();                     // ... and every lane's
-    q8_chunk_dot<T, kNT, kRows>(smem[warp][c % S::kStages], w_base, a, xq, xds, r0, c, lane, acc);
+    q8_chunk_dot<T, kNT, kRows>(smem[warp][c % kStages], w_base, a, xq, xds, r0, c, lane, acc);
     __syncwarp();  // stage c % kStages is refilled in the next step
   }
 

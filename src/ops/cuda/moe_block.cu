@@ -7,7 +7,7 @@
 //  - moe_block_combine: y = sum of the routed experts' weighted down rows + sigmoid-gated shared row.
 // Non-obvious choice: "last CTA routes" (each CTA fences its writes, then takes a ticket with
 // atomicInc, which wraps the counter back to 0 for the next launch) instead of a second launch: the
-// routing of a decode token is ~1 us of one warp, far less than a kernel boundary in the graph.
+// routing costs the same in either place, and a second launch adds a kernel boundary to the chain.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -22,7 +22,7 @@
 namespace ds::cuda {
 namespace {
 
-static_assert(kMoeBlockMaxExperts <= 32 * kern::kRouteMaxExpertsPerLane, "route_warp's keys per lane");
+static_assert(kMoeBlockMaxExperts <= 32 * kern::kRouteMaxExpertsPerLane, "route_warp's taken mask");
 static_assert(kMoeBlockMaxK <= kern::kRouteMaxPicks, "route_warp keeps pick j in lane j");
 
 constexpr int kRouteWarps = 4;
@@ -133,32 +133,40 @@ __device__ __forceinline__ void write_sel(int32_t* const* sel, int64_t slot, con
   if (sel[1] != nullptr) sel[1][slot] = w.group == 1 ? v : -1;
 }
 
-// Routing of token t by one warp (kern::route_warp reads the logits, which other CTAs wrote, through L2),
-// then the weight selectors and combine coefficients of its pairs.
-__device__ void route_token(const MoeRouteFusedLaunch& a, int t) {
+// Routing of token t by one warp (kern::route_warp over the logits copied into `l` first), then the
+// weight selectors and combine coefficients of its pairs, from the picks route_warp leaves in lanes
+// 0 .. k-1 (a read back of ids / weights would be one more memory round trip on the critical path).
+__device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l) {
   const int lane = threadIdx.x % 32;
   const int n_expert = a.n_expert, k = a.k, P = k + 1;
+  const float* lg = a.logits + static_cast<int64_t>(t) * n_expert;
+  for (int e = lane; e < n_expert; e += 32) l[e] = __ldcg(lg + e);  // L2: written by other CTAs
+  const float g = lane == 0 ? __ldcg(a.shexp_logit + t) : 0.0f;     // in flight with the logits
+  __syncwarp();
   const int64_t s0 = static_cast<int64_t>(t) * k;
-  kern::route_warp(a.logits + static_cast<int64_t>(t) * n_expert, n_expert, k, a.floor, a.ids + s0, a.weights + s0);
-  for (int j = lane; j < k; j += 32) {
-    const int e = a.ids[s0 + j];
-    const int64_t pair = static_cast<int64_t>(t) * P + j;
-    a.coef[pair] = a.weights[s0 + j];
-    write_sel(a.sel_gu, 2 * pair, a.gate, e);
-    write_sel(a.sel_gu, 2 * pair + 1, a.up, e);
-    write_sel(a.sel_down, pair, a.down, e);
+  int pick_e;
+  float pick_w;
+  kern::route_warp(l, n_expert, k, a.floor, a.ids + s0, a.weights + s0, pick_e, pick_w);
+  if (lane < k) {
+    const int64_t pair = static_cast<int64_t>(t) * P + lane;
+    a.coef[pair] = pick_w;
+    write_sel(a.sel_gu, 2 * pair, a.gate, pick_e);
+    write_sel(a.sel_gu, 2 * pair + 1, a.up, pick_e);
+    write_sel(a.sel_down, pair, a.down, pick_e);
   }
   if (lane == 0) {
     const int64_t pair = static_cast<int64_t>(t) * P + k;
-    const float g = __ldcg(a.shexp_logit + t);
     a.coef[pair] = 1.0f / (1.0f + __expf(-g));  // as mul_sigmoid on CUDA
     write_sel(a.sel_gu, 2 * pair, a.shexp_gate_w, 0);
     write_sel(a.sel_gu, 2 * pair + 1, a.shexp_up_w, 0);
     write_sel(a.sel_down, pair, a.shexp_down_w, 0);
   }
+  __syncwarp();  // `l` is reused for the warp's next token
 }
 
+// Dynamic shared memory: kRouteWarps * n_expert floats (the last CTA's logit copies).
 __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
+  extern __shared__ float route_smem[];
   __shared__ unsigned int is_last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kRouteWarps + warp;
@@ -183,7 +191,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
   if (is_last == 0) return;
   __threadfence();
   for (int t = warp; t < a.n_tokens; t += kRouteWarps) {
-    route_token(a, t);
+    route_token(a, t, route_smem + static_cast<int64_t>(warp) * a.n_expert);
   }
 }
 
@@ -213,7 +221,8 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
   const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec4 = a.n_embd % 4 == 0 && a.router_stride % 4 == 0 && a16(a.x) && a16(a.router) && a16(a.shexp_gate);
   const unsigned grid = static_cast<unsigned>((a.n_expert + 1 + kRouteWarps - 1) / kRouteWarps);
-  return launch_kernel(moe_route_fused, grid, kRouteThreads, 0, stream, a, vec4);
+  const size_t smem = sizeof(float) * kRouteWarps * static_cast<size_t>(a.n_expert);
+  return launch_kernel(moe_route_fused, grid, kRouteThreads, smem, stream, a, vec4);
 }
 
 cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,

@@ -349,8 +349,10 @@ __global__ void moe_route_kernel(const float* logits, int64_t n_expert, int64_t 
   kern::dependency_sync();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= n_tokens) return;  // warp-uniform
+  int pick_e;
+  float pick_w;
   kern::route_warp(logits + t * n_expert, static_cast<int>(n_expert), static_cast<int>(k), floor, ids + t * k,
-                   weights + t * k);
+                   weights + t * k, pick_e, pick_w);
 }
 
 __global__ void scatter_add_kernel(const float* x, const int32_t* dst_rows, const float* scale, float* y,
