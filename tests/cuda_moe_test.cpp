@@ -639,6 +639,80 @@ TEST_F(CudaMoeBlockTest, EightOfSixtyFourOtherTypes) {
   }
 }
 
+// The gathered q8 product with SwiGLU input (MoeMatvecLaunch::gate / up: each CTA quantizes its slot's
+// silu(g) * u) equals quantize_q8_launch's SwiGLU mode followed by the product on those codes, bit for
+// bit; an unused slot (-1) stays unwritten in both; rows longer than kMoeSwigluMaxK are refused.
+TEST_F(CudaMoeBlockTest, DownWithSwigluInputEqualsQuantizeThenProduct) {
+  struct Shape {
+    DType t;
+    int64_t E, F, X;
+    int slots, x_div;
+  };
+  for (const Shape& sh : {Shape{DType::Q6_K, 64, 512, 4, 9, 1}, Shape{DType::Q4_K, 96, 768, 3, 5, 1},
+                          Shape{DType::Q8_0, 40, 96, 5, 6, 2}, Shape{DType::Q5_0, 16, 2048, 2, 3, 1},
+                          Shape{DType::Q4_0, 24, 544, 3, 4, 1}}) {
+    const int64_t E = sh.E, F = sh.F, X = sh.X, rows = sh.slots / sh.x_div;
+    const std::string where = fmt::format("{} n_embd {} n_ff {} slots {} x_div {}", dtype_name(sh.t), E, F,
+                                          sh.slots, sh.x_div);
+    const std::vector<uint8_t> wb = random_rows(sh.t, E * X, F, rng_);
+    test::Host gu({2 * F, rows});
+    gu.random(rng_, -3.0f, 3.0f);
+    gu.v[5] = 0.0f;
+    std::vector<int32_t> ids(static_cast<size_t>(sh.slots));
+    for (int s = 0; s < sh.slots; ++s) ids[static_cast<size_t>(s)] = s == 1 ? -1 : static_cast<int32_t>(s % X);
+    const auto put = [&](const void* h, int64_t bytes) {
+      void* d = dev(bytes);
+      EXPECT_TRUE(cuda::copy_to_device(d, h, bytes, stream_).is_ok());
+      return d;
+    };
+    const void* w = put(wb.data(), static_cast<int64_t>(wb.size()));
+    const auto* g = static_cast<const float*>(put(gu.v.data(), 4 * 2 * F * rows));
+    const auto* did = static_cast<const int32_t*>(put(ids.data(), 4 * sh.slots));
+    const int64_t act_bytes = cuda::matvec_q8_act_bytes(F, rows);
+    void* act = dev(act_bytes);
+    std::vector<float*> y;
+    for (int i = 0; i < 2; ++i) {
+      y.push_back(static_cast<float*>(dev(4 * E * sh.slots)));
+      ASSERT_TRUE(cuda::fill_bytes(y.back(), 0xFF, 4 * E * sh.slots, stream_).is_ok());
+    }
+    const auto s = static_cast<cudaStream_t>(stream_.handle());
+    cuda::MoeMatvecLaunch m{w, dtype_row_bytes(sh.t, F), E * dtype_row_bytes(sh.t, F)};
+    m.n_rows = E;
+    m.k = F;
+    m.ids = did;
+    m.n_expert = static_cast<int>(X);
+    m.n_slots = sh.slots;
+    m.x_div = sh.x_div;
+    m.y_stride = E;
+    ASSERT_EQ(cuda::quantize_q8_launch(g, 2 * F, g + F, rows, F, act, nullptr, 0, s), cudaSuccess) << where;
+    cuda::MoeMatvecLaunch two = m;
+    two.act = act;
+    two.act_rows = rows;
+    two.y = y[0];
+    ASSERT_EQ(cuda::moe_matvec_launch(sh.t, two, cuda::MatvecKernel::kQ8, s), cudaSuccess) << where;
+    cuda::MoeMatvecLaunch one = m;
+    one.gate = g;
+    one.up = g + F;
+    one.gu_stride = 2 * F;
+    one.y = y[1];
+    ASSERT_EQ(cuda::moe_matvec_launch(sh.t, one, cuda::MatvecKernel::kQ8, s), cudaSuccess) << where;
+    const std::vector<uint32_t> a = fetch<uint32_t>(y[0], E * sh.slots), b = fetch<uint32_t>(y[1], E * sh.slots);
+    EXPECT_EQ(a, b) << where;
+    for (int64_t c = 0; c < E; ++c) {
+      EXPECT_EQ(b[static_cast<size_t>(E + c)], 0xFFFFFFFFu) << where << ": the unused slot was written";
+      EXPECT_NE(b[static_cast<size_t>(c)], 0xFFFFFFFFu) << where << ": slot 0 was not written";
+    }
+    cuda::MoeMatvecLaunch too_long = one;
+    too_long.k = cuda::kMoeSwigluMaxK + 256;
+    EXPECT_EQ(cuda::moe_matvec_launch(sh.t, too_long, cuda::MatvecKernel::kQ8, s), cudaErrorInvalidValue) << where;
+    cuda::MoeMatvecLaunch not_q8 = one;
+    not_q8.x = g;
+    not_q8.x_stride = 2 * F;
+    EXPECT_EQ(cuda::moe_matvec_launch(sh.t, not_q8, cuda::MatvecKernel::kStaged, s), cudaErrorInvalidValue) << where;
+  }
+  bufs_.clear();
+}
+
 // The routing kernel alone: x codes equal quantize_q8's byte for byte, ids and weights equal the CUDA
 // moe_route's on the kernel's own logits, and selectors follow their MoeWeightSel (two gate/up groups,
 // one down group); a second launch (the counter went back to 0) repeats the first.
