@@ -1,12 +1,12 @@
 // Host entry of moe_block_decode (ops/cuda/cuda_ops.h): the qwen35moe FFN block of a decode step
-// (router, routing, routed experts, sigmoid-gated shared expert) in four launches on the context's
+// (router, routing, routed experts, sigmoid-gated shared expert) in five launches on the context's
 // stream, none of which waits for the host:
 //   1. moe_route_fused: router + shexp_gate logits, int8 x, routing, selectors, coefficients;
 //   2. gate and up of every (token, expert) pair incl. the shared expert: one gathered q8 launch;
-//   3. down of every pair: one gathered q8 launch whose CTAs quantize h = silu(g) * u of their pair
-//      themselves (expert rows of n_ff <= kMoeSwigluMaxK; longer ones take a quantize launch first);
-//   4. y = weighted sum of the routed pairs + sigmoid(shexp_gate . x) * shared pair.
-// Launches 2 and 3 split in two when the shared expert's type differs from the routed experts'.
+//   3. h = silu(g) * u quantized to int8 (quantize_q8 SwiGLU mode) for every pair;
+//   4. down of every pair: one gathered q8 launch;
+//   5. y = weighted sum of the routed pairs + sigmoid(shexp_gate . x) * shared pair.
+// Launches 2 and 4 split in two when the shared expert's type differs from the routed experts'.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choices:
 //  - The gathered kernels take a slot's weight address as base + selector * 16 bytes (the "expert id"
@@ -221,10 +221,7 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   // Scratch, 16-byte aligned pieces: logits | shexp logit | x q8 | coef | selectors | g/u | h q8 | d.
   const int64_t logits_b = align16(4 * T * X), shl_b = align16(4 * T), xq_b = align16(matvec_q8_act_bytes(E, T));
   const int64_t coef_b = align16(4 * T * P), selgu_b = align16(4 * T * 2 * P), seld_b = align16(4 * T * P);
-  // The down launches quantize silu(g) * u themselves (MoeMatvecLaunch::gate) when a row fits their
-  // shared memory; otherwise a quantize launch writes h's q8 activations first.
-  const bool down_swiglu = F <= kMoeSwigluMaxK;
-  const int64_t gu_b = align16(4 * T * 2 * P * F), hq_b = down_swiglu ? 0 : align16(matvec_q8_act_bytes(F, T * P));
+  const int64_t gu_b = align16(4 * T * 2 * P * F), hq_b = align16(matvec_q8_act_bytes(F, T * P));
   const int64_t d_b = align16(4 * T * P * E);
   const int64_t total = logits_b + shl_b + xq_b + coef_b + p.n_gu * selgu_b + p.n_down * seld_b + gu_b + hq_b + d_b;
   DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, total));
@@ -287,10 +284,8 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
     DS_CUDA_TRY(moe_matvec_launch(p.gu[g].dtype, m, MatvecKernel::kQ8, s), "{}: gate/up: {}", kOp, shapes());
   }
   // h[pair] = silu(g[2 pair]) * g[2 pair + 1]: rows of F at stride 2F, up rows F further.
-  if (!down_swiglu) {
-    DS_CUDA_TRY(quantize_q8_launch(gu, 2 * F, gu + F, T * P, F, hq, nullptr, 0, s), "{}: swiglu + quantize h: {}",
-                kOp, shapes());
-  }
+  DS_CUDA_TRY(quantize_q8_launch(gu, 2 * F, gu + F, T * P, F, hq, nullptr, 0, s), "{}: swiglu + quantize h: {}", kOp,
+              shapes());
   for (int g = 0; g < p.n_down; ++g) {
     MoeMatvecLaunch m{p.down[g].base, p.down[g].w_stride, kMoeSelUnit};
     m.n_rows = E;
@@ -298,14 +293,8 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
     m.ids = r.sel_down[g];
     m.n_expert = INT32_MAX;
     m.n_slots = static_cast<int>(T * P);
-    if (down_swiglu) {
-      m.gate = gu;
-      m.up = gu + F;
-      m.gu_stride = 2 * F;
-    } else {
-      m.act = hq;
-      m.act_rows = T * P;
-    }
+    m.act = hq;
+    m.act_rows = T * P;
     m.y = d;
     m.y_stride = E;
     DS_CUDA_TRY(moe_matvec_launch(p.down[g].dtype, m, MatvecKernel::kQ8, s), "{}: down: {}", kOp, shapes());

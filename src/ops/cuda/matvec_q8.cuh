@@ -37,7 +37,6 @@ constexpr int kQ8Rows = 4;           // weight rows per warp (activation reuse)
 constexpr int kQ8ChunkElems = 1024;  // elements of a row per pipeline step: one unit per lane
 constexpr int kQ8MaxTokens = 8;
 constexpr int kQuantThreads = 256;   // quantize_q8: 8 lanes per 32-element block
-constexpr int kQ8SwigluMaxK = 2048;  // matvec_q8's SwiGLU-input form: the row quantized in shared memory
 
 // Activation scratch of n_rows rows of k elements (k % 32 == 0): int8 codes [n_rows, k] at offset 0,
 // then float2 (d, d * sum q) [n_rows, k / 32] at q8_ds_offset (16-byte aligned).
@@ -204,8 +203,7 @@ __device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (
 // Adds to acc[r][t] the products of chunk c of the staged rows r0 + r with activation rows t: each lane
 // decodes its 32-element unit of every row and takes the dp4a dot with the activation block. Rows past
 // n_rows decode stale shared memory; their sums are never written.
-// kActShared: xq / xds point to shared memory (kSwigluIn), read with plain loads.
-template <DType T, int kNT, int kRows, bool kActShared = false>
+template <DType T, int kNT, int kRows>
 __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
                                              const MatvecQ8Args& a, const int8_t* xq, const float2* xds, int64_t r0,
                                              int c, int lane, float (&acc)[kRows][kNT]) {
@@ -222,8 +220,8 @@ __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kR
   for (int t = 0; t < kNT; ++t) {
     if (t < a.n_tokens) {
       const int4* xp = reinterpret_cast<const int4*>(xq + t * a.k + kQ8Block * gu);
-      const int4 x0 = kActShared ? xp[0] : __ldg(xp), x1 = kActShared ? xp[1] : __ldg(xp + 1);
-      const float2 ds = kActShared ? xds[t * (a.k / kQ8Block) + gu] : __ldg(xds + t * (a.k / kQ8Block) + gu);
+      const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+      const float2 ds = __ldg(xds + t * (a.k / kQ8Block) + gu);
       const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
       for (int r = 0; r < kRows; ++r) acc[r][t] = q8_unit_dot<T>(wu[r], xv, ds, acc[r][t]);
@@ -243,39 +241,29 @@ __device__ __forceinline__ uintptr_t q8_weights_end(uintptr_t w_base, const Matv
 // k a multiple of the block size, xq / xds from quantize_q8 (16-byte aligned).
 // kStagesWant (0: Q8Smem's choice) and kMinCtas (__launch_bounds__' CTAs per SM, i.e. the register
 // budget) are occupancy knobs the matvec_q workbench times; production uses the defaults.
-// kSwigluIn (gathered, one token, k <= kQ8SwigluMaxK): the slot's activation row is silu(gate) * up
-// (MatvecQ8Args::gate / up), which the CTA quantizes into shared memory first (quantize_q8<true>'s
-// arithmetic, bit for bit), so no quantize launch sits between the gate/up and down products.
-template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1, bool kSwigluIn = false>
+template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1>
 __global__ void __launch_bounds__(kQ8Threads, kMinCtas) matvec_q8(MatvecQ8Args a) {
   using S = Q8Smem<T, kRows>;
   constexpr int kStages = kStagesWant > 0 ? kStagesWant : S::kStages;
   __shared__ __align__(16) uint8_t smem[kQ8Warps][kStages][kRows][S::kRowBytes];
-  static_assert(!kSwigluIn || kNT == 1, "SwiGLU input: one activation row per slot");
-  constexpr int kActElems = kSwigluIn ? kQ8SwigluMaxK : kQ8Block;  // unused (and dropped) otherwise
-  __shared__ __align__(16) int8_t act_q[kActElems];
-  __shared__ float2 act_ds[kActElems / kQ8Block];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp) * kRows;
   const bool gathered = a.ids != nullptr;
   if (gathered) dependency_wait();  // the expert ids are an earlier kernel's output
-  // Warps never synchronize with each other, except for kSwigluIn's one CTA barrier below.
-  if (!kSwigluIn && r0 >= a.n_rows) return;
+  if (r0 >= a.n_rows) return;       // warps never synchronize with each other
   const uint8_t* w = a.w;
   const int8_t* xq = a.xq;
   const float2* xds = static_cast<const float2*>(a.xds);
   float* y = a.y;
-  const int slot = blockIdx.y;
   if (gathered) {
+    const int slot = blockIdx.y;
     const int32_t e = a.ids[slot];
-    if (e < 0 || e >= a.n_expert) return;  // the whole CTA: one slot
+    if (e < 0 || e >= a.n_expert) return;
     w += e * a.w_expert_stride;
-    if constexpr (!kSwigluIn) {
-      const int64_t xr = slot / a.x_div;
-      xq += xr * a.k;
-      xds += xr * (a.k / kQ8Block);
-    }
+    const int64_t xr = slot / a.x_div;
+    xq += xr * a.k;
+    xds += xr * (a.k / kQ8Block);
     y += slot * a.y_stride;
   }
   const uintptr_t w_base = reinterpret_cast<uintptr_t>(w);
@@ -289,39 +277,9 @@ __global__ void __launch_bounds__(kQ8Threads, kMinCtas) matvec_q8(MatvecQ8Args a
     for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
 
 #pragma unroll
-  for (int c = 0; c < kStages - 1; ++c) {  // rows past n_rows issue nothing
+  for (int c = 0; c < kStages - 1; ++c) {
     if (c < n_chunks) q8_issue_chunk<T, kRows>(smem[warp][c], w_base, w_hi, a, r0, c, lane);
     cp_async_commit();  // empty groups keep the count uniform
-  }
-  if constexpr (kSwigluIn) {
-    // While the first weight copies fly, the whole CTA quantizes the slot's activation row
-    // silu(gate) * up into shared memory, 4 elements a thread, 8 lanes a 32-element block.
-    const int64_t xr = slot / a.x_div;
-    const float* gr = a.gate + xr * a.act_stride;
-    const float* ur = a.up + xr * a.act_stride;
-    for (int64_t base = 0; base < a.k; base += 4 * kQ8Threads) {
-      const int64_t e0 = base + 4 * static_cast<int64_t>(threadIdx.x);
-      const bool live = e0 < a.k;  // k % 32 == 0: 8 lanes of one block are live together
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (live) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = gr[e0 + i] * (1.0f / (1.0f + __expf(-gr[e0 + i]))) * ur[e0 + i];
-      }
-      int qi[4];
-      float d;
-      int sum;
-      quantize_block_q8(v, qi, d, sum);
-      if (live) {
-        *reinterpret_cast<char4*>(act_q + e0) =
-            make_char4(static_cast<signed char>(qi[0]), static_cast<signed char>(qi[1]),
-                       static_cast<signed char>(qi[2]), static_cast<signed char>(qi[3]));
-        if (threadIdx.x % 8 == 0) act_ds[e0 / kQ8Block] = make_float2(d, d * static_cast<float>(sum));
-      }
-    }
-    __syncthreads();
-    xq = act_q;
-    xds = act_ds;
-    if (r0 >= a.n_rows) return;
   }
   // The first stages' weight copies are in flight (weights are no kernel's output) while the previous
   // kernel drains; the activations are read only after the wait (launch.cuh).
@@ -333,7 +291,7 @@ __global__ void __launch_bounds__(kQ8Threads, kMinCtas) matvec_q8(MatvecQ8Args a
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // this lane's copies of chunk c have landed
     __syncwarp();                     // ... and every lane's
-    q8_chunk_dot<T, kNT, kRows, kSwigluIn>(smem[warp][c % kStages], w_base, a, xq, xds, r0, c, lane, acc);
+    q8_chunk_dot<T, kNT, kRows>(smem[warp][c % kStages], w_base, a, xq, xds, r0, c, lane, acc);
     __syncwarp();  // stage c % kStages is refilled in the next step
   }
 

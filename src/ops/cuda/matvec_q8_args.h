@@ -21,11 +21,6 @@ struct MatvecQ8Args {
   int64_t w_expert_stride = 0;   // bytes between experts
   int n_expert = 0;
   int x_div = 1;                 // gathered: slot s multiplies activation row s / x_div, writes y row s
-  // SwiGLU input (matvec_q8's kSwigluIn form, gathered): activation row r is silu(gate) * up of the F32
-  // rows gate + r * act_stride and up + r * act_stride, quantized by each CTA itself (xq, xds unused).
-  const float* gate = nullptr;
-  const float* up = nullptr;
-  int64_t act_stride = 0;
 };
 
 // Bytes from the start of an activation scratch of n_rows rows of k elements to its (d, d * sum q)

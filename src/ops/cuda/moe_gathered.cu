@@ -12,26 +12,12 @@
 namespace ds::cuda {
 namespace {
 
-static_assert(kMoeSwigluMaxK <= kern::kQ8SwigluMaxK, "matvec_q8's SwiGLU row in shared memory");
-
 template <DType T>
 cudaError_t launch_gathered(const MoeMatvecLaunch& m, MatvecKernel kernel, cudaStream_t stream) {
   const dim3 q8_grid(static_cast<unsigned>((m.n_rows + kern::kQ8Warps * kern::kQ8Rows - 1) /
                                            (kern::kQ8Warps * kern::kQ8Rows)),
                      static_cast<unsigned>(m.n_slots));
   if constexpr (qdec::q8_supported(T)) {
-    if (kernel == MatvecKernel::kQ8 && m.gate != nullptr) {
-      kern::MatvecQ8Args a{static_cast<const uint8_t*>(m.w), m.w_stride, nullptr, nullptr, m.y, m.y_stride,
-                           m.n_rows, m.k, 1};
-      a.ids = m.ids;
-      a.w_expert_stride = m.w_expert_stride;
-      a.n_expert = m.n_expert;
-      a.x_div = m.x_div;
-      a.gate = m.gate;
-      a.up = m.up;
-      a.act_stride = m.gu_stride;
-      return launch_kernel(kern::matvec_q8<T, 1, kern::kQ8Rows, 0, 1, true>, q8_grid, kern::kQ8Threads, 0, stream, a);
-    }
     if (kernel == MatvecKernel::kQ8) {
       kern::MatvecQ8Args a = kern::q8_args(m.w, m.w_stride, m.act, m.k, m.act_rows, m.y, m.y_stride, m.n_rows, 1);
       a.ids = m.ids;
@@ -94,13 +80,8 @@ bool moe_matvec_staged_fits(DType t, const MoeMatvecLaunch& m) {
 cudaError_t moe_matvec_launch(DType t, const MoeMatvecLaunch& m, MatvecKernel kernel, cudaStream_t stream) {
   if (m.n_rows <= 0 || m.n_slots <= 0) return cudaSuccess;
   if (m.n_slots > 65535 || m.x_div < 1) return cudaErrorInvalidValue;
-  if (m.gate != nullptr) {  // SwiGLU input: the q8 kernel only
-    if (kernel != MatvecKernel::kQ8 || m.up == nullptr || m.k > kMoeSwigluMaxK || m.k % kern::kQ8Block != 0 ||
-        !moe_matvec_q8_fits(t, m)) {
-      return cudaErrorInvalidValue;
-    }
-  } else if (kernel == MatvecKernel::kQ8 && (m.act == nullptr || reinterpret_cast<uintptr_t>(m.act) % 16 != 0 ||
-                                             !moe_matvec_q8_fits(t, m))) {
+  if (kernel == MatvecKernel::kQ8 && (m.act == nullptr || reinterpret_cast<uintptr_t>(m.act) % 16 != 0 ||
+                                      !moe_matvec_q8_fits(t, m))) {
     return cudaErrorInvalidValue;
   }
   if (kernel != MatvecKernel::kQ8 && m.x == nullptr) return cudaErrorInvalidValue;

@@ -33,14 +33,7 @@ struct MoeMatvecLaunch {
   int64_t act_rows = 0;          // rows in act
   float* y = nullptr;            // slot s writes y + s * y_stride
   int64_t y_stride = 0;          // elements
-  // SwiGLU input (q8 kernel, k <= kMoeSwigluMaxK; act unused): activation row r is silu(gate) * up of
-  // the F32 rows gate + r * gu_stride and up + r * gu_stride, which each CTA quantizes itself (bit for
-  // bit as quantize_q8_launch with `up`), so no quantize launch runs between gate/up and down.
-  const float* gate = nullptr;
-  const float* up = nullptr;
-  int64_t gu_stride = 0;
 };
-constexpr int64_t kMoeSwigluMaxK = 2048;
 
 // Whether the q8 kernel fits (given q8 activations), and the staged F32 kernel (x set); the generic
 // kernel always fits a supported type.
