@@ -400,9 +400,8 @@ const V5Config kV5Configs[] = {
 };
 // v4 variants whose static shared memory fits the 48 KB limit.
 bool v4_variant_fits(DType t, const V5Config& c) {
-  const int row_bytes = 16 * ((ds::cuda::kern::kQ8ChunkElems / ds::cuda::qdec::traits(t).block_elems *
-                                   ds::cuda::qdec::traits(t).block_bytes + 30) / 16) + 16;
-  return ds::cuda::kern::kQ8Warps * c.depth * ds::cuda::kern::kQ8Rows * row_bytes <= 48 * 1024;
+  using namespace ds::cuda::kern;
+  return q8_ring_bytes(t, kQ8Rows, c.depth) <= kQ8StaticSmem;
 }
 bool v5_runs(DType t, const V5Config& c, int nt) {
   if (c.rows < 0) return nt <= c.max_nt && v4_variant_fits(t, c);
@@ -428,7 +427,7 @@ void launch_v5_rows(const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cu
 template <DType T, int kStages, int kMinCtas>
 void launch_v4_variant(const ds::cuda::kern::MatvecQ8Args& a, cudaStream_t s) {
   using namespace ds::cuda::kern;
-  if constexpr (kQ8Warps * kStages * kQ8Rows * Q8Smem<T, kQ8Rows>::kRowBytes <= 48 * 1024) {
+  if constexpr (q8_ring_bytes(T, kQ8Rows, kStages) <= kQ8StaticSmem) {
     const unsigned grid = static_cast<unsigned>((a.n_rows + kQ8Warps * kQ8Rows - 1) / (kQ8Warps * kQ8Rows));
     matvec_q8<T, 1, kQ8Rows, kStages, kMinCtas><<<grid, kQ8Threads, 0, s>>>(a);
     CK(cudaGetLastError());

@@ -138,16 +138,27 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_q8(QuantizeQ8Args a) {
 }
 
 
-// Shared-memory shape of matvec_q8<T, *, kRows> (host code uses it to check the static limit).
+constexpr int kQ8StaticSmem = 48 * 1024;  // static shared memory a CTA may declare
+
+// Bytes of one staged chunk of a row of type t: the 16-byte pieces of a chunk at any phase mod 16, plus
+// the word words_a2 may read past the end.
+__host__ __device__ constexpr int q8_row_bytes(DType t) {
+  return 16 * ((kQ8ChunkElems / qdec::traits(t).block_elems * qdec::traits(t).block_bytes + 30) / 16) + 16;
+}
+// Bytes of matvec_q8's rings: kQ8Warps warps of `stages` chunks of `rows` rows.
+__host__ __device__ constexpr int q8_ring_bytes(DType t, int rows, int stages) {
+  return kQ8Warps * stages * rows * q8_row_bytes(t);
+}
+
+// Shared-memory shape of matvec_q8<T, *, kRows> (the workbench sizes its variants with q8_ring_bytes).
 template <DType T, int kRows>
 struct Q8Smem {
   static constexpr qdec::TypeTraits tr = qdec::traits(T);
   static constexpr int kChunkBytes = kQ8ChunkElems / tr.block_elems * tr.block_bytes;
   static constexpr int kPieces = (kChunkBytes + 30) / 16;  // 16-byte pieces of a chunk at any phase mod 16
   static constexpr int kPiecesPerLane = (kPieces + 31) / 32;
-  static constexpr int kRowBytes = 16 * kPieces + 16;      // + the word words_a2 may read past the end
-  static constexpr int kStages = kQ8Warps * kRows * kRowBytes * 3 <= 48 * 1024 ? 3 : 2;
-  static constexpr int kBytes = kQ8Warps * kStages * kRows * kRowBytes;
+  static constexpr int kRowBytes = q8_row_bytes(T);
+  static constexpr int kStages = q8_ring_bytes(T, kRows, 3) <= kQ8StaticSmem ? 3 : 2;
 };
 
 // Start address of chunk c (elements [c * kQ8ChunkElems, ...)) of weight row `row`.

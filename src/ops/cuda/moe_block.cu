@@ -134,8 +134,8 @@ __device__ __forceinline__ void write_sel(int32_t* const* sel, int64_t slot, con
 }
 
 // Routing of token t by one warp (kern::route_warp over the logits copied into `l` first), then the
-// weight selectors and combine coefficients of its pairs, from the picks route_warp leaves in lanes
-// 0 .. k-1 (a read back of ids / weights would be one more memory round trip on the critical path).
+// ids, weights, selectors and combine coefficients of its pairs, stored by the lanes route_warp leaves
+// the picks in (no read back of what was just written: one memory round trip less on the critical path).
 __device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l) {
   const int lane = threadIdx.x % 32;
   const int n_expert = a.n_expert, k = a.k, P = k + 1;
@@ -143,12 +143,13 @@ __device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l) {
   for (int e = lane; e < n_expert; e += 32) l[e] = __ldcg(lg + e);  // L2: written by other CTAs
   const float g = lane == 0 ? __ldcg(a.shexp_logit + t) : 0.0f;     // in flight with the logits
   __syncwarp();
-  const int64_t s0 = static_cast<int64_t>(t) * k;
   int pick_e;
   float pick_w;
-  kern::route_warp(l, n_expert, k, a.floor, a.ids + s0, a.weights + s0, pick_e, pick_w);
+  kern::route_warp(l, n_expert, k, a.floor, pick_e, pick_w);
   if (lane < k) {
-    const int64_t pair = static_cast<int64_t>(t) * P + lane;
+    const int64_t s = static_cast<int64_t>(t) * k + lane, pair = static_cast<int64_t>(t) * P + lane;
+    a.ids[s] = pick_e;
+    a.weights[s] = pick_w;
     a.coef[pair] = pick_w;
     write_sel(a.sel_gu, 2 * pair, a.gate, pick_e);
     write_sel(a.sel_gu, 2 * pair + 1, a.up, pick_e);

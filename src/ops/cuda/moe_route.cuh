@@ -27,12 +27,11 @@ __device__ __forceinline__ unsigned route_order_key(float v) {
   return (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
 }
 
-// Every lane of a warp calls it. l: the token's n_expert logits (memory every lane reads); writes the
-// k (<= kRouteMaxPicks) picked expert ids (ids[j]) and their weights w[j] = p_j / max(sum of the picked
-// p, floor), p_j the softmax probability rounded to float first (as the CPU). ids and w are visible to
-// the whole warp on return; lane j < k also returns pick j in pick_e, pick_w (no read back needed).
-__device__ inline void route_warp(const float* l, int n_expert, int k, float floor, int32_t* ids, float* w,
-                                  int& pick_e, float& pick_w) {
+// Every lane of a warp calls it. l: the token's n_expert logits (memory every lane reads). Lane j < k
+// (k <= kRouteMaxPicks) gets pick j: the expert id pick_e and its weight pick_w = p_j / max(sum of the
+// picked p, floor), p_j the softmax probability rounded to float first (as the CPU); the other lanes
+// get pick_w = 0. The caller stores what it needs from the picking lanes.
+__device__ inline void route_warp(const float* l, int n_expert, int k, float floor, int& pick_e, float& pick_w) {
   const int lane = threadIdx.x % 32;
   double mx = -INFINITY;
   for (int e = lane; e < n_expert; e += 32) mx = fmax(mx, static_cast<double>(l[e]));
@@ -71,14 +70,8 @@ __device__ inline void route_warp(const float* l, int n_expert, int k, float flo
   for (int j = 0; j < k; ++j) sel_sum += __shfl_sync(0xFFFFFFFFu, q, j);
   const double denom = fmax(sel_sum, static_cast<double>(floor));
   pick_e = my_e;
-  pick_w = 0.0f;
-  if (lane < k) {
-    const float p = static_cast<float>(q);  // rounded to float first, as the CPU
-    pick_w = static_cast<float>(static_cast<double>(p) / denom);
-    ids[lane] = my_e;
-    w[lane] = pick_w;
-  }
-  __syncwarp();
+  const float p = static_cast<float>(q);  // rounded to float first, as the CPU
+  pick_w = lane < k ? static_cast<float>(static_cast<double>(p) / denom) : 0.0f;
 }
 
 }  // namespace ds::cuda::kern

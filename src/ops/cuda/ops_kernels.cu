@@ -351,8 +351,12 @@ __global__ void moe_route_kernel(const float* logits, int64_t n_expert, int64_t 
   if (t >= n_tokens) return;  // warp-uniform
   int pick_e;
   float pick_w;
-  kern::route_warp(logits + t * n_expert, static_cast<int>(n_expert), static_cast<int>(k), floor, ids + t * k,
-                   weights + t * k, pick_e, pick_w);
+  kern::route_warp(logits + t * n_expert, static_cast<int>(n_expert), static_cast<int>(k), floor, pick_e, pick_w);
+  const int lane = threadIdx.x % 32;
+  if (lane < k) {
+    ids[t * k + lane] = pick_e;
+    weights[t * k + lane] = pick_w;
+  }
 }
 
 __global__ void scatter_add_kernel(const float* x, const int32_t* dst_rows, const float* scale, float* y,
