@@ -316,4 +316,79 @@ __global__ void __launch_bounds__(kQ8Threads, kMinCtas) matvec_q8(MatvecQ8Args a
   }
 }
 
+// The persistent form of matvec_q8 (v4p): a grid of at most the CTAs resident at once, in which grid
+// warp gw takes row groups gw, gw + W, gw + 2W, ... (W warps in the grid) and runs one ring across
+// them: while it takes the last chunks of a group, the first chunks of its next group are already in
+// flight. A v4 warp takes one group and exits, so every group starts with an empty ring and ends
+// draining it; a k = 5120 row is only five chunks, so most of a v4 warp's life is filling or draining.
+// Each row is summed exactly as matvec_q8 sums it (same units per lane, same chunk order, same warp
+// reduction), so both give the same bits. Not gathered.
+template <DType T, int kNT, int kRows = kQ8Rows>
+__global__ void __launch_bounds__(kQ8Threads) matvec_q8p(MatvecQ8Args a) {
+  using S = Q8Smem<T, kRows>;
+  constexpr int kStages = S::kStages;
+  __shared__ __align__(16) uint8_t smem[kQ8Warps][kStages][kRows][S::kRowBytes];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t n_groups = (a.n_rows + kRows - 1) / kRows;
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp;
+  const int64_t n_warps = static_cast<int64_t>(gridDim.x) * kQ8Warps;
+  if (gw >= n_groups) return;  // warps never synchronize with each other; warp 0 of CTA 0 waits below
+  const uintptr_t w_base = reinterpret_cast<uintptr_t>(a.w);
+  const uintptr_t w_hi = q8_weights_end<T>(w_base, a);
+  const int n_chunks = static_cast<int>((a.k + kQ8ChunkElems - 1) / kQ8ChunkElems);
+  const int64_t n_steps = (n_groups - gw + n_warps - 1) / n_warps * n_chunks;  // this warp's (group, chunk)s
+
+  // Step s is chunk s % n_chunks of group gw + (s / n_chunks) * n_warps; the issue cursor runs
+  // kStages - 1 steps ahead of the dot cursor.
+  int64_t issue_r0 = gw * kRows;
+  int issue_c = 0;
+  auto issue = [&](int stage) {
+    q8_issue_chunk<T, kRows>(smem[warp][stage], w_base, w_hi, a, issue_r0, issue_c, lane);
+    if (++issue_c == n_chunks) {
+      issue_c = 0;
+      issue_r0 += n_warps * kRows;
+    }
+  };
+#pragma unroll
+  for (int p = 0; p < kStages - 1; ++p) {
+    if (p < n_steps) issue(p);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  dependency_wait();  // the activations are the previous kernel's output (launch.cuh)
+  allow_dependents();
+
+  float acc[kRows][kNT];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) acc[r][t] = 0.0f;
+  int64_t r0 = gw * kRows;
+  int c = 0, stage = 0, issue_stage = kStages - 1;
+  for (int64_t s = 0; s < n_steps; ++s) {
+    if (s + kStages - 1 < n_steps) issue(issue_stage);  // into the stage read in step s - 1
+    cp_async_commit();
+    issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
+    cp_async_wait<kStages - 1>();  // this lane's copies of step s have landed
+    __syncwarp();                     // ... and every lane's
+    q8_chunk_dot<T, kNT, kRows>(smem[warp][stage], w_base, a, a.xq, static_cast<const float2*>(a.xds), r0, c, lane,
+                                acc);
+    __syncwarp();  // the stage is refilled in the next step
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    if (++c == n_chunks) {  // the group is complete: its sums, then a fresh accumulator
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int t = 0; t < kNT; ++t) {
+          const float sum = warp_sum(acc[r][t]);
+          if (lane == 0 && t < a.n_tokens && r0 + r < a.n_rows) a.y[t * a.y_stride + r0 + r] = sum;
+          acc[r][t] = 0.0f;
+        }
+      }
+      c = 0;
+      r0 += n_warps * kRows;
+    }
+  }
+}
+
 }  // namespace ds::cuda::kern
