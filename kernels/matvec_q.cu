@@ -397,8 +397,6 @@ const V5Config kV5Configs[] = {
     {"v7", 0, 0, 1, true, 8},     // rows 0: the bulk-copy stream of matvec_q8v7.cuh (one CTA per SM)
     // rows -1: v4 itself with `depth` shared-memory stages and a register budget of `split` CTAs per SM
     {"v4st2c8", -1, 2, 8, false, 1}, {"v4st2c6", -1, 2, 6, false, 1}, {"v4st4", -1, 4, 1, false, 1},
-    // rows -2: v4p, the persistent v4 (matvec_q8p: one ring per warp across its row groups)
-    {"v4p", -2, 0, 1, true, 8},
 };
 // v4 variants whose static shared memory fits the 48 KB limit.
 bool v4_variant_fits(DType t, const V5Config& c) {
@@ -406,7 +404,6 @@ bool v4_variant_fits(DType t, const V5Config& c) {
   return q8_ring_bytes(t, kQ8Rows, c.depth) <= kQ8StaticSmem;
 }
 bool v5_runs(DType t, const V5Config& c, int nt) {
-  if (c.rows == -2) return nt <= c.max_nt;
   if (c.rows < 0) return nt <= c.max_nt && v4_variant_fits(t, c);
   return nt <= c.max_nt && (c.rows != 4 || t == DType::Q4_K || t == DType::Q4_0);
 }
@@ -439,32 +436,11 @@ void launch_v4_variant(const ds::cuda::kern::MatvecQ8Args& a, cudaStream_t s) {
   }
 }
 
-// v4p on the grid production gives it: the row groups' CTAs, capped at the CTAs resident at once.
-template <DType T, int kNT>
-void launch_v4p_variant(const ds::cuda::kern::MatvecQ8Args& a, cudaStream_t s) {
-  using namespace ds::cuda::kern;
-  static const int64_t resident = [] {
-    int per_sm = 0, dev = 0, sms = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q8p<T, kNT>, kQ8Threads, 0));
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return static_cast<int64_t>(per_sm) * sms;
-  }();
-  const int64_t groups = (a.n_rows + kQ8Warps * kQ8Rows - 1) / (kQ8Warps * kQ8Rows);
-  matvec_q8p<T, kNT><<<static_cast<unsigned>(std::min(groups, resident)), kQ8Threads, 0, s>>>(a);
-  CK(cudaGetLastError());
-}
-
 template <DType T>
 void launch_v5_typed(const ds::cuda::kern::MatvecQ8Args& a, const V5Config& c, cudaStream_t s) {
   if constexpr (ds::cuda::qdec::q8_supported(T)) {
     using namespace ds::cuda::kern;
-    if (c.rows == -2) {
-      if (a.n_tokens <= 1) launch_v4p_variant<T, 1>(a, s);
-      else if (a.n_tokens <= 2) launch_v4p_variant<T, 2>(a, s);
-      else if (a.n_tokens <= 4) launch_v4p_variant<T, 4>(a, s);
-      else launch_v4p_variant<T, 8>(a, s);
-    } else if (c.rows < 0) {
+    if (c.rows < 0) {
       if (a.n_tokens != 1) std::abort();
       if (c.depth == 2 && c.split == 8) launch_v4_variant<T, 2, 8>(a, s);
       else if (c.depth == 2 && c.split == 6) launch_v4_variant<T, 2, 6>(a, s);

@@ -6,8 +6,6 @@
 // columns (predicated), which bounds the instantiations per type and keeps CI compile time small; v5
 // is instantiated in one configuration per type (rows per warp, prefetch depth) and takes its split
 // and grid at run time.
-#include <algorithm>
-
 #include "ops/cuda/matvec_kernels.cuh"
 #include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/matvec_q8.cuh"
@@ -38,45 +36,11 @@ cudaError_t launch_v5(const kern::MatvecQ8Args& a, MatvecQ8Version v, cudaStream
                                                                v == MatvecQ8Version::kV5Persistent, stream);
 }
 
-// CTAs of `kernel` (kern::kQ8Threads threads, static shared memory only) resident at once on the current
-// device; 0 when the runtime cannot tell.
-int64_t resident_ctas(const void* kernel) {
-  int per_sm = 0, dev = 0, sms = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kern::kQ8Threads, 0) != cudaSuccess ||
-      cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return static_cast<int64_t>(per_sm) * sms;
-}
-
-// matvec_q8p<T, kNT> over a grid of the row groups' CTAs, capped at the resident CTAs (looked up once per
-// instantiation) and at max_ctas when positive.
-template <DType T, int kNT>
-cudaError_t launch_v4p(const kern::MatvecQ8Args& a, int64_t max_ctas, cudaStream_t stream) {
-  static const int64_t resident = resident_ctas(reinterpret_cast<const void*>(kern::matvec_q8p<T, kNT>));
-  constexpr int64_t kRowsPerCta = kern::kQ8Warps * kern::kQ8Rows;
-  int64_t grid = (a.n_rows + kRowsPerCta - 1) / kRowsPerCta;
-  if (resident > 0) grid = std::min(grid, resident);
-  if (max_ctas > 0) grid = std::min(grid, max_ctas);
-  if (grid > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  launch_kernel(kern::matvec_q8p<T, kNT>, static_cast<unsigned>(grid), kern::kQ8Threads, 0, stream, a);
-  return cudaGetLastError();
-}
-
 // Runs the q8 product (version v) on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
-// max_ctas bounds the grid of kV4Persistent (0: no bound beyond the resident CTAs).
 template <DType T>
-cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream, int64_t max_ctas = 0) {
+cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream) {
   const kern::MatvecQ8Args a =
       kern::q8_args(l.w, l.w_stride, l.act, l.k, l.n_tokens, l.y, l.y_stride, l.n_rows, l.n_tokens);
-  if (v == MatvecQ8Version::kV4Persistent) {
-    if (l.n_tokens <= 1) return launch_v4p<T, 1>(a, max_ctas, stream);
-    if (l.n_tokens <= 2) return launch_v4p<T, 2>(a, max_ctas, stream);
-    if (l.n_tokens <= 4) return launch_v4p<T, 4>(a, max_ctas, stream);
-    return launch_v4p<T, 8>(a, max_ctas, stream);
-  }
   if (v != MatvecQ8Version::kV4) {
     if (l.n_tokens <= 1) return launch_v5<T, 1>(a, v, stream);
     if (l.n_tokens <= 2) return launch_v5<T, 2>(a, v, stream);
@@ -105,9 +69,7 @@ bool is_q8(MatvecKernel k) {
 MatvecQ8Version q8_version(DType t, const MatvecLaunch& l, MatvecKernel which) {
   if (which == MatvecKernel::kQ8v4) return MatvecQ8Version::kV4;
   const MatvecQ8Version v = matvec_q8_pick_version(t, l.n_rows, l.k, l.n_tokens);
-  if (which == MatvecKernel::kQ8v5 && (v == MatvecQ8Version::kV4 || v == MatvecQ8Version::kV4Persistent)) {
-    return MatvecQ8Version::kV5;
-  }
+  if (which == MatvecKernel::kQ8v5 && v == MatvecQ8Version::kV4) return MatvecQ8Version::kV5;
   return v;
 }
 
@@ -245,7 +207,6 @@ const char* matvec_q8_version_name(MatvecQ8Version v) {
     case MatvecQ8Version::kV5: return "v5";
     case MatvecQ8Version::kV5Persistent: return "v5p";
     case MatvecQ8Version::kV5SplitK: return "v5s";
-    case MatvecQ8Version::kV4Persistent: return "v4p";
   }
   return "?";
 }
@@ -275,19 +236,6 @@ cudaError_t matvec_q8_product_launch_version(DType t, const MatvecLaunch& a, Mat
   switch (t) {
 #define X(name) \
   case DType::name: return launch_q8_product<DType::name>(a, v, stream);
-    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
-#undef X
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-cudaError_t matvec_q8_persistent_launch(DType t, const MatvecLaunch& a, int64_t max_ctas, cudaStream_t stream) {
-  if (a.n_rows <= 0 || a.n_tokens <= 0) return cudaSuccess;
-  if (!matvec_q8_ok(t, a) || max_ctas < 0) return cudaErrorInvalidValue;
-  switch (t) {
-#define X(name) \
-  case DType::name: return launch_q8_product<DType::name>(a, MatvecQ8Version::kV4Persistent, stream, max_ctas);
     X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
 #undef X
     default:

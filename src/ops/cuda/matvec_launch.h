@@ -50,7 +50,6 @@ enum class MatvecQ8Version : uint8_t {
   kV5,            // 16-byte loads into a register ring, 2 rows per warp (Q6_K: 1), one CTA per 4 warps' rows
   kV5Persistent,  // kV5 on a grid of the CTAs resident at once, striding over the rows
   kV5SplitK,      // kV5 with 2 or 4 warps per row group (split over k), for matrices with few rows
-  kV4Persistent,  // kV4 on a grid of the CTAs resident at once, each warp's ring running across its groups
 };
 const char* matvec_q8_version_name(MatvecQ8Version v);
 // The version MatvecKernel::kQ8 runs for a weight of n_rows x k elements of type t at n_tokens tokens:
@@ -86,9 +85,6 @@ cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, cudaStream_
 cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, MatvecKernel which, cudaStream_t stream);
 cudaError_t matvec_q8_product_launch_version(DType t, const MatvecLaunch& a, MatvecQ8Version v,
                                              cudaStream_t stream);
-// kV4Persistent on a grid of at most max_ctas CTAs (0: the CTAs resident at once), so tests and the
-// workbench can give each warp many row groups on small matrices.
-cudaError_t matvec_q8_persistent_launch(DType t, const MatvecLaunch& a, int64_t max_ctas, cudaStream_t stream);
 
 // q8 activation blocks of rows [0, n_rows) of x (k % 32 == 0, row stride x_stride elements) into `act`
 // (layout of matvec_q8_act_bytes). SwiGLU mode when `up` is set: the values are silu(x) * up (up rows at
