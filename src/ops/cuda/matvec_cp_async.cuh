@@ -15,6 +15,10 @@ __device__ __forceinline__ void cp_async16(void* smem, uintptr_t gmem, uint32_t 
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
 }
+// The same copy to a shared-memory address already converted (__cvta_generic_to_shared).
+__device__ __forceinline__ void cp_async16_s(uint32_t smem, uintptr_t gmem, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
+}
 // Closes the group of this thread's copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.

@@ -171,26 +171,32 @@ __device__ __forceinline__ uintptr_t q8_chunk_src(uintptr_t w_base, int64_t w_st
 // One warp copies chunk c of rows [r0, r0 + kRows) (those below n_rows) into `stage` ([kRows] rows of
 // kRowBytes): the 16-byte pieces from the aligned-down start to the end of the chunk; a piece past
 // w_hi (the end of the tensor) is zero-filled, not read. Needs a cp_async_commit after it.
+// Non-obvious choice: lean address arithmetic. This runs at the top of every step of every warp, before
+// the step's wait, and written plainly (64-bit sizes per piece, the end-of-tensor clamp per piece, the
+// shared address converted per piece) it was about 300 instructions for the 8 copies of a Q4_K step, more
+// than the step's decoding; now chunk sizes are 32-bit, the row address advances by the stride, and the
+// shared address is converted once per call.
 template <DType T, int kRows>
 __device__ __forceinline__ void q8_issue_chunk(uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
                                                uintptr_t w_hi, const MatvecQ8Args& a, int64_t r0, int c, int lane) {
   using S = Q8Smem<T, kRows>;
   constexpr qdec::TypeTraits tr = S::tr;
-  const int64_t kn = min(static_cast<int64_t>(kQ8ChunkElems), a.k - static_cast<int64_t>(c) * kQ8ChunkElems);
-  const int64_t cb = kn / tr.block_elems * tr.block_bytes;
+  const int kn = static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - static_cast<int64_t>(c) * kQ8ChunkElems));
+  const int cb = kn / tr.block_elems * tr.block_bytes;
+  const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[0][0])) + 16u * static_cast<uint32_t>(lane);
+  uintptr_t src = q8_chunk_src<T>(w_base, a.w_stride, r0, c);
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < kRows; ++r, src += static_cast<uintptr_t>(a.w_stride)) {
     if (r0 + r >= a.n_rows) break;
-    const uintptr_t src = q8_chunk_src<T>(w_base, a.w_stride, r0 + r, c);
     const uintptr_t first = src & ~uintptr_t{15};
-    const int n16 = static_cast<int>((src + cb - first + 15) / 16);
+    const int n16 = static_cast<int>((static_cast<uint32_t>(src & 15) + static_cast<uint32_t>(cb) + 15u) / 16u);
 #pragma unroll
     for (int j = 0; j < S::kPiecesPerLane; ++j) {
       const int pc = lane + 32 * j;
       if (pc < n16) {
         const uintptr_t g = first + 16 * static_cast<uintptr_t>(pc);
         const uint32_t bytes = g + 16 <= w_hi ? 16u : static_cast<uint32_t>(w_hi - g);
-        cp_async16(&stage[r][16 * pc], g, bytes);
+        cp_async16_s(s0 + static_cast<uint32_t>(r * S::kRowBytes + 512 * j), g, bytes);
       }
     }
   }
