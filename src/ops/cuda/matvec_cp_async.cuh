@@ -9,13 +9,8 @@
 
 namespace ds::cuda::kern {
 
-// 16 bytes to `smem` (16-byte aligned) from `gmem` (16-byte aligned global address): src_bytes (1..16)
-// are read, the rest of the 16 are zeros.
-__device__ __forceinline__ void cp_async16(void* smem, uintptr_t gmem, uint32_t src_bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-// The same copy to a shared-memory address already converted (__cvta_generic_to_shared).
+// 16 bytes to shared address `smem` (16-byte aligned, already converted by __cvta_generic_to_shared) from
+// `gmem` (16-byte aligned global address): src_bytes (1..16) are read, the rest of the 16 are zeros.
 __device__ __forceinline__ void cp_async16_s(uint32_t smem, uintptr_t gmem, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
 }
