@@ -140,11 +140,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_q8(QuantizeQ8Args a) {
 
 constexpr int kQ8StaticSmem = 48 * 1024;  // static shared memory a CTA may declare
 
-// Bytes of one staged chunk of a row of type t: the 16-byte pieces of a chunk at any phase mod 16, plus
-// the word words_a2 may read past the end.
-__host__ __device__ constexpr int q8_row_bytes(DType t) {
-  return 16 * ((kQ8ChunkElems / qdec::traits(t).block_elems * qdec::traits(t).block_bytes + 30) / 16) + 16;
+// Bytes of one chunk of a row of type t.
+__host__ __device__ constexpr int q8_chunk_bytes(DType t) {
+  return kQ8ChunkElems / qdec::traits(t).block_elems * qdec::traits(t).block_bytes;
 }
+// 16-byte pieces that cover a chunk at any phase mod 16.
+__host__ __device__ constexpr int q8_chunk_pieces(DType t) { return (q8_chunk_bytes(t) + 30) / 16; }
+// Bytes of one staged chunk of a row: its pieces, plus the word words_a2 may read past the end.
+__host__ __device__ constexpr int q8_row_bytes(DType t) { return 16 * q8_chunk_pieces(t) + 16; }
 // Bytes of matvec_q8's rings: kQ8Warps warps of `stages` chunks of `rows` rows.
 __host__ __device__ constexpr int q8_ring_bytes(DType t, int rows, int stages) {
   return kQ8Warps * stages * rows * q8_row_bytes(t);
@@ -154,9 +157,7 @@ __host__ __device__ constexpr int q8_ring_bytes(DType t, int rows, int stages) {
 template <DType T, int kRows>
 struct Q8Smem {
   static constexpr qdec::TypeTraits tr = qdec::traits(T);
-  static constexpr int kChunkBytes = kQ8ChunkElems / tr.block_elems * tr.block_bytes;
-  static constexpr int kPieces = (kChunkBytes + 30) / 16;  // 16-byte pieces of a chunk at any phase mod 16
-  static constexpr int kPiecesPerLane = (kPieces + 31) / 32;
+  static constexpr int kPiecesPerLane = (q8_chunk_pieces(T) + 31) / 32;
   static constexpr int kRowBytes = q8_row_bytes(T);
   static constexpr int kStages = q8_ring_bytes(T, kRows, 3) <= kQ8StaticSmem ? 3 : 2;
 };
@@ -164,8 +165,14 @@ struct Q8Smem {
 // Start address of chunk c (elements [c * kQ8ChunkElems, ...)) of weight row `row`.
 template <DType T>
 __device__ __forceinline__ uintptr_t q8_chunk_src(uintptr_t w_base, int64_t w_stride, int64_t row, int c) {
-  constexpr qdec::TypeTraits tr = qdec::traits(T);
-  return w_base + row * w_stride + static_cast<int64_t>(c) * (kQ8ChunkElems / tr.block_elems) * tr.block_bytes;
+  return w_base + row * w_stride + static_cast<int64_t>(c) * q8_chunk_bytes(T);
+}
+// q8_chunk_src mod 16, where the staged copy of the chunk starts in its shared-memory row: only the low
+// bits count, so 32-bit arithmetic gives it (once per row and step on the dot path).
+template <DType T>
+__device__ __forceinline__ uint32_t q8_chunk_phase(uintptr_t w_base, int64_t w_stride, int64_t row, int c) {
+  return (static_cast<uint32_t>(w_base) + static_cast<uint32_t>(row) * static_cast<uint32_t>(w_stride) +
+          static_cast<uint32_t>(c) * static_cast<uint32_t>(q8_chunk_bytes(T))) & 15u;
 }
 
 // One warp copies chunk c of rows [r0, r0 + kRows) (those below n_rows) into `stage` ([kRows] rows of
@@ -230,7 +237,7 @@ __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kR
   qdec::Q8Unit wu[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    qdec::decode_unit_q8<T>(&stage[r][q8_chunk_src<T>(w_base, a.w_stride, r0 + r, c) & 15], lane, wu[r]);
+    qdec::decode_unit_q8<T>(&stage[r][q8_chunk_phase<T>(w_base, a.w_stride, r0 + r, c)], lane, wu[r]);
   }
   const int64_t gu = k0 / kQ8Block + lane;  // activation block index
 #pragma unroll
