@@ -372,6 +372,25 @@ TEST(MatvecQ8v5Emulation, Gathered) {
   emulate_gathered<DType::Q6_K>();
 }
 
+// The occupancy cap of the one-token v4 products: with the pad, exactly `ctas` CTAs fit on the SM, for
+// the H100's 228 KB SMs (1 KB reserved per CTA) and the static ring sizes of the q8 types.
+TEST(MatvecQ8Occupancy, PadLeavesRoomForExactlyTheCap) {
+  constexpr int64_t kSm = 233472, kReserved = 1024;
+  for (int64_t static_bytes : {0, 29184, 36352, 42240, 45000}) {
+    for (int ctas : {2, 3, 4, 5}) {
+      const int64_t pad = cuda::kern::occupancy_cap_pad(static_bytes, kSm, kReserved, ctas);
+      const int64_t per_cta = static_bytes + pad + kReserved;
+      const std::string where = fmt::format("static {} B, cap {}", static_bytes, ctas);
+      if (pad > 0) {
+        EXPECT_EQ(kSm / per_cta, ctas) << where;
+      } else {
+        EXPECT_LE(kSm / per_cta, ctas) << where;  // the kernel's own memory already caps it
+      }
+    }
+  }
+  EXPECT_EQ(cuda::kern::occupancy_cap_pad(60000, kSm, kReserved, 4), 0);  // 3 fit: nothing to add
+}
+
 #if DS_HAVE_CUDA
 
 using cuda::MatmulKernel;

@@ -36,6 +36,32 @@ cudaError_t launch_v5(const kern::MatvecQ8Args& a, MatvecQ8Version v, cudaStream
                                                                v == MatvecQ8Version::kV5Persistent, stream);
 }
 
+// One-token v4 products (not the gathered MoE ones) run at most this many CTAs per SM.
+// Non-obvious choice: fewer than fit. In the decode graph the product's resident CTAs compete with its
+// neighbours under programmatic dependent launch, and the 27B decode measured 114 tok/s at 7 CTAs per
+// SM, 121 at 5 (what the registers and rings allow for Q4_K / Q6_K) and 123 at 4 or 3; the 35B-A3B
+// was unchanged (docs/perf-gpu.md). Unused dynamic shared memory sets the cap.
+constexpr int kQ8v4OneTokenCtasPerSm = 4;
+
+// The dynamic shared memory of a one-token v4 launch on the current device (occupancy_cap_pad).
+template <DType T>
+size_t q8v4_one_token_pad() {
+  static const int64_t static_bytes = [] {
+    cudaFuncAttributes fa{};
+    return cudaFuncGetAttributes(&fa, kern::matvec_q8<T, 1>) == cudaSuccess ? static_cast<int64_t>(fa.sharedSizeBytes)
+                                                                            : int64_t{-1};
+  }();
+  int dev = 0, sm_bytes = 0, reserved = 0;
+  if (static_bytes < 0 || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
+    return 0;
+  }
+  const int64_t pad = kern::occupancy_cap_pad(static_bytes, sm_bytes, reserved, kQ8v4OneTokenCtasPerSm);
+  // Past 48 KB a kernel needs an opt-in attribute; no Q8 ring is that large at 4 CTAs per SM.
+  return static_bytes + pad <= 48 * 1024 ? static_cast<size_t>(pad) : 0;
+}
+
 // Runs the q8 product (version v) on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
 template <DType T>
 cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream) {
@@ -50,7 +76,7 @@ cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStre
   constexpr int kRowsPerCta = kern::kQ8Warps * kern::kQ8Rows;
   const unsigned grid = static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta);
   if (l.n_tokens <= 1) {
-    launch_kernel(kern::matvec_q8<T, 1>, grid, kern::kQ8Threads, 0, stream, a);
+    launch_kernel(kern::matvec_q8<T, 1>, grid, kern::kQ8Threads, q8v4_one_token_pad<T>(), stream, a);
   } else if (l.n_tokens <= 2) {
     launch_kernel(kern::matvec_q8<T, 2>, grid, kern::kQ8Threads, 0, stream, a);
   } else if (l.n_tokens <= 4) {

@@ -27,6 +27,15 @@ struct MatvecQ8Args {
 // pairs: the int8 codes [n_rows, k] come first, rounded up to 16 bytes.
 constexpr int64_t q8_ds_offset(int64_t k, int64_t n_rows) { return (n_rows * k + 15) / 16 * 16; }
 
+// Dynamic shared memory that leaves room for at most `ctas` CTAs per SM of a kernel with static_bytes of
+// static shared memory, on an SM of sm_bytes that reserves reserved_bytes per CTA: the kernel does not
+// use it, it only caps the occupancy (0 when the kernel's own memory already caps it there).
+constexpr int64_t occupancy_cap_pad(int64_t static_bytes, int64_t sm_bytes, int64_t reserved_bytes, int ctas) {
+  const int64_t per_cta = sm_bytes / (ctas + 1) + 1;  // one byte more than ctas + 1 CTAs fit
+  const int64_t pad = per_cta - reserved_bytes - static_bytes;
+  return pad > 0 ? pad : 0;
+}
+
 // The product's arguments over an activation scratch `act` of act_rows rows (quantize_q8's layout);
 // the gathered-mode fields keep their defaults.
 inline MatvecQ8Args q8_args(const void* w, int64_t w_stride, const void* act, int64_t k, int64_t act_rows, float* y,
