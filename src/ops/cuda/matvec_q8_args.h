@@ -1,4 +1,5 @@
-// Arguments of the int8-activation matrix-vector kernels (v4 in matvec_q8.cuh, v5 in matvec_q8v5.cuh).
+// Arguments of the int8-activation matrix-vector kernels (v4 in matvec_q8.cuh, v5 in matvec_q8v5.cuh), and
+// the occupancy cap of v4's launches (occupancy_cap_pad).
 // Non-obvious choice: no CUDA type appears here (xds is a void pointer to float2 pairs), so the host
 // emulation of v5 in the tests compiles without the CUDA headers.
 #pragma once
