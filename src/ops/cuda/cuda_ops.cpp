@@ -340,6 +340,10 @@ Status moe_route(const OpContext& ctx, const TensorView& logits, int64_t k, cons
   DS_TRY(device_status(ctx.device.index));
   DS_TRY(check_device_memory("moe_route", {&logits, &ids, &weights}));
   if (k > kRouteMaxK) return unsupported("moe_route: k {} > {} on CUDA", k, kRouteMaxK);
+  if (logits.ne[0] > kRouteMaxExperts) {
+    return unsupported("moe_route: {} experts > {} on CUDA (logits {})", logits.ne[0], kRouteMaxExperts,
+                       logits.shape_string());
+  }
   DeviceGuard guard(ctx.device.index);
   DS_CUDA_TRY(moe_route_launch(f32(logits), logits.ne[0], logits.ne[1], k, ids.as<int32_t>(), f32(weights),
                                kMoeWeightSumFloor, stream_of(ctx)),

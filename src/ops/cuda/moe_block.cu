@@ -2,7 +2,7 @@
 //  - moe_route_fused: one warp per router row (F32) and one for the shared-expert gate row computes the
 //    logits of every token; each CTA also quantizes a share of x into int8 blocks (the quantize_q8
 //    format and arithmetic of matvec_q8.cuh, bit for bit); the CTA that finishes last then routes every
-//    token with kern::route_warp (as moe_route_kernel in ops_kernels.cu) and writes the weight selectors
+//    token with kern::route_block (as moe_route_kernel in ops_kernels.cu) and writes the weight selectors
 //    of the gathered gate/up and down launches and the combine coefficients.
 //  - moe_block_combine: y = sum of the routed experts' weighted down rows + sigmoid-gated shared row.
 // Non-obvious choice: "last CTA routes" (each CTA fences its writes, then takes a ticket with
@@ -22,11 +22,10 @@
 namespace ds::cuda {
 namespace {
 
-static_assert(kMoeBlockMaxExperts <= 32 * kern::kRouteMaxExpertsPerLane, "route_warp's taken mask");
-static_assert(kMoeBlockMaxK <= kern::kRouteMaxPicks, "route_warp keeps pick j in lane j");
+static_assert(kMoeBlockMaxK <= kern::kRouteMaxPicks, "route_block keeps pick j in thread j");
 
-constexpr int kRouteWarps = 4;
-constexpr int kRouteThreads = 32 * kRouteWarps;
+constexpr int kRouteWarps = kern::kRouteBlockWarps;  // the CTA that routes is route_block's CTA
+constexpr int kRouteThreads = kern::kRouteBlockThreads;
 constexpr int kRouteTokenGroup = 8;  // accumulators per lane in the router dot products
 constexpr int kRouteUnroll = 8;      // float4 loads of a router row in flight per lane
 
@@ -133,21 +132,18 @@ __device__ __forceinline__ void write_sel(int32_t* const* sel, int64_t slot, con
   if (sel[1] != nullptr) sel[1][slot] = w.group == 1 ? v : -1;
 }
 
-// Routing of token t by one warp (kern::route_warp over the logits copied into `l` first), then the
-// ids, weights, selectors and combine coefficients of its pairs, stored by the lanes route_warp leaves
-// the picks in (no read back of what was just written: one memory round trip less on the critical path).
-__device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l) {
-  const int lane = threadIdx.x % 32;
-  const int n_expert = a.n_expert, k = a.k, P = k + 1;
-  const float* lg = a.logits + static_cast<int64_t>(t) * n_expert;
-  for (int e = lane; e < n_expert; e += 32) l[e] = __ldcg(lg + e);  // L2: written by other CTAs
-  const float g = lane == 0 ? __ldcg(a.shexp_logit + t) : 0.0f;     // in flight with the logits
-  __syncwarp();
+// Routing of token t by the CTA (kern::route_block), then the ids, weights, selectors and combine
+// coefficients of its pairs, stored by the threads route_block leaves the picks in (no read back of what
+// was just written: one memory round trip less on the critical path).
+__device__ void route_token(const MoeRouteFusedLaunch& a, int t, void* smem) {
+  const int k = a.k, P = k + 1;
+  const float g = threadIdx.x == 0 ? __ldcg(a.shexp_logit + t) : 0.0f;  // in flight with the logits
   int pick_e;
   float pick_w;
-  kern::route_warp(l, n_expert, k, a.floor, pick_e, pick_w);
-  if (lane < k) {
-    const int64_t s = static_cast<int64_t>(t) * k + lane, pair = static_cast<int64_t>(t) * P + lane;
+  kern::route_block(a.logits + static_cast<int64_t>(t) * a.n_expert, a.n_expert, k, a.floor, smem, pick_e, pick_w);
+  if (static_cast<int>(threadIdx.x) < k) {
+    const int j = static_cast<int>(threadIdx.x);
+    const int64_t s = static_cast<int64_t>(t) * k + j, pair = static_cast<int64_t>(t) * P + j;
     a.ids[s] = pick_e;
     a.weights[s] = pick_w;
     a.coef[pair] = pick_w;
@@ -155,19 +151,18 @@ __device__ void route_token(const MoeRouteFusedLaunch& a, int t, float* l) {
     write_sel(a.sel_gu, 2 * pair + 1, a.up, pick_e);
     write_sel(a.sel_down, pair, a.down, pick_e);
   }
-  if (lane == 0) {
+  if (threadIdx.x == 0) {
     const int64_t pair = static_cast<int64_t>(t) * P + k;
     a.coef[pair] = 1.0f / (1.0f + __expf(-g));  // as mul_sigmoid on CUDA
     write_sel(a.sel_gu, 2 * pair, a.shexp_gate_w, 0);
     write_sel(a.sel_gu, 2 * pair + 1, a.shexp_up_w, 0);
     write_sel(a.sel_down, pair, a.shexp_down_w, 0);
   }
-  __syncwarp();  // `l` is reused for the warp's next token
 }
 
-// Dynamic shared memory: kRouteWarps * n_expert floats (the last CTA's logit copies).
+// Dynamic shared memory: kern::route_block_smem_bytes(n_expert) (the last CTA's routing).
 __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
-  extern __shared__ float route_smem[];
+  extern __shared__ double route_smem[];
   __shared__ unsigned int is_last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kRouteWarps + warp;
@@ -191,9 +186,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
   __syncthreads();
   if (is_last == 0) return;
   __threadfence();
-  for (int t = warp; t < a.n_tokens; t += kRouteWarps) {
-    route_token(a, t, route_smem + static_cast<int64_t>(warp) * a.n_expert);
-  }
+  for (int t = 0; t < a.n_tokens; ++t) route_token(a, t, route_smem);
 }
 
 // One thread per output element; the routed pairs in routing order, then the shared expert.
@@ -222,7 +215,7 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
   const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec4 = a.n_embd % 4 == 0 && a.router_stride % 4 == 0 && a16(a.x) && a16(a.router) && a16(a.shexp_gate);
   const unsigned grid = static_cast<unsigned>((a.n_expert + 1 + kRouteWarps - 1) / kRouteWarps);
-  const size_t smem = sizeof(float) * kRouteWarps * static_cast<size_t>(a.n_expert);
+  const size_t smem = kern::route_block_smem_bytes(a.n_expert);
   return launch_kernel(moe_route_fused, grid, kRouteThreads, smem, stream, a, vec4);
 }
 

@@ -343,19 +343,20 @@ __global__ void delta_net_prep_kernel(DeltaNetPrepArgs a, int64_t v_blocks) {
   }
 }
 
-// One warp per token (kern::route_warp).
-__global__ void moe_route_kernel(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k,
-                                 int32_t* ids, float* weights, float floor) {
+// One CTA per token (kern::route_block); dynamic shared memory kern::route_block_smem_bytes(n_expert).
+__global__ void __launch_bounds__(kern::kRouteBlockThreads)
+    moe_route_kernel(const float* logits, int64_t n_expert, int64_t k, int32_t* ids, float* weights, float floor) {
+  extern __shared__ double route_smem[];
   kern::dependency_sync();
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (t >= n_tokens) return;  // warp-uniform
+  const int64_t t = blockIdx.x;
   int pick_e;
   float pick_w;
-  kern::route_warp(logits + t * n_expert, static_cast<int>(n_expert), static_cast<int>(k), floor, pick_e, pick_w);
-  const int lane = threadIdx.x % 32;
-  if (lane < k) {
-    ids[t * k + lane] = pick_e;
-    weights[t * k + lane] = pick_w;
+  kern::route_block(logits + t * n_expert, static_cast<int>(n_expert), static_cast<int>(k), floor, route_smem, pick_e,
+                    pick_w);
+  const int j = static_cast<int>(threadIdx.x);
+  if (j < k) {
+    ids[t * k + j] = pick_e;
+    weights[t * k + j] = pick_w;
   }
 }
 
@@ -485,11 +486,11 @@ cudaError_t delta_net_prep_launch(const DeltaNetPrepArgs& a, cudaStream_t s) {
 cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,
                              float* weights, float floor, cudaStream_t s) {
   if (k < 1 || k > kRouteMaxK || k > n_expert) return cudaErrorInvalidValue;
-  if (n_expert > 32 * kern::kRouteMaxExpertsPerLane) return cudaErrorInvalidValue;
-  static_assert(kRouteMaxK <= kern::kRouteMaxPicks, "route_warp keeps pick j in lane j");
-  constexpr int kWarpsPerBlock = 4;
-  const unsigned blocks = static_cast<unsigned>((n_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  return launch_kernel(moe_route_kernel, blocks, 32 * kWarpsPerBlock, 0, s, logits, n_expert, n_tokens, k, ids, weights,
+  if (n_expert > kRouteMaxExperts || n_tokens > INT_MAX) return cudaErrorInvalidValue;
+  static_assert(kRouteMaxK <= kern::kRouteMaxPicks, "route_block keeps pick j in thread j");
+  if (n_tokens <= 0) return cudaSuccess;
+  return launch_kernel(moe_route_kernel, static_cast<unsigned>(n_tokens), kern::kRouteBlockThreads,
+                       kern::route_block_smem_bytes(static_cast<int>(n_expert)), s, logits, n_expert, k, ids, weights,
                        floor);
 }
 

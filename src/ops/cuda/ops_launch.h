@@ -91,8 +91,9 @@ inline bool delta_net_prep_fits(int64_t n_ch, int64_t kernel, int64_t dk, int64_
   return blocks <= 0x7FFFFFFF;
 }
 cudaError_t delta_net_prep_launch(const DeltaNetPrepArgs& a, cudaStream_t s);
-// moe_route for n_tokens rows of n_expert logits; k <= kRouteMaxK.
+// moe_route for n_tokens rows of n_expert logits; k <= kRouteMaxK, n_expert <= kRouteMaxExperts.
 constexpr int kRouteMaxK = 32;
+constexpr int64_t kRouteMaxExperts = 2048;
 cudaError_t moe_route_launch(const float* logits, int64_t n_expert, int64_t n_tokens, int64_t k, int32_t* ids,
                              float* weights, float floor, cudaStream_t s);
 // y[dst_rows[i], :] += scale[i] * x[i, :] for i < n (rows of n_embd); rows are distinct per launch.
