@@ -45,8 +45,9 @@ __device__ __forceinline__ bool route_before(unsigned ka, int ea, unsigned kb, i
 
 // Shared memory route_block needs for n_expert experts, in bytes.
 constexpr size_t route_block_smem_bytes(int n_expert) {
-  return sizeof(double) * kRouteBlockWarps + sizeof(float) * kRouteBlockWarps + sizeof(int) * kRouteMaxPicks +
-         2 * sizeof(unsigned) * kRouteBlockWarps * kRouteMaxPicks + sizeof(unsigned) * static_cast<size_t>(n_expert);
+  return sizeof(double) * (kRouteBlockWarps + static_cast<size_t>(n_expert)) + sizeof(float) * kRouteBlockWarps +
+         sizeof(int) * kRouteMaxPicks + 2 * sizeof(unsigned) * kRouteBlockWarps * kRouteMaxPicks +
+         sizeof(unsigned) * static_cast<size_t>(n_expert);
 }
 
 // Every thread of a CTA of kRouteBlockThreads calls it (CTA-uniform arguments). lg: the token's n_expert
@@ -59,7 +60,8 @@ __device__ inline void route_block(const float* lg, int n_expert, int k, float f
                                    float& pick_w) {
   constexpr int W = kRouteBlockWarps;
   auto* wsum = static_cast<double*>(smem);                        // [W] per-warp sums of exp
-  auto* wmax = reinterpret_cast<float*>(wsum + W);                // [W] per-warp maxima
+  double* ex = wsum + W;                                          // [n_expert] exp(l - max)
+  auto* wmax = reinterpret_cast<float*>(ex + n_expert);           // [W] per-warp maxima
   auto* pick = reinterpret_cast<int*>(wmax + W);                  // [kRouteMaxPicks] pick j's expert
   auto* cand_key = reinterpret_cast<unsigned*>(pick + kRouteMaxPicks);  // [W * k] warp w's slot r
   auto* cand_id = reinterpret_cast<int*>(cand_key + W * kRouteMaxPicks);
@@ -75,16 +77,26 @@ __device__ inline void route_block(const float* lg, int n_expert, int k, float f
   __syncthreads();
 
   // 1. Local ranks within the warp's segment; the segment's maximum.
+  // Two experts of a lane at a time (e and e + 32), one pass over the segment for both.
   float mx = -INFINITY;
-  for (int e = s0 + lane; e < s1; e += 32) {
-    const unsigned ke = keys[e];
+  for (int e = s0 + lane; e < s1; e += 64) {
+    const int e2 = e + 32 < s1 ? e + 32 : -1;
+    const unsigned ke = keys[e], ke2 = e2 >= 0 ? keys[e2] : 0u;
     mx = fmaxf(mx, route_key_value(ke));
-    int r = 0;
-#pragma unroll 4
-    for (int i = s0; i < s1; ++i) r += route_before(keys[i], i, ke, e);
+    if (e2 >= 0) mx = fmaxf(mx, route_key_value(ke2));
+    int r = 0, r2 = 0;
+    for (int i = s0; i < s1; ++i) {
+      const unsigned ki = keys[i];
+      r += route_before(ki, i, ke, e);
+      r2 += route_before(ki, i, ke2, e2);
+    }
     if (r < k) {
       cand_key[warp * k + r] = ke;
       cand_id[warp * k + r] = e;
+    }
+    if (e2 >= 0 && r2 < k) {
+      cand_key[warp * k + r2] = ke2;
+      cand_id[warp * k + r2] = e2;
     }
   }
 #pragma unroll
@@ -97,7 +109,10 @@ __device__ inline void route_block(const float* lg, int n_expert, int k, float f
 #pragma unroll
   for (int w = 1; w < W; ++w) mx = fmaxf(mx, wmax[w]);
   double s = 0.0;
-  for (int e = s0 + lane; e < s1; e += 32) s += exp(static_cast<double>(route_key_value(keys[e])) - mx);
+  for (int e = s0 + lane; e < s1; e += 32) {
+    ex[e] = exp(static_cast<double>(route_key_value(keys[e])) - mx);
+    s += ex[e];
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
   if (lane == 0) wsum[warp] = s;
@@ -118,7 +133,7 @@ __device__ inline void route_block(const float* lg, int n_expert, int k, float f
 #pragma unroll
     for (int w = 1; w < W; ++w) sum += wsum[w];
     const int e = lane < k ? pick[lane] : 0;
-    const double q = lane < k ? exp(static_cast<double>(route_key_value(keys[e])) - mx) / sum : 0.0;
+    const double q = lane < k ? ex[e] / sum : 0.0;
     double sel_sum = 0.0;
     for (int j = 0; j < k; ++j) sel_sum += __shfl_sync(0xFFFFFFFFu, q, j);
     const double denom = fmax(sel_sum, static_cast<double>(floor));
