@@ -4,7 +4,8 @@
 // attention_paged is compared with the CPU attention op: F32 and F16 KV, head_dim 32..512, GQA ratios
 // 1/4/6/8, 1..300 query tokens, positions 0..5000, chunks of 16 and 64, max_kv bounds far above the
 // need (empty splits). Also: both kernels on the same data, the public attention op on F16 chunks,
-// kv_append (bit-exact against a CPU copy), rope_neox_at, get_rows_trusted, and one decode step
+// kv_append (bit-exact against a CPU copy), rope_neox_at, attention_prep (bit-exact against the chain of
+// norms, rotations and append it fuses), get_rows_trusted, and one decode step
 // captured as a CUDA graph and replayed at several positions. Outputs start as NaN. Skipped without a
 // CUDA build or device.
 #include <gtest/gtest.h>
@@ -28,6 +29,7 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/get_rows.h"
+#include "ops/rms_norm.h"
 #include "ops/rope.h"
 #include "state/kv_pool.h"
 #include "state/sequence_state.h"
@@ -359,6 +361,77 @@ TEST_F(CudaAttentionTest, RopeAtDevicePosition) {
   }
 }
 
+// attention_prep gives the bits of the chain it replaces (rms_norm of the strided q heads and of k,
+// rope_neox_at of both, kv_append) and writes the KV chunks at [pos0, pos0 + n) only; q also against the
+// CPU norm and rotation.
+TEST_F(CudaAttentionTest, AttentionPrepMatchesTheChain) {
+  struct Case {
+    int64_t D, H, Hkv, n_rot;
+  };
+  const float eps = 1e-6f, base = 1e7f;
+  for (DType dtype : {DType::F16, DType::F32}) {
+    for (const Case& cs : {Case{256, 16, 2, 64}, Case{128, 8, 4, 32}, Case{96, 6, 2, 96}, Case{40, 3, 1, 8}}) {
+      for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {61, 5}, {4097, 1}}) {
+        const int64_t D = cs.D, H = cs.H, Hkv = cs.Hkv, chunk = 16;
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D=" << D << " H=" << H << " Hkv=" << Hkv
+                                          << " n_rot=" << cs.n_rot << " pos0=" << pos0 << " n=" << n);
+        bufs_.clear();
+        auto p = make_paged(dtype, D, Hkv, chunk, pos0 + n);
+        Host qg({2 * D * H, n}), k({D, Hkv, n}), v({D, Hkv, n}), qn({D}), kn({D});
+        qg.random(rng_, -3.0f, 3.0f);
+        k.random(rng_, -3.0f, 3.0f);
+        v.random(rng_);
+        qn.random(rng_, 0.5f, 1.5f);
+        kn.random(rng_, 0.5f, 1.5f);
+        const TensorView dqg = up(qg), dqn = up(qn), dkn = up(kn), dv = up(v);
+        TensorView q_heads = dqg;  // q of head h, token t at qg[t][h][0:D] (the gate follows it)
+        q_heads.ne = {D, H, n, 1};
+        q_heads.nb = {4, 8 * D, 8 * D * H, 8 * D * H * n};
+        const int64_t all_slots = (p->n_chunks + 1) * p->layout.kv_slot_bytes();
+        std::vector<uint8_t> initial(static_cast<size_t>(all_slots)), chain(initial.size()), fused(initial.size());
+        down(initial.data(), p->d_slots, all_slots);
+        int32_t* d_pos = dev_pos(static_cast<int32_t>(pos0));
+
+        const TensorView k1 = up(k), q1 = up(Host({D, H, n}));
+        ASSERT_TRUE(rms_norm(ctx_, q_heads, dqn, eps, q1).is_ok());
+        ASSERT_TRUE(rms_norm(ctx_, k1, dkn, eps, k1).is_ok());
+        ASSERT_TRUE(cuda::rope_neox_at(ctx_, q1, cs.n_rot, base, d_pos).is_ok());
+        ASSERT_TRUE(cuda::rope_neox_at(ctx_, k1, cs.n_rot, base, d_pos).is_ok());
+        ASSERT_TRUE(cuda::kv_append(ctx_, k1, dv, p->table, d_pos).is_ok());
+        down(chain.data(), p->d_slots, all_slots);
+
+        ASSERT_TRUE(cuda::copy_to_device(p->d_slots, initial.data(), all_slots, stream_).is_ok());
+        const TensorView k2 = up(k), q2 = up(Host({D, H, n}));
+        const Status s = cuda::attention_prep(ctx_, q_heads, dqn, k2, dkn, dv, eps, cs.n_rot, base, p->table, d_pos, q2);
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        down(fused.data(), p->d_slots, all_slots);
+
+        const std::vector<float> q_chain = down(q1), q_fused = down(q2), k_chain = down(k1), k_fused = down(k2);
+        EXPECT_EQ(0, std::memcmp(q_chain.data(), q_fused.data(), 4 * q_chain.size())) << "q bits";
+        EXPECT_EQ(0, std::memcmp(k_chain.data(), k_fused.data(), 4 * k_chain.size())) << "k bits";
+        EXPECT_NE(chain, initial) << "the chain appended nothing";
+        for (size_t b = 0; b < chain.size(); ++b) {
+          if (chain[b] != fused[b]) {
+            ADD_FAILURE() << "KV slots differ at byte " << b << " of " << chain.size();
+            break;
+          }
+        }
+        // q against the CPU ops on the gathered q heads.
+        Host qh({D, H, n}), qref({D, H, n});
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t h = 0; h < H; ++h) {
+            std::memcpy(&qh.v[static_cast<size_t>((t * H + h) * D)], &qg.v[static_cast<size_t>((t * H + h) * 2 * D)],
+                        4 * D);
+          }
+        }
+        ASSERT_TRUE(rms_norm(test::ref_ctx(), qh.t, qn.t, eps, qref.t).is_ok());
+        ASSERT_TRUE(rope_neox(test::ref_ctx(), qref.t, cs.n_rot, base, pos0).is_ok());
+        EXPECT_LE(test::rel_err(q_fused, qref.v), test::kTolF32);
+      }
+    }
+  }
+}
+
 TEST_F(CudaAttentionTest, GetRowsTrusted) {
   const int64_t n_embd = 300, n_rows = 50;
   std::vector<int32_t> ids = {3, 0, 49, 7, 3};
@@ -404,6 +477,23 @@ TEST_F(CudaAttentionTest, RejectsBadArguments) {
   EXPECT_FALSE(cuda::kv_append(ctx_, dq, dq, p->table, d_pos).is_ok());  // [64, 8, 2] is not [64, 2, n]
   EXPECT_FALSE(cuda::rope_neox_at(ctx_, dq, 63, 1e4f, d_pos).is_ok());
   EXPECT_FALSE(cuda::rope_neox_at(ctx_, dq, 64, 1e4f, nullptr).is_ok());
+  // attention_prep: k / v [64, 2, 2], norms [64].
+  Host kv_h({64, 2, 2}), w_h({64}), w_short({32}), q_big({512, 8, 2});
+  const TensorView dk = up(kv_h), dvv = up(kv_h), dw = up(w_h), dws = up(w_short);
+  EXPECT_TRUE(cuda::attention_prep(ctx_, dq, dw, dk, dw, dvv, 1e-6f, 64, 1e4f, p->table, d_pos, dout).is_ok());
+  EXPECT_FALSE(cuda::attention_prep(ctx_, dq, dw, dk, dw, dvv, 1e-6f, 63, 1e4f, p->table, d_pos, dout).is_ok());
+  EXPECT_FALSE(cuda::attention_prep(ctx_, dq, dw, dk, dw, dvv, 1e-6f, 64, 1e4f, p->table, nullptr, dout).is_ok());
+  EXPECT_FALSE(cuda::attention_prep(ctx_, dq, dws, dk, dw, dvv, 1e-6f, 64, 1e4f, p->table, d_pos, dout).is_ok());
+  EXPECT_FALSE(cuda::attention_prep(ctx_, dq, dw, dq, dw, dq, 1e-6f, 64, 1e4f, p->table, d_pos, dout).is_ok());
+  bad = p->table;
+  bad.n_head_kv = 3;
+  EXPECT_FALSE(cuda::attention_prep(ctx_, dq, dw, dk, dw, dvv, 1e-6f, 64, 1e4f, bad, d_pos, dout).is_ok());
+  bad = p->table;
+  bad.head_dim = 512;  // more than the fused kernel takes
+  const TensorView dqb = up(q_big);
+  const Status big = cuda::attention_prep(ctx_, dqb, dw, dk, dw, dvv, 1e-6f, 64, 1e4f, bad, d_pos, dqb);
+  EXPECT_EQ(big.code(), StatusCode::kUnsupported) << big.to_string();
+  EXPECT_FALSE(cuda::attention_prep_applies(257));
   EXPECT_TRUE(stream_.synchronize().is_ok());
 }
 

@@ -1,10 +1,11 @@
 // Full-attention layer forward (model spec section 4): projections, per-head q/k RMSNorm, partial
 // NeoX RoPE, KV written into the sequence's chunks, causal GQA attention, sigmoid output gate,
 // output projection. Non-obvious choice: on CUDA the position, KV append and attention go through
-// the device-side block table and the position in device memory (rope_neox_at, kv_append,
-// attention_paged), so the step holds no host value that changes from token to token and can be
-// replayed as a captured graph; the CPU path walks the chunks on the host. The q and gate halves of
-// each head's projection are read as strided views of it (no split copies).
+// the device-side block table and the position in device memory (attention_prep, which also does the
+// q/k norms and RoPE in one kernel, or rope_neox_at and kv_append; then attention_paged), so the step
+// holds no host value that changes from token to token and can be replayed as a captured graph; the
+// CPU path walks the chunks on the host. The q and gate halves of each head's projection are read as
+// strided views of it (no split copies).
 #include <algorithm>
 #include <cmath>
 
@@ -56,19 +57,12 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
   const TensorView gate = row_heads(qg, D, D, H, 2 * D);
 
   DS_ASSIGN_OR_RETURN(TensorView q, S.f32({D, H, n}));
-  DS_TRY(rms_norm(ctx, q_heads, w.q_norm, c.rms_eps, q));  // per head over D
-  DS_TRY(rms_norm(ctx, k, w.k_norm, c.rms_eps, k));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   DS_ASSIGN_OR_RETURN(TensorView o, S.f32({D, H, n}));
   SequenceState& st = call.state;
 #if DS_HAVE_CUDA
   if (ctx.device.kind == DeviceKind::kCuda) {
     DS_CHECK(call.d_pos != nullptr && call.max_kv >= call.pos0 + n, "attention on CUDA: no device position");
-    DS_TRY(cuda::rope_neox_at(ctx, q, c.n_rot, c.rope_base, call.d_pos));
-    DS_TRY(cuda::rope_neox_at(ctx, k, c.n_rot, c.rope_base, call.d_pos));
-    call.dump("attn.q", q);
-    call.dump("attn.k", k);
-    call.dump("attn.v", v);
     const KvPool& pool = *st.pool();
     cuda::KvTable kv;
     kv.slot_base = st.device_slot_table();
@@ -79,11 +73,26 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
     kv.head_dim = D;
     kv.dtype = st.layout().kv_dtype;
     DS_CHECK(kv.slot_base != nullptr, "attention on CUDA: the state has no device block table");
-    DS_TRY(cuda::kv_append(ctx, k, v, kv, call.d_pos));
+    if (cuda::attention_prep_applies(D)) {
+      // q/k norms, RoPE at the device position and the KV append in one kernel (same bits as below).
+      DS_TRY(cuda::attention_prep(ctx, q_heads, w.q_norm, k, w.k_norm, v, c.rms_eps, c.n_rot, c.rope_base, kv,
+                                  call.d_pos, q));
+    } else {
+      DS_TRY(rms_norm(ctx, q_heads, w.q_norm, c.rms_eps, q));  // per head over D
+      DS_TRY(rms_norm(ctx, k, w.k_norm, c.rms_eps, k));
+      DS_TRY(cuda::rope_neox_at(ctx, q, c.n_rot, c.rope_base, call.d_pos));
+      DS_TRY(cuda::rope_neox_at(ctx, k, c.n_rot, c.rope_base, call.d_pos));
+      DS_TRY(cuda::kv_append(ctx, k, v, kv, call.d_pos));
+    }
+    call.dump("attn.q", q);
+    call.dump("attn.k", k);
+    call.dump("attn.v", v);
     DS_TRY(cuda::attention_paged(ctx, q, kv, call.d_pos, call.max_kv, scale, o));
     return attention_output(call, w, gate, o, out);
   }
 #endif
+  DS_TRY(rms_norm(ctx, q_heads, w.q_norm, c.rms_eps, q));  // per head over D
+  DS_TRY(rms_norm(ctx, k, w.k_norm, c.rms_eps, k));
   DS_TRY(rope_neox(ctx, q, c.n_rot, c.rope_base, call.pos0));
   DS_TRY(rope_neox(ctx, k, c.n_rot, c.rope_base, call.pos0));
   call.dump("attn.q", q);

@@ -1,4 +1,5 @@
-// CUDA causal GQA attention over a chunked (paged) KV cache, and the KV append that fills it.
+// CUDA causal GQA attention over a chunked (paged) KV cache, the KV append that fills it, and the fused
+// attention prep (q/k RMSNorm + RoPE + KV append) of the model's attention layers.
 // Two attention kernels share one work decomposition: a CTA takes a block of packed query rows (row
 // = token * group + head-in-group, so every query head of a GQA group shares each K/V load), one KV
 // head and one KV range (split); it streams its range once with an online softmax (running max m,
@@ -27,6 +28,7 @@
 
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/rope.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -557,6 +559,76 @@ __global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* 
   }
 }
 
+// ---- attention prep: q/k RMSNorm + RoPE + KV append ----
+
+// One warp per (token, head slot): slots [0, n_head) are q heads, then n_head_kv k heads, then n_head_kv
+// v heads. The norm is norm_kernel's arithmetic for a row of at most 256 (one warp, lane l holds
+// elements l + 32 j, j < 8: the same fmaf chain and butterfly), the rotation kern::rope_neox_pair, the
+// stores kv_append's: the result has the bits of rms_norm, rope_neox_at and kv_append in sequence.
+constexpr int kPrepWarps = 4;
+constexpr int kPrepPer = kAttnPrepMaxHeadDim / 32;
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kPrepWarps) attention_prep_kernel(AttnPrepArgs a) {
+  __shared__ float rows[kPrepWarps][kAttnPrepMaxHeadDim];
+  kern::dependency_sync();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slot = blockIdx.x * kPrepWarps + warp, t = blockIdx.y;
+  const int H = a.n_head, Hkv = a.kv.n_head_kv, D = a.kv.head_dim;
+  if (slot >= H + 2 * Hkv) return;  // warp-uniform
+  const int pos0 = *a.d_pos;
+  const int64_t pos = static_cast<int64_t>(pos0) + t;
+  const int64_t row = static_cast<int64_t>(Hkv) * D;
+  const int64_t c = pos / a.kv.chunk_tokens, r = pos - c * a.kv.chunk_tokens;
+  if (slot >= H + Hkv) {  // v head: append only
+    const int hv = slot - H - Hkv;
+    if (pos0 < 0) return;
+    const float* src = a.v + t * row + static_cast<int64_t>(hv) * D;
+    T* dst = reinterpret_cast<T*>(const_cast<uint8_t*>(a.kv.v_base[c]) + a.kv.v_offset) + r * row +
+             static_cast<int64_t>(hv) * D;
+    for (int i = lane; i < D; i += 32) store_kv(dst + i, src[i]);
+    return;
+  }
+  const bool is_q = slot < H;
+  const int h = is_q ? slot : slot - H;
+  const float* src = is_q ? a.q_in + t * a.q_ts + static_cast<int64_t>(h) * a.q_hs : a.k + t * row + static_cast<int64_t>(h) * D;
+  const float* w = is_q ? a.q_norm : a.k_norm;
+  float v[kPrepPer], wv[kPrepPer];
+#pragma unroll
+  for (int j = 0; j < kPrepPer; ++j) {
+    const int i = lane + 32 * j;
+    v[j] = i < D ? src[i] : 0.0f;
+    wv[j] = i < D ? w[i] : 1.0f;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPrepPer; ++j) ss = fmaf(v[j], v[j], ss);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+  const float inv = rsqrtf(ss / static_cast<float>(D) + a.eps);
+  float* y = rows[warp];
+#pragma unroll
+  for (int j = 0; j < kPrepPer; ++j) {
+    const int i = lane + 32 * j;
+    if (i < D) y[i] = v[j] * inv * wv[j];
+  }
+  __syncwarp();
+  const int half = a.n_rot / 2;
+  for (int d = lane; d < half; d += 32) {
+    float x0 = y[d], x1 = y[d + half];
+    kern::rope_neox_pair(x0, x1, pos, d, a.n_rot, a.log2_base);
+    y[d] = x0;
+    y[d + half] = x1;
+  }
+  __syncwarp();
+  float* out = is_q ? a.q + (static_cast<int64_t>(t) * H + h) * D : a.k + t * row + static_cast<int64_t>(h) * D;
+  for (int i = lane; i < D; i += 32) out[i] = y[i];
+  if (is_q || pos0 < 0) return;
+  T* dst = reinterpret_cast<T*>(const_cast<uint8_t*>(a.kv.k_base[c]) + a.kv.k_offset) + r * row +
+           static_cast<int64_t>(h) * D;
+  for (int i = lane; i < D; i += 32) store_kv(dst + i, y[i]);
+}
+
 // ---- host side: kernel choice, one-time configuration, launch ----
 
 struct KernelPick {
@@ -732,6 +804,24 @@ cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& 
   } else if (kv.dtype == DType::F32) {
     launch_kernel(kv_append_kernel<float>, blocks, 256, 0, s, k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
                   kv.chunk_tokens, row, d_pos, total);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaStream_t s) {
+  if (n_tokens <= 0) return cudaSuccess;
+  if (a.kv.head_dim < 1 || a.kv.head_dim > kAttnPrepMaxHeadDim || a.n_rot < 2 || a.n_rot % 2 != 0 ||
+      a.n_rot > a.kv.head_dim || a.n_head < 1 || a.kv.n_head_kv < 1 || a.kv.chunk_tokens < 1 || n_tokens > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>((a.n_head + 2 * a.kv.n_head_kv + kPrepWarps - 1) / kPrepWarps),
+                  static_cast<unsigned>(n_tokens));
+  if (a.kv.dtype == DType::F16) {
+    launch_kernel(attention_prep_kernel<__half>, grid, 32 * kPrepWarps, 0, s, a);
+  } else if (a.kv.dtype == DType::F32) {
+    launch_kernel(attention_prep_kernel<float>, grid, 32 * kPrepWarps, 0, s, a);
   } else {
     return cudaErrorInvalidValue;
   }

@@ -76,6 +76,29 @@ cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan,
 cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& kv, const int32_t* d_pos,
                              int64_t n_tokens, cudaStream_t s);
 
+// The fused attention prep of n_tokens tokens at positions [*d_pos, *d_pos + n_tokens): per head, q
+// (read through q_in's strides) and k RMS-normalized with q_norm / k_norm, the first n_rot dims of each
+// rotated (NeoX), q written to q, k back in place, then k and v appended to kv as kv_append does. The same
+// bits as norm, rope_neox_at and kv_append launched in sequence. head_dim <= kAttnPrepMaxHeadDim.
+constexpr int kAttnPrepMaxHeadDim = 256;
+struct AttnPrepArgs {
+  const float* q_in = nullptr;  // q head h of token t: q_in + t * q_ts + h * q_hs, head_dim contiguous
+  int64_t q_hs = 0;
+  int64_t q_ts = 0;
+  const float* q_norm = nullptr;  // [head_dim]
+  const float* k_norm = nullptr;  // [head_dim]
+  float* q = nullptr;             // [n_tokens, n_head, head_dim]
+  float* k = nullptr;             // [n_tokens, n_head_kv, head_dim], normalized and rotated in place
+  const float* v = nullptr;       // [n_tokens, n_head_kv, head_dim]
+  PagedKvArgs kv;
+  int32_t n_head = 0;
+  int32_t n_rot = 0;
+  double log2_base = 0.0;
+  float eps = 0.0f;
+  const int32_t* d_pos = nullptr;
+};
+cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaStream_t s);
+
 // rope_neox_launch (ops_launch.h) with the first token's position read from d_pos on the device.
 cudaError_t rope_neox_at_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
                                 float base, const int32_t* d_pos, cudaStream_t s);

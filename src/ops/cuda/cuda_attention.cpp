@@ -1,5 +1,5 @@
 // Host entries of the CUDA attention path (ops/cuda/cuda_ops.h): kv_append, attention_paged,
-// rope_neox_at, get_rows_trusted, and the public attention op over a list of chunks. The model-path
+// attention_prep, rope_neox_at, get_rows_trusted, and the public attention op over a list of chunks. The model-path
 // entries are called directly (no op dispatcher in front), so they check every shape, dtype and limit
 // here and report a Status naming the op and the shapes; then they launch on the context's stream.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
@@ -9,6 +9,7 @@
 // being handed to longer-lived users while the graph can be replayed (see attention_paged below).
 #if DS_HAVE_CUDA
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
@@ -173,6 +174,68 @@ Status attention_paged(const OpContext& ctx, const TensorView& q, const KvTable&
   a.max_kv = max_kv;
   a.scale = scale;
   return run_paged(ctx, a, AttnPath::kAuto, op, q);
+}
+
+bool attention_prep_applies(int64_t head_dim) { return head_dim >= 1 && head_dim <= kAttnPrepMaxHeadDim; }
+
+Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm, const TensorView& k,
+                      const TensorView& k_norm, const TensorView& v, float eps, int64_t n_rot, float base,
+                      const KvTable& kv, const int32_t* d_pos, const TensorView& q) {
+  constexpr const char* op = "attention_prep";
+  DS_TRY(check_cuda_ctx(op, ctx));
+  DS_TRY(check_table(op, kv));
+  DS_TRY(ops::check_contig(op, "q", ctx, q, DType::F32));
+  DS_TRY(ops::check_contig(op, "k", ctx, k, DType::F32));
+  DS_TRY(ops::check_contig(op, "v", ctx, v, DType::F32));
+  DS_TRY(ops::check_contig(op, "q_norm", ctx, q_norm, DType::F32));
+  DS_TRY(ops::check_contig(op, "k_norm", ctx, k_norm, DType::F32));
+  DS_TRY(ops::check_same_shape(op, "k", k, "v", v));
+  DS_TRY(ops::check_same_shape(op, "q_heads", q_heads, "q", q));
+  const int64_t D = kv.head_dim, n = q.ne[2];
+  if (!attention_prep_applies(D)) return unsupported("{}: head_dim {} > {} on CUDA", op, D, kAttnPrepMaxHeadDim);
+  if (q_heads.dtype != DType::F32 || q_heads.device != ctx.device || q_heads.nb[0] != 4 || q_heads.nb[1] % 4 != 0 ||
+      q_heads.nb[2] % 4 != 0 || q.ne[0] != D || q.ne[3] != 1 || q.ne[1] % kv.n_head_kv != 0 || q.ne[1] > INT32_MAX) {
+    return invalid_argument("{}: q_heads {} (strides {}, {}) must be F32 [head_dim {}, n_head, n] with contiguous rows "
+                            "on {}, n_head a multiple of n_head_kv {}",
+                            op, q_heads.shape_string(), q_heads.nb[1], q_heads.nb[2], D, ctx.device.to_string(),
+                            kv.n_head_kv);
+  }
+  if (k.ne[0] != D || k.ne[1] != kv.n_head_kv || k.ne[2] != n || k.ne[3] != 1) {
+    return invalid_argument("{}: k {} must be [head_dim {}, n_head_kv {}, n {}]", op, k.shape_string(), D,
+                            kv.n_head_kv, n);
+  }
+  if (q_norm.n_elements() != D || k_norm.n_elements() != D) {
+    return invalid_argument("{}: q_norm {} and k_norm {} must have head_dim {} elements", op, q_norm.shape_string(),
+                            k_norm.shape_string(), D);
+  }
+  if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > D) {
+    return invalid_argument("{}: n_rot {} must be even and in (0, head_dim {}]", op, n_rot, D);
+  }
+  if (!(base > 0.0f)) return invalid_argument("{}: base {} must be positive", op, base);
+  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  if (n > 65535) return unsupported("{}: {} tokens > 65535 in one call on CUDA", op, n);
+  if (n == 0) return Status::ok();
+  DS_TRY(check_device_memory(op, {q_heads.data, q.data, k.data, v.data, q_norm.data, k_norm.data, d_pos,
+                                  kv.slot_base}));
+  DeviceGuard guard(ctx.device.index);
+  AttnPrepArgs a;
+  a.q_in = q_heads.as<float>();
+  a.q_hs = q_heads.nb[1] / 4;
+  a.q_ts = q_heads.nb[2] / 4;
+  a.q_norm = q_norm.as<float>();
+  a.k_norm = k_norm.as<float>();
+  a.q = q.as<float>();
+  a.k = k.as<float>();
+  a.v = v.as<float>();
+  a.kv = table_args(kv);
+  a.n_head = static_cast<int32_t>(q.ne[1]);
+  a.n_rot = static_cast<int32_t>(n_rot);
+  a.log2_base = std::log2(static_cast<double>(base));
+  a.eps = eps;
+  a.d_pos = d_pos;
+  DS_CUDA_TRY(attention_prep_launch(a, n, stream_of(ctx)), "{} q {} k {} n_rot {} into {} chunks of {}", op,
+              q.shape_string(), k.shape_string(), n_rot, dtype_name(kv.dtype), kv.chunk_tokens);
+  return Status::ok();
 }
 
 Status rope_neox_at(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, const int32_t* d_pos) {

@@ -80,6 +80,15 @@ Status kv_append(const OpContext& ctx, const TensorView& k, const TensorView& v,
 // upper bound of *d_pos + n that sizes the launch (a graph stays valid while the bound holds).
 Status attention_paged(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
                        int64_t max_kv, float scale, const TensorView& o);
+// The attention layer's prep in one kernel, for head_dim <= 256 (attention_prep_applies): q_heads [head_dim,
+// n_head, n] (F32, rows contiguous, any head / token strides) RMS-normalized with q_norm and rotated into q
+// (contiguous, same shape); k [head_dim, n_head_kv, n] normalized with k_norm and rotated in place; then k
+// and v appended at [*d_pos, *d_pos + n) of the table. Rotation: NeoX over the first n_rot dims at the
+// device position. The same bits as rms_norm, rms_norm, rope_neox_at, rope_neox_at and kv_append.
+bool attention_prep_applies(int64_t head_dim);
+Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm, const TensorView& k,
+                      const TensorView& k_norm, const TensorView& v, float eps, int64_t n_rot, float base,
+                      const KvTable& kv, const int32_t* d_pos, const TensorView& q);
 // rope_neox with the first token's position read from device memory.
 Status rope_neox_at(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, const int32_t* d_pos);
 // get_rows whose ids the caller has already validated (no copy to the host).

@@ -19,6 +19,7 @@
 #include "ops/cuda/moe_route.cuh"
 #include "ops/cuda/ops_launch.h"
 #include "ops/cuda/quant_decode.cuh"
+#include "ops/cuda/rope.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -177,7 +178,6 @@ int norm_threads(int64_t n) {
   return static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (t + 31) / 32 * 32)));
 }
 
-// Angles in double: positions reach 2^18 and a float angle would be off by up to 1e-2 rad there.
 // d_pos (when not null) adds a position read on the device (rope_neox_at).
 __global__ void rope_kernel(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,
                             double log2_base, int64_t pos0, const int32_t* d_pos) {
@@ -188,12 +188,10 @@ __global__ void rope_kernel(float* x, int64_t head_dim, int64_t n_head, int64_t 
   if (d_pos) pos0 += *d_pos;
   const int64_t d = i % half, th = i / half, t = th / n_head;
   float* v = x + th * head_dim;
-  const double theta = static_cast<double>(pos0 + t) * exp2(-2.0 * static_cast<double>(d) / n_rot * log2_base);
-  double sn, cs;
-  sincos(theta, &sn, &cs);
-  const double x0 = v[d], x1 = v[d + half];
-  v[d] = static_cast<float>(x0 * cs - x1 * sn);
-  v[d + half] = static_cast<float>(x0 * sn + x1 * cs);
+  float x0 = v[d], x1 = v[d + half];
+  kern::rope_neox_pair(x0, x1, pos0 + t, d, n_rot, log2_base);
+  v[d] = x0;
+  v[d + half] = x1;
 }
 
 template <DType T>
