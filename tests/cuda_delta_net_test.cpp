@@ -4,12 +4,15 @@
 // chunk +- 1, several chunks, a partial last chunk), a non-zero initial state, realistic inputs
 // (L2-normalized q/k, log decays in [-5, 0) with values near 0 and near -5, beta in (0, 1)). Outputs
 // start as NaN, so an unwritten element fails. Mismatches print the first offending element with its
-// coordinates and values and the max error. Skipped without a CUDA build or device.
+// coordinates and values and the max error. Also delta_net_gated_q8 (the recurrence and the gated output
+// norm with int8 activations in one kernel) against the two ops it fuses, bit for bit. Skipped without a
+// CUDA build or device.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/delta_net.h"
 #endif
 
@@ -282,6 +286,62 @@ TEST_F(CudaDeltaNetTest, Deterministic) {
     EXPECT_TRUE(a.out == b.out) << mode_name(mode) << " out";
     EXPECT_TRUE(a.state == b.state) << mode_name(mode) << " state";
   }
+}
+
+// delta_net_gated_q8 gives the bits of delta_net (recurrent) followed by rms_norm_gated_q8: out, state,
+// y and the q8 activations, v read as a strided view (as the model's conv rows), one and three tokens.
+TEST_F(CudaDeltaNetTest, GatedQ8MatchesTheChain) {
+  const float eps = 1e-6f;
+  for (const Shape& s : {k35B, k27B, kSmall, Shape{"dk64-dv64", 64, 64, 2, 6}}) {
+    for (int64_t n : {1, 3}) {
+      SCOPED_TRACE(std::string(s.name) + " n=" + std::to_string(n));
+      const Inputs in = make_inputs(rng_, s, n);
+      const int64_t dv = s.dv, nv = s.nv, rows = nv * n, v_ts = nv * dv + 64;
+      Host vwide({v_ts * n}), w({dv}), z({dv, nv, n});
+      for (int64_t t = 0; t < n; ++t) {
+        std::copy(in.v.v.begin() + t * nv * dv, in.v.v.begin() + (t + 1) * nv * dv, vwide.v.begin() + t * v_ts + 32);
+      }
+      w.random(rng_, 0.5f, 1.5f);
+      z.random(rng_, -3.0f, 3.0f);
+      const TensorView dq = up(in.q), dk = up(in.k), dg = up(in.g), dbeta = up(in.beta), dw = up(w), dz = up(z);
+      TensorView dv_view = up(vwide);
+      dv_view.data = static_cast<float*>(dv_view.data) + 32;
+      dv_view.ne = {dv, nv, n, 1};
+      dv_view.nb = {4, 4 * dv, 4 * v_ts, 4 * v_ts * n};
+      const int64_t act_bytes = cuda::norm_q8_act_bytes(dv, rows);
+      Host act_host({(act_bytes + 3) / 4});
+      std::memset(act_host.v.data(), 0x5A, 4 * act_host.v.size());
+
+      const TensorView st1 = up(in.state), o1 = up(Host({dv, nv, n})), y1 = up(Host({dv, nv, n})), a1 = up(act_host);
+      ASSERT_TRUE(delta_net(ctx_, dq, dk, dv_view, dg, dbeta, st1, o1, DeltaNetMode::kRecurrent).is_ok());
+      ASSERT_TRUE(cuda::rms_norm_gated_q8(ctx_, o1, dw, dz, eps, y1, a1).is_ok());
+
+      const TensorView st2 = up(in.state), o2 = up(Host({dv, nv, n})), y2 = up(Host({dv, nv, n})), a2 = up(act_host);
+      ASSERT_TRUE(cuda::delta_net_gated_q8_applies(dq, dv_view, st2, o2));
+      const Status st = cuda::delta_net_gated_q8(ctx_, dq, dk, dv_view, dg, dbeta, st2, o2, dw, dz, eps, y2, a2);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+
+      const auto bits_equal = [&](const TensorView& a, const TensorView& b, const char* what) {
+        const std::vector<float> x = down(a), y = down(b);
+        EXPECT_EQ(0, std::memcmp(x.data(), y.data(), 4 * x.size())) << what;
+      };
+      bits_equal(o1, o2, "out");
+      bits_equal(st1, st2, "state");
+      bits_equal(y1, y2, "y");
+      bits_equal(a1, a2, "q8 activations");
+      const std::vector<float> a_got = down(a2);
+      EXPECT_NE(0, std::memcmp(a_got.data(), act_host.v.data(), static_cast<size_t>(act_bytes))) << "nothing written";
+      bufs_.clear();
+    }
+  }
+  // Shapes outside the fused kernel: dv 256 (the model falls back to the two ops).
+  const Inputs big = make_inputs(rng_, Shape{"dv256", 128, 256, 1, 2}, 1);
+  Host o({256, 2, 1}), y({256, 2, 1}), w({256}), act({1024});
+  const TensorView dst = up(big.state), dout = up(o);
+  EXPECT_FALSE(cuda::delta_net_gated_q8_applies(up(big.q), up(big.v), dst, dout));
+  const Status s = cuda::delta_net_gated_q8(ctx_, up(big.q), up(big.k), up(big.v), up(big.g), up(big.beta), dst, dout,
+                                            up(w), up(o), 1e-6f, up(y), up(act));
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
 }
 
 #endif  // DS_HAVE_CUDA

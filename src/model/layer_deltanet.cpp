@@ -1,6 +1,7 @@
 // Gated DeltaNet layer forward (model spec section 4): projections, gates, causal conv with carried
 // state, SiLU, q/k L2 norm (those four as one op, delta_net_prep), the delta rule on the SSM state,
-// gated RMSNorm, output projection.
+// gated RMSNorm, output projection (on CUDA for one token the delta rule and the gated norm are one
+// kernel, delta_net_gated_q8, where the shapes allow).
 // Non-obvious choice: q, k and v are never copied out of the conv output: the L2 norms read q and k
 // as strided views of its rows (writing contiguous q, k) and the delta rule reads v in place.
 #include "model/model_internal.h"
@@ -64,20 +65,30 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
 
   // Delta rule on the SSM state; o [n, nv, dv].
   DS_ASSIGN_OR_RETURN(TensorView o, S.f32({dv, nv, n}));
-  DS_TRY(delta_net(ctx, q, k, v, g, beta, call.state.ssm_state(call.il), o));
-  call.dump("deltanet.o", o);
+  TensorView ssm_state = call.state.ssm_state(call.il);
 
   // y = RMSNorm(o; ssm_norm) * silu(z), per v-head over dv; then ssm_out.
 #if DS_HAVE_CUDA
-  // With the block's input in int8 form (CUDA, one token) the output norm writes o's int8 activations
-  // for ssm_out as well.
+  // With the block's input in int8 form (CUDA, one token) the output norm writes y's int8 activations
+  // for ssm_out as well, inside the delta-rule kernel where the shapes allow.
   if (call.x_q8.data != nullptr && cuda::norm_q8_applies(dv)) {
     DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(dv, nv * n) + 3) / 4}));
-    DS_TRY(cuda::rms_norm_gated_q8(ctx, o, w.norm, reshape(z, {dv, nv, n}), c.rms_eps, o, o_q8));
-    call.dump("deltanet.y", o);
-    return cuda::matmul_q8(ctx, w.wout, reshape(o, {c.value_dim(), n}), o_q8, out);
+    DS_ASSIGN_OR_RETURN(TensorView y, S.f32({dv, nv, n}));
+    const TensorView z3 = reshape(z, {dv, nv, n});
+    if (cuda::delta_net_gated_q8_applies(q, v, ssm_state, o)) {
+      DS_TRY(cuda::delta_net_gated_q8(ctx, q, k, v, g, beta, ssm_state, o, w.norm, z3, c.rms_eps, y, o_q8));
+      call.dump("deltanet.o", o);
+    } else {
+      DS_TRY(delta_net(ctx, q, k, v, g, beta, ssm_state, o));
+      call.dump("deltanet.o", o);
+      DS_TRY(cuda::rms_norm_gated_q8(ctx, o, w.norm, z3, c.rms_eps, y, o_q8));
+    }
+    call.dump("deltanet.y", y);
+    return cuda::matmul_q8(ctx, w.wout, reshape(y, {c.value_dim(), n}), o_q8, out);
   }
 #endif
+  DS_TRY(delta_net(ctx, q, k, v, g, beta, ssm_state, o));
+  call.dump("deltanet.o", o);
   DS_TRY(rms_norm_gated(ctx, o, w.norm, reshape(z, {dv, nv, n}), c.rms_eps, o));
   call.dump("deltanet.y", o);
   DS_TRY(matmul(ctx, w.wout, reshape(o, {c.value_dim(), n}), out));

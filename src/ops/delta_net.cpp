@@ -48,9 +48,8 @@ Status delta_net_gates(const OpContext& ctx, const TensorView& alpha, const Tens
   return Status::ok();
 }
 
-Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
-                 const TensorView& g, const TensorView& beta, const TensorView& state,
-                 const TensorView& out, DeltaNetMode mode) {
+Status delta_net_check(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& g, const TensorView& beta, const TensorView& state, const TensorView& out) {
   const char* op = "delta_net";
   DS_TRY(ops::check_contig(op, "q", ctx, q, DType::F32));
   DS_TRY(ops::check_contig(op, "k", ctx, k, DType::F32));
@@ -75,6 +74,14 @@ Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k,
   DS_TRY(ops::check_shape(op, "beta", beta, nv, n_tokens));
   DS_TRY(ops::check_shape(op, "state", state, dv, dk, nv));
   if (out.data == v.data && n_tokens > 0) return invalid_argument("{}: out must not alias v", op);
+  return Status::ok();
+}
+
+Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& g, const TensorView& beta, const TensorView& state,
+                 const TensorView& out, DeltaNetMode mode) {
+  DS_TRY(delta_net_check(ctx, q, k, v, g, beta, state, out));
+  const int64_t n_tokens = q.ne[2];
   if (n_tokens == 0) return Status::ok();
   DS_CUDA_DISPATCH(delta_net, ctx, q, k, v, g, beta, state, out, mode);
   if (ctx.reference) {

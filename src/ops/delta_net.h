@@ -44,6 +44,9 @@ Status delta_net_gates(const OpContext& ctx, const TensorView& alpha, const Tens
 Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& g, const TensorView& beta, const TensorView& state,
                  const TensorView& out, DeltaNetMode mode = DeltaNetMode::kAuto);
+// delta_net's argument checks alone (for fused forms that run it inside another kernel).
+Status delta_net_check(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& g, const TensorView& beta, const TensorView& state, const TensorView& out);
 
 struct DeltaNetPrep {
   // inputs

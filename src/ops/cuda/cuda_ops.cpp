@@ -20,6 +20,7 @@
 #include "ops/cuda/cuda_matmul.h"
 #include "ops/cuda/delta_net_launch.h"
 #include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/matvec_q8_args.h"
 #include "ops/cuda/ops_launch.h"
 #include "ops/op_registry.h"
 #include "ops/rms_norm.h"
@@ -96,6 +97,12 @@ Status row_norm(const OpContext& ctx, const char* op, const TensorView& x, const
                           x.n_rows(), eps, l2, stream_of(ctx), r ? f32(*r) : nullptr, act ? act->data : nullptr),
               "{} x {} (strides {}, {}, {})", op, x.shape_string(), x.nb[1], x.nb[2], x.nb[3]);
   return Status::ok();
+}
+
+DeltaNetArgs dn_args(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                     const TensorView& beta, const TensorView& state, const TensorView& out) {
+  return DeltaNetArgs{f32(q),  f32(k),  f32(v),  f32(g),  f32(beta), f32(state), f32(out), q.ne[0],
+                      q.ne[1], v.ne[0], v.ne[1], q.ne[2], v.nb[1] / 4, v.nb[2] / 4};
 }
 
 }  // namespace
@@ -181,6 +188,47 @@ Status rms_norm_gated_q8(const OpContext& ctx, const TensorView& x, const Tensor
   return row_norm(ctx, "rms_norm_gated_q8", x, &w, &z, eps, false, y, nullptr, &act);
 }
 
+bool delta_net_gated_q8_applies(const TensorView& q, const TensorView& v, const TensorView& state,
+                                const TensorView& out) {
+  const DeltaNetArgs a = dn_args(q, q, v, q, q, state, out);  // the predicate reads shapes and these pointers
+  return norm_q8_fits(v.ne[0]) && delta_net_norm_q8_fused(a);
+}
+
+Status delta_net_gated_q8(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& g, const TensorView& beta, const TensorView& state, const TensorView& out,
+                          const TensorView& w, const TensorView& z, float eps, const TensorView& y,
+                          const TensorView& act) {
+  constexpr const char* op = "delta_net_gated_q8";
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(delta_net_check(ctx, q, k, v, g, beta, state, out).with_context(op));
+  DS_TRY(rms_norm_gated_check(ctx, out, w, z, y).with_context(op));
+  DS_TRY(check_device_memory(op, {&q, &k, &v, &g, &beta, &state, &out, &w, &z, &y, &act}));
+  if (!delta_net_gated_q8_applies(q, v, state, out)) {
+    return unsupported("{}: q {} v {} (strides {}, {}): not a shape of the fused kernel", op, q.shape_string(),
+                       v.shape_string(), v.nb[1], v.nb[2]);
+  }
+  const int64_t dv = v.ne[0], rows = out.n_rows();
+  const int64_t need = norm_q8_act_bytes(dv, rows);
+  if (!y.is_contiguous() || act.n_bytes() < need || reinterpret_cast<uintptr_t>(act.data) % 16 != 0 ||
+      y.data == out.data) {
+    return invalid_argument("{}: y {} must be contiguous and apart from out; q8 activations {} ({} bytes) need {} "
+                            "bytes, 16-byte aligned",
+                            op, y.shape_string(), act.shape_string(), act.n_bytes(), need);
+  }
+  if (q.ne[2] == 0) return Status::ok();
+  DeviceGuard guard(ctx.device.index);
+  DeltaNetNormQ8 nq;
+  nq.w = f32(w);
+  nq.z = f32(z);
+  nq.eps = eps;
+  nq.y = f32(y);
+  nq.q8 = static_cast<int8_t*>(act.data);
+  nq.q8_ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(act.data) + kern::q8_ds_offset(dv, rows));
+  DS_CUDA_TRY(delta_net_norm_q8_launch(dn_args(q, k, v, g, beta, state, out), nq, stream_of(ctx)),
+              "{} q {} v {} state {}", op, q.shape_string(), v.shape_string(), state.shape_string());
+  return Status::ok();
+}
+
 Status matmul_many_q8(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
                       const TensorView& act, std::span<const TensorView> ys) {
   DS_TRY(check_device_memory("matmul_many_q8", {&x, &act}));
@@ -227,8 +275,7 @@ Status delta_net(const OpContext& ctx, const TensorView& q, const TensorView& k,
                  const TensorView& out, DeltaNetMode mode) {
   DS_TRY(device_status(ctx.device.index));
   DS_TRY(check_device_memory("delta_net", {&q, &k, &v, &g, &beta, &state, &out}));
-  const DeltaNetArgs a{f32(q),  f32(k),  f32(v),  f32(g),  f32(beta), f32(state), f32(out), q.ne[0],
-                       q.ne[1], v.ne[0], v.ne[1], q.ne[2], v.nb[1] / 4, v.nb[2] / 4};
+  const DeltaNetArgs a = dn_args(q, k, v, g, beta, state, out);
   if (a.nv > kDeltaNetMaxHeads) {
     return unsupported("delta_net: nv {} > {} on CUDA (v {})", a.nv, kDeltaNetMaxHeads, v.shape_string());
   }

@@ -114,6 +114,15 @@ Status add_rms_norm_q8(const OpContext& ctx, const TensorView& x, const TensorVi
                        float eps, const TensorView& y, const TensorView& act);
 Status rms_norm_gated_q8(const OpContext& ctx, const TensorView& x, const TensorView& w, const TensorView& z,
                          float eps, const TensorView& y, const TensorView& act);
+// delta_net (recurrent form) then rms_norm_gated_q8(out, w, z, eps, y, act) in one kernel, with the same
+// bits of out, state, y and act, where delta_net_gated_q8_applies (the register-state recurrent kernel's
+// shapes with dk <= 128 and dv <= 128, rows of a multiple of 32).
+bool delta_net_gated_q8_applies(const TensorView& q, const TensorView& v, const TensorView& state,
+                                const TensorView& out);
+Status delta_net_gated_q8(const OpContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& g, const TensorView& beta, const TensorView& state, const TensorView& out,
+                          const TensorView& w, const TensorView& z, float eps, const TensorView& y,
+                          const TensorView& act);
 // matmul_many / matmul whose int8-activation products read `act`, the q8 activations of x written by
 // one of the norms above (the caller guarantees they are x's: same values, same k and token count);
 // products the q8 kernel does not take read x.

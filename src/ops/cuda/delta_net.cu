@@ -28,8 +28,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/delta_net_launch.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/matvec_q8.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -39,6 +41,7 @@ constexpr int kBV = 32;             // dv columns per scan / recurrent CTA
 constexpr int kPrepThreads = 256;   // 4 threads per column of T in the triangular solve
 constexpr int kScanThreads = 256;   // 16 row groups x 16 column pairs
 constexpr int kRecThreads = 128;    // 16 row groups x 8 column quads
+constexpr int kRecNormGroups = static_cast<int>(kDeltaNetNormQ8MaxDv / kBV);  // column blocks of the fused form
 constexpr int kMat = kChunk * kChunk;
 constexpr int64_t kScratchPerHead = 2 * kMat + kChunk;  // Tb, QKm, G (floats) per (chunk, v-head)
 static_assert(kPrepThreads == 4 * kChunk, "the solve maps 4 threads to each column of T");
@@ -374,29 +377,74 @@ __device__ __forceinline__ float4 reduce_row_groups(float4 p) {
   return p;
 }
 
+// The gated output norm of one (token, v-head) row o[0, dv) in shared memory, by one warp, with
+// norm_kernel's arithmetic for a row of at most 256 (lane l holds elements l + 32 j, j < 8: the same fmaf
+// chain, butterfly and rounding) and its q8 output: the bits of rms_norm_gated_q8 on that row.
+__device__ void gated_norm_q8_row(const float* o, const DeltaNetNormQ8& nq, int dv, int64_t row) {
+  constexpr int kPer = 8;
+  const int lane = threadIdx.x % 32;
+  const float* zr = nq.z + row * dv;
+  float v[kPer], wv[kPer], gv[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    const bool in = i < dv;
+    v[j] = in ? o[i] : 0.0f;
+    wv[j] = in ? nq.w[i] : 1.0f;
+    gv[j] = in ? zr[i] : 0.0f;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) ss = fmaf(v[j], v[j], ss);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, off);
+  const float inv = rsqrtf(ss / static_cast<float>(dv) + nq.eps);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    if (32 * j >= dv) break;  // warp-uniform: dv % 32 == 0
+    const float y = gv[j] * kern::sigmoidf(gv[j]) * (v[j] * inv * wv[j]);  // as norm_kernel's gated()
+    nq.y[row * dv + i] = y;
+    int code;
+    float d;
+    int sum;
+    kern::quantize_block_q8_warp(y, code, d, sum);
+    nq.q8[row * dv + i] = static_cast<int8_t>(code);
+    if (lane == 0) nq.q8_ds[(row * dv + i) / 32] = make_float2(d, d * static_cast<float>(sum));
+  }
+}
+
 // grid (dv / 32, nv). Thread (rg, cq) = (tid / 8, tid % 8) holds state rows rg + 16m (m < DK/16) of
 // columns [32 blockIdx.x + 4cq, +4) in registers for all n_tokens.
-template <int DK>
-__global__ void __launch_bounds__(kRecThreads)
+// kNormQ8 (the fused output norm): grid (1, nv), dv / 32 groups of kRecThreads, group b in the place of
+// CTA b above (same arithmetic, so the same o); then each token's o row, staged in shared memory, goes
+// through gated_norm_q8_row in warp 0.
+template <int DK, bool kNormQ8>
+__global__ void __launch_bounds__(kNormQ8 ? kRecThreads * kRecNormGroups : kRecThreads)
     dn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                         const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
                         float* __restrict__ out, int nk, int nv, int dv, int64_t n_tokens, float scale, int64_t v_hs,
-                        int64_t v_ts) {
+                        int64_t v_ts, DeltaNetNormQ8 nq) {
   kern::dependency_sync();
   constexpr int kRows = DK / 16;
   constexpr int kWarps = kRecThreads / 32;
+  constexpr int kGroups = kNormQ8 ? kRecNormGroups : 1;
   __shared__ float qs[DK], ks[DK];
-  __shared__ float4 red_k[kWarps][8], red_o[kWarps][8];
-  const int tid = threadIdx.x, cq = tid & 7, rg = tid >> 3, lane = tid & 31, warp = tid >> 5;
-  const int h = blockIdx.y, hk = h % nk, j = blockIdx.x * kBV + cq * 4;
+  __shared__ float4 red_k[kGroups][kWarps][8], red_o[kGroups][kWarps][8];
+  __shared__ float o_row[kNormQ8 ? kBV * kRecNormGroups : 1];
+  const int grp = kNormQ8 ? static_cast<int>(threadIdx.x) / kRecThreads : 0;
+  const int tid = static_cast<int>(threadIdx.x) % kRecThreads, cq = tid & 7, rg = tid >> 3, lane = tid & 31,
+            warp = tid >> 5;
+  const int n_threads = kRecThreads * (kNormQ8 ? dv / kBV : 1);
+  const int h = blockIdx.y, hk = h % nk, j = (kNormQ8 ? grp : static_cast<int>(blockIdx.x)) * kBV + cq * 4;
   float* Sg = state + static_cast<int64_t>(h) * DK * dv + j;
   float4 st[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
 
   for (int64_t t = 0; t < n_tokens; ++t) {
-    __syncthreads();  // the previous token is done with qs, ks, red_k
-    for (int i = tid; i < DK; i += kRecThreads) {
+    __syncthreads();  // the previous token is done with qs, ks, red_k, o_row
+    for (int i = static_cast<int>(threadIdx.x); i < DK; i += n_threads) {
       qs[i] = q[(t * nk + hk) * DK + i];
       ks[i] = k[(t * nk + hk) * DK + i];
     }
@@ -412,11 +460,11 @@ __global__ void __launch_bounds__(kRecThreads)
       p.w = fmaf(st[m].w, ki, p.w);
     }
     p = reduce_row_groups(p);
-    if (lane < 8) red_k[warp][cq] = p;
+    if (lane < 8) red_k[grp][warp][cq] = p;
     __syncthreads();
-    float4 kv = red_k[0][cq];
+    float4 kv = red_k[grp][0][cq];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) kv = f4_add(kv, red_k[w][cq]);
+    for (int w = 1; w < kWarps; ++w) kv = f4_add(kv, red_k[grp][w][cq]);
     const int64_t row = (t * nv + h) * dv + j;
     const float4 vt = *reinterpret_cast<const float4*>(v + t * v_ts + h * v_hs + j);
     const float4 d = make_float4(bt * (vt.x - decay * kv.x), bt * (vt.y - decay * kv.y),
@@ -435,13 +483,19 @@ __global__ void __launch_bounds__(kRecThreads)
       po.w = fmaf(st[m].w, qi, po.w);
     }
     po = reduce_row_groups(po);
-    if (lane < 8) red_o[warp][cq] = po;
+    if (lane < 8) red_o[grp][warp][cq] = po;
     __syncthreads();
     if (rg == 0) {
-      float4 o = red_o[0][cq];
+      float4 o = red_o[grp][0][cq];
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) o = f4_add(o, red_o[w][cq]);
-      *reinterpret_cast<float4*>(out + row) = make_float4(o.x * scale, o.y * scale, o.z * scale, o.w * scale);
+      for (int w = 1; w < kWarps; ++w) o = f4_add(o, red_o[grp][w][cq]);
+      const float4 os = make_float4(o.x * scale, o.y * scale, o.z * scale, o.w * scale);
+      *reinterpret_cast<float4*>(out + row) = os;
+      if constexpr (kNormQ8) *reinterpret_cast<float4*>(o_row + j) = os;
+    }
+    if constexpr (kNormQ8) {
+      __syncthreads();
+      if (threadIdx.x < 32) gated_norm_q8_row(o_row, nq, dv, t * nv + h);
     }
   }
 #pragma unroll
@@ -492,9 +546,18 @@ int64_t v_token_stride(const DeltaNetArgs& a) { return a.v_token_stride > 0 ? a.
 template <int DK>
 cudaError_t recurrent_fast(const DeltaNetArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.dv / kBV), static_cast<unsigned>(a.nv));
-  return launch_kernel(dn_recurrent_kernel<DK>, grid, kRecThreads, 0, s, a.q, a.k, a.v, a.g, a.beta, a.state, a.out,
-                       static_cast<int>(a.nk), static_cast<int>(a.nv), static_cast<int>(a.dv), a.n_tokens,
-                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a), v_token_stride(a));
+  return launch_kernel(dn_recurrent_kernel<DK, false>, grid, kRecThreads, 0, s, a.q, a.k, a.v, a.g, a.beta, a.state,
+                       a.out, static_cast<int>(a.nk), static_cast<int>(a.nv), static_cast<int>(a.dv), a.n_tokens,
+                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a), v_token_stride(a), DeltaNetNormQ8{});
+}
+
+template <int DK>
+cudaError_t recurrent_norm_q8(const DeltaNetArgs& a, const DeltaNetNormQ8& nq, cudaStream_t s) {
+  const dim3 grid(1, static_cast<unsigned>(a.nv));
+  return launch_kernel(dn_recurrent_kernel<DK, true>, grid, static_cast<unsigned>(kRecThreads * (a.dv / kBV)), 0, s,
+                       a.q, a.k, a.v, a.g, a.beta, a.state, a.out, static_cast<int>(a.nk), static_cast<int>(a.nv),
+                       static_cast<int>(a.dv), a.n_tokens, 1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a),
+                       v_token_stride(a), nq);
 }
 
 template <int DK>
@@ -572,6 +635,24 @@ cudaError_t delta_net_chunked_launch(const DeltaNetArgs& a, float* scratch, cuda
     case 32: return chunked<32>(a, scratch, s);
     case 64: return chunked<64>(a, scratch, s);
     case 128: return chunked<128>(a, scratch, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+bool delta_net_norm_q8_fused(const DeltaNetArgs& a) {
+  return delta_net_recurrent_fast(a) && a.dk <= 128 && a.dv <= kDeltaNetNormQ8MaxDv;
+}
+
+cudaError_t delta_net_norm_q8_launch(const DeltaNetArgs& a, const DeltaNetNormQ8& nq, cudaStream_t s) {
+  if (a.n_tokens <= 0) return cudaSuccess;
+  if (!delta_net_norm_q8_fused(a) || nq.w == nullptr || nq.z == nullptr || nq.y == nullptr || nq.q8 == nullptr ||
+      nq.q8_ds == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  switch (a.dk) {
+    case 32: return recurrent_norm_q8<32>(a, nq, s);
+    case 64: return recurrent_norm_q8<64>(a, nq, s);
+    case 128: return recurrent_norm_q8<128>(a, nq, s);
     default: return cudaErrorInvalidValue;
   }
 }

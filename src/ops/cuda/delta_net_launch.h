@@ -45,6 +45,24 @@ bool delta_net_chunked_ok(const DeltaNetArgs& a);
 // and the masked decayed scale * Q K^T [64 x 64] and the cumulative log decays [64].
 int64_t delta_net_chunked_scratch_bytes(const DeltaNetArgs& a);
 
+// The DeltaNet output norm fused into the recurrence (delta_net_norm_q8_launch): per (token, v-head) row
+// of o [n_tokens, nv, dv], y = RMSNorm(o; w) * silu(z) (w [dv], z like o) and y's q8 activations
+// (q8 codes [n_tokens * nv * dv], then float2 (d, d * sum) per 32 at q8_ds), as rms_norm_gated_q8.
+constexpr int64_t kDeltaNetNormQ8MaxDv = 128;
+struct DeltaNetNormQ8 {
+  const float* w = nullptr;
+  const float* z = nullptr;
+  float eps = 0.0f;
+  float* y = nullptr;
+  int8_t* q8 = nullptr;
+  float2* q8_ds = nullptr;
+};
+// The fused form takes the fast recurrent shapes with dk <= 128 and dv <= kDeltaNetNormQ8MaxDv.
+bool delta_net_norm_q8_fused(const DeltaNetArgs& a);
+// The recurrence (as delta_net_recurrent_launch, same bits of out and state) and then each token's
+// output norm (the bits of rms_norm_gated_q8 on out), one launch; requires delta_net_norm_q8_fused(a).
+cudaError_t delta_net_norm_q8_launch(const DeltaNetArgs& a, const DeltaNetNormQ8& nq, cudaStream_t s);
+
 // Token-by-token recurrence over all n_tokens (fast or generic kernel). Allocates nothing and never
 // synchronizes: safe inside CUDA graph capture.
 cudaError_t delta_net_recurrent_launch(const DeltaNetArgs& a, cudaStream_t s);

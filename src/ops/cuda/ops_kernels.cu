@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
@@ -31,7 +32,7 @@ unsigned blocks_for(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }
 
-__device__ __forceinline__ float sigmoidf(float v) { return 1.0f / (1.0f + __expf(-v)); }
+using kern::sigmoidf;
 
 __global__ void eltwise_kernel(EltKind kind, const float* a, const float* b, float* y, int64_t n, int64_t row,
                                bool b_per_row, int64_t b_row_stride) {
