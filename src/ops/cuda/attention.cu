@@ -28,6 +28,7 @@
 
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/norm_warp.cuh"
 #include "ops/cuda/rope.cuh"
 
 namespace ds::cuda {
@@ -562,11 +563,12 @@ __global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* 
 // ---- attention prep: q/k RMSNorm + RoPE + KV append ----
 
 // One warp per (token, head slot): slots [0, n_head) are q heads, then n_head_kv k heads, then n_head_kv
-// v heads. The norm is norm_kernel's arithmetic for a row of at most 256 (one warp, lane l holds
-// elements l + 32 j, j < 8: the same fmaf chain and butterfly), the rotation kern::rope_neox_pair, the
+// v heads. The norm is norm_kernel's arithmetic for a row of at most 256 (kern::warp_row_rms_inv), the
+// rotation kern::rope_neox_pair, the
 // stores kv_append's: the result has the bits of rms_norm, rope_neox_at and kv_append in sequence.
 constexpr int kPrepWarps = 4;
-constexpr int kPrepPer = kAttnPrepMaxHeadDim / 32;
+constexpr int kPrepPer = kern::kWarpRowPer;
+static_assert(kAttnPrepMaxHeadDim == 32 * kPrepPer, "one warp holds a head");
 
 template <typename T>
 __global__ void __launch_bounds__(32 * kPrepWarps) attention_prep_kernel(AttnPrepArgs a) {
@@ -600,12 +602,7 @@ __global__ void __launch_bounds__(32 * kPrepWarps) attention_prep_kernel(AttnPre
     v[j] = i < D ? src[i] : 0.0f;
     wv[j] = i < D ? w[i] : 1.0f;
   }
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPrepPer; ++j) ss = fmaf(v[j], v[j], ss);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-  const float inv = rsqrtf(ss / static_cast<float>(D) + a.eps);
+  const float inv = kern::warp_row_rms_inv(v, D, a.eps);
   float* y = rows[warp];
 #pragma unroll
   for (int j = 0; j < kPrepPer; ++j) {

@@ -32,6 +32,7 @@
 #include "ops/cuda/delta_net_launch.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
+#include "ops/cuda/norm_warp.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -378,10 +379,10 @@ __device__ __forceinline__ float4 reduce_row_groups(float4 p) {
 }
 
 // The gated output norm of one (token, v-head) row o[0, dv) in shared memory, by one warp, with
-// norm_kernel's arithmetic for a row of at most 256 (lane l holds elements l + 32 j, j < 8: the same fmaf
-// chain, butterfly and rounding) and its q8 output: the bits of rms_norm_gated_q8 on that row.
+// norm_kernel's arithmetic for a row of at most 256 (kern::warp_row_rms_inv) and its q8 output: the bits
+// of rms_norm_gated_q8 on that row.
 __device__ void gated_norm_q8_row(const float* o, const DeltaNetNormQ8& nq, int dv, int64_t row) {
-  constexpr int kPer = 8;
+  constexpr int kPer = kern::kWarpRowPer;
   const int lane = threadIdx.x % 32;
   const float* zr = nq.z + row * dv;
   float v[kPer], wv[kPer], gv[kPer];
@@ -393,12 +394,7 @@ __device__ void gated_norm_q8_row(const float* o, const DeltaNetNormQ8& nq, int 
     wv[j] = in ? nq.w[i] : 1.0f;
     gv[j] = in ? zr[i] : 0.0f;
   }
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) ss = fmaf(v[j], v[j], ss);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, off);
-  const float inv = rsqrtf(ss / static_cast<float>(dv) + nq.eps);
+  const float inv = kern::warp_row_rms_inv(v, dv, nq.eps);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;
