@@ -564,8 +564,8 @@ __global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* 
 
 // One warp per (token, head slot): slots [0, n_head) are q heads, then n_head_kv k heads, then n_head_kv
 // v heads. The norm is norm_kernel's arithmetic for a row of at most 256 (kern::warp_row_rms_inv), the
-// rotation kern::rope_neox_pair, the
-// stores kv_append's: the result has the bits of rms_norm, rope_neox_at and kv_append in sequence.
+// rotation kern::rope_neox_pair, the stores kv_append's: the result has the bits of rms_norm,
+// rope_neox_at and kv_append in sequence.
 constexpr int kPrepWarps = 4;
 constexpr int kPrepPer = kern::kWarpRowPer;
 static_assert(kAttnPrepMaxHeadDim == 32 * kPrepPer, "one warp holds a head");

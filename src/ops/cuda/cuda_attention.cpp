@@ -1,7 +1,8 @@
 // Host entries of the CUDA attention path (ops/cuda/cuda_ops.h): kv_append, attention_paged,
-// attention_prep, rope_neox_at, get_rows_trusted, and the public attention op over a list of chunks. The model-path
-// entries are called directly (no op dispatcher in front), so they check every shape, dtype and limit
-// here and report a Status naming the op and the shapes; then they launch on the context's stream.
+// attention_prep, rope_neox_at, get_rows_trusted, and the public attention op over a list of chunks. The
+// model-path entries are called directly (no op dispatcher in front), so they check every shape, dtype
+// and limit here and report a Status naming the op and the shapes; then they launch on the context's
+// stream.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choice: attention_paged takes its split scratch from the caching allocator on every
 // call (no host synchronization; after the first call of a shape the block comes from the cache). A
@@ -22,6 +23,7 @@
 #include "ops/cuda/ops_launch.h"
 #include "ops/op_check.h"
 #include "ops/op_registry.h"
+#include "ops/rms_norm.h"
 
 namespace ds::cuda {
 namespace {
@@ -90,6 +92,32 @@ PagedKvArgs table_args(const KvTable& kv) {
   return a;
 }
 
+// k and v [head_dim, n_head_kv, n] (F32, contiguous, one shape) for the table, and a device position:
+// what an append into the table needs.
+Status check_kv_rows(const char* op, const OpContext& ctx, const TensorView& k, const TensorView& v,
+                     const KvTable& kv, const int32_t* d_pos) {
+  DS_TRY(ops::check_contig(op, "k", ctx, k, DType::F32));
+  DS_TRY(ops::check_contig(op, "v", ctx, v, DType::F32));
+  DS_TRY(ops::check_same_shape(op, "k", k, "v", v));
+  if (k.ne[0] != kv.head_dim || k.ne[1] != kv.n_head_kv || k.ne[3] != 1) {
+    return invalid_argument("{}: k {} must be [head_dim {}, n_head_kv {}, n_tokens]", op, k.shape_string(),
+                            kv.head_dim, kv.n_head_kv);
+  }
+  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  return Status::ok();
+}
+
+// A rotation of the first n_rot of x's head_dim (ne0) at the device position.
+Status check_rope(const char* op, const TensorView& x, int64_t n_rot, float base, const int32_t* d_pos) {
+  if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > x.ne[0]) {
+    return invalid_argument("{}: n_rot {} must be even and in (0, head_dim {}]", op, n_rot, x.ne[0]);
+  }
+  if (!(base > 0.0f)) return invalid_argument("{}: base {} must be positive", op, base);
+  if (x.ne[3] != 1) return invalid_argument("{}: x {} must be 3-D", op, x.shape_string());
+  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  return Status::ok();
+}
+
 // q / o [head_dim, n_head, n_tokens] F32, contiguous, same shape, not aliased, n_head a multiple of
 // n_head_kv.
 Status check_q_o(const char* op, const OpContext& ctx, const TensorView& q, const TensorView& o, int64_t head_dim,
@@ -131,14 +159,7 @@ Status kv_append(const OpContext& ctx, const TensorView& k, const TensorView& v,
   constexpr const char* op = "kv_append";
   DS_TRY(check_cuda_ctx(op, ctx));
   DS_TRY(check_table(op, kv));
-  DS_TRY(ops::check_contig(op, "k", ctx, k, DType::F32));
-  DS_TRY(ops::check_contig(op, "v", ctx, v, DType::F32));
-  DS_TRY(ops::check_same_shape(op, "k", k, "v", v));
-  if (k.ne[0] != kv.head_dim || k.ne[1] != kv.n_head_kv || k.ne[3] != 1) {
-    return invalid_argument("{}: k {} must be [head_dim {}, n_head_kv {}, n_tokens]", op, k.shape_string(),
-                            kv.head_dim, kv.n_head_kv);
-  }
-  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  DS_TRY(check_kv_rows(op, ctx, k, v, kv, d_pos));
   if (k.ne[2] == 0) return Status::ok();
   DS_TRY(check_device_memory(op, {k.data, v.data, d_pos, kv.slot_base}));
   DeviceGuard guard(ctx.device.index);
@@ -184,35 +205,17 @@ Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const Ten
   constexpr const char* op = "attention_prep";
   DS_TRY(check_cuda_ctx(op, ctx));
   DS_TRY(check_table(op, kv));
-  DS_TRY(ops::check_contig(op, "q", ctx, q, DType::F32));
-  DS_TRY(ops::check_contig(op, "k", ctx, k, DType::F32));
-  DS_TRY(ops::check_contig(op, "v", ctx, v, DType::F32));
-  DS_TRY(ops::check_contig(op, "q_norm", ctx, q_norm, DType::F32));
-  DS_TRY(ops::check_contig(op, "k_norm", ctx, k_norm, DType::F32));
-  DS_TRY(ops::check_same_shape(op, "k", k, "v", v));
-  DS_TRY(ops::check_same_shape(op, "q_heads", q_heads, "q", q));
   const int64_t D = kv.head_dim, n = q.ne[2];
   if (!attention_prep_applies(D)) return unsupported("{}: head_dim {} > {} on CUDA", op, D, kAttnPrepMaxHeadDim);
-  if (q_heads.dtype != DType::F32 || q_heads.device != ctx.device || q_heads.nb[0] != 4 || q_heads.nb[1] % 4 != 0 ||
-      q_heads.nb[2] % 4 != 0 || q.ne[0] != D || q.ne[3] != 1 || q.ne[1] % kv.n_head_kv != 0 || q.ne[1] > INT32_MAX) {
-    return invalid_argument("{}: q_heads {} (strides {}, {}) must be F32 [head_dim {}, n_head, n] with contiguous rows "
-                            "on {}, n_head a multiple of n_head_kv {}",
-                            op, q_heads.shape_string(), q_heads.nb[1], q_heads.nb[2], D, ctx.device.to_string(),
-                            kv.n_head_kv);
+  DS_TRY(check_kv_rows(op, ctx, k, v, kv, d_pos));
+  DS_TRY(rms_norm_check(ctx, q_heads, q_norm, q).with_context(op));
+  DS_TRY(rms_norm_check(ctx, k, k_norm, k).with_context(op));
+  DS_TRY(check_rope(op, q, n_rot, base, d_pos));
+  if (q.ne[0] != D || k.ne[2] != n || q.ne[1] % kv.n_head_kv != 0 || q.ne[1] > INT32_MAX) {
+    return invalid_argument("{}: q {} and k {} must be [head_dim {}, n_head, n] and [head_dim, n_head_kv {}, n], "
+                            "n_head a multiple of n_head_kv",
+                            op, q.shape_string(), k.shape_string(), D, kv.n_head_kv);
   }
-  if (k.ne[0] != D || k.ne[1] != kv.n_head_kv || k.ne[2] != n || k.ne[3] != 1) {
-    return invalid_argument("{}: k {} must be [head_dim {}, n_head_kv {}, n {}]", op, k.shape_string(), D,
-                            kv.n_head_kv, n);
-  }
-  if (q_norm.n_elements() != D || k_norm.n_elements() != D) {
-    return invalid_argument("{}: q_norm {} and k_norm {} must have head_dim {} elements", op, q_norm.shape_string(),
-                            k_norm.shape_string(), D);
-  }
-  if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > D) {
-    return invalid_argument("{}: n_rot {} must be even and in (0, head_dim {}]", op, n_rot, D);
-  }
-  if (!(base > 0.0f)) return invalid_argument("{}: base {} must be positive", op, base);
-  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
   if (n > 65535) return unsupported("{}: {} tokens > 65535 in one call on CUDA", op, n);
   if (n == 0) return Status::ok();
   DS_TRY(check_device_memory(op, {q_heads.data, q.data, k.data, v.data, q_norm.data, k_norm.data, d_pos,
@@ -242,12 +245,7 @@ Status rope_neox_at(const OpContext& ctx, const TensorView& x, int64_t n_rot, fl
   constexpr const char* op = "rope_neox_at";
   DS_TRY(check_cuda_ctx(op, ctx));
   DS_TRY(ops::check_contig(op, "x", ctx, x, DType::F32));
-  if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > x.ne[0]) {
-    return invalid_argument("{}: n_rot {} must be even and in (0, head_dim {}]", op, n_rot, x.ne[0]);
-  }
-  if (!(base > 0.0f)) return invalid_argument("{}: base {} must be positive", op, base);
-  if (x.ne[3] != 1) return invalid_argument("{}: x {} must be 3-D", op, x.shape_string());
-  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  DS_TRY(check_rope(op, x, n_rot, base, d_pos));
   if (x.n_elements() == 0) return Status::ok();
   DS_TRY(check_device_memory(op, {x.data, d_pos}));
   DeviceGuard guard(ctx.device.index);

@@ -431,7 +431,6 @@ __global__ void __launch_bounds__(kNormQ8 ? kRecThreads * kRecNormGroups : kRecT
   const int grp = kNormQ8 ? static_cast<int>(threadIdx.x) / kRecThreads : 0;
   const int tid = static_cast<int>(threadIdx.x) % kRecThreads, cq = tid & 7, rg = tid >> 3, lane = tid & 31,
             warp = tid >> 5;
-  const int n_threads = kRecThreads * (kNormQ8 ? dv / kBV : 1);
   const int h = blockIdx.y, hk = h % nk, j = (kNormQ8 ? grp : static_cast<int>(blockIdx.x)) * kBV + cq * 4;
   float* Sg = state + static_cast<int64_t>(h) * DK * dv + j;
   float4 st[kRows];
@@ -440,7 +439,7 @@ __global__ void __launch_bounds__(kNormQ8 ? kRecThreads * kRecNormGroups : kRecT
 
   for (int64_t t = 0; t < n_tokens; ++t) {
     __syncthreads();  // the previous token is done with qs, ks, red_k, o_row
-    for (int i = static_cast<int>(threadIdx.x); i < DK; i += n_threads) {
+    for (int i = static_cast<int>(threadIdx.x); i < DK; i += static_cast<int>(blockDim.x)) {
       qs[i] = q[(t * nk + hk) * DK + i];
       ks[i] = k[(t * nk + hk) * DK + i];
     }

@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/ops_launch.h"
 
 namespace ds::cuda {
 
@@ -54,7 +55,7 @@ cudaError_t moe_combine_launch(const float* d, const int32_t* ids, const float* 
 // selector * kMoeSelUnit bytes (MoeMatvecLaunch with w_expert_stride = kMoeSelUnit, n_expert =
 // INT32_MAX), so routed experts and the shared expert, separate tensors, share one launch; -1 skips.
 constexpr int64_t kMoeSelUnit = 16;         // bytes; every weight base and expert stride is a multiple
-constexpr int kMoeBlockMaxExperts = 2048;   // 8 KB of routing keys in the CTA that routes
+constexpr int kMoeBlockMaxExperts = static_cast<int>(kRouteMaxExperts);  // routed as by moe_route
 constexpr int kMoeBlockMaxK = 32;
 
 // Where a projection's weights sit in a launch: selector = base_units + e * expert_units (e = expert id,

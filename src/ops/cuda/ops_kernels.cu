@@ -343,6 +343,8 @@ __global__ void delta_net_prep_kernel(DeltaNetPrepArgs a, int64_t v_blocks) {
 }
 
 // One CTA per token (kern::route_block); dynamic shared memory kern::route_block_smem_bytes(n_expert).
+static_assert(kern::route_block_smem_bytes(static_cast<int>(kRouteMaxExperts)) <= 48 * 1024,
+              "route_block's shared memory needs no opt-in at kRouteMaxExperts");
 __global__ void __launch_bounds__(kern::kRouteBlockThreads)
     moe_route_kernel(const float* logits, int64_t n_expert, int64_t k, int32_t* ids, float* weights, float floor) {
   extern __shared__ double route_smem[];
