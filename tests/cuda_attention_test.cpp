@@ -5,7 +5,8 @@
 // 1/4/6/8, 1..300 query tokens, positions 0..5000, chunks of 16 and 64, max_kv bounds far above the
 // need (empty splits). Also: both kernels on the same data, the public attention op on F16 chunks,
 // kv_append (bit-exact against a CPU copy), rope_neox_at, attention_prep (bit-exact against the chain of
-// norms, rotations and append it fuses), get_rows_trusted, and one decode step
+// norms, rotations and append it fuses), attention_paged_gated_q8 (bit-exact against attention, output
+// gate and quantizer), get_rows_trusted, and one decode step
 // captured as a CUDA graph and replayed at several positions. Outputs start as NaN. Skipped without a
 // CUDA build or device.
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "core/half.h"
@@ -25,8 +27,10 @@
 #include <cuda_runtime_api.h>
 
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/get_rows.h"
 #include "ops/rms_norm.h"
@@ -432,6 +436,56 @@ TEST_F(CudaAttentionTest, AttentionPrepMatchesTheChain) {
   }
 }
 
+// attention_paged_gated_q8 against attention_paged, mul_sigmoid through the strided gate view and
+// quantize_q8: o and every activation byte equal. Tight bounds give one split (the combine kernel then
+// gates the attention kernel's rows), the loose one many splits; tensor-core and SIMT head dims.
+TEST_F(CudaAttentionTest, GatedQ8MatchesTheChain) {
+  for (DType dtype : {DType::F16, DType::F32}) {
+    for (auto [D, H, Hkv] : {std::tuple<int64_t, int64_t, int64_t>{256, 24, 4}, {256, 16, 2}, {128, 8, 4},
+                             {96, 6, 2}, {32, 2, 1}}) {
+      for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {61, 5}, {4097, 1}}) {
+        for (const bool tight : {true, false}) {
+          const int64_t n_kv = pos0 + n, max_kv = tight ? n_kv : 32768;
+          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D=" << D << " H=" << H << " Hkv=" << Hkv
+                                            << " pos0=" << pos0 << " n=" << n << " max_kv=" << max_kv);
+          bufs_.clear();
+          auto p = make_paged(dtype, D, Hkv, 16, n_kv);
+          Host q({D, H, n}), qg({2 * D * H, n});
+          q.random(rng_, -2.0f, 2.0f);
+          qg.random(rng_, -4.0f, 4.0f);
+          if (pos0 == 61) qg.v[D + 5] = NAN;  // a NaN gate: its block's scale is NaN in both
+          const TensorView dq = up(q), dqg = up(qg);
+          TensorView gate = dqg;  // gate of head h, token t at qg[t][h][D:2D]
+          gate.data = static_cast<float*>(dqg.data) + D;
+          gate.ne = {D, H, n, 1};
+          gate.nb = {4, 8 * D, 8 * D * H, 8 * D * H * n};
+          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+          int32_t* d_pos = dev_pos(static_cast<int32_t>(pos0));
+          const int64_t act_bytes = cuda::norm_q8_act_bytes(D * H, n);
+          Host act_init({(act_bytes + 3) / 4});
+          std::memset(act_init.v.data(), 0x5A, 4 * act_init.v.size());
+
+          const TensorView o1 = up(Host({D, H, n})), a1 = up(act_init);
+          ASSERT_TRUE(cuda::attention_paged(ctx_, dq, p->table, d_pos, max_kv, scale, o1).is_ok());
+          ASSERT_TRUE(mul_sigmoid(ctx_, o1, gate, o1).is_ok());
+          ASSERT_EQ(cuda::quantize_q8_launch(o1.as<float>(), D * H, nullptr, n, D * H, a1.data, nullptr, 0,
+                                             static_cast<cudaStream_t>(ctx_.cuda_stream)),
+                    cudaSuccess);
+
+          const TensorView o2 = up(Host({D, H, n})), a2 = up(act_init);
+          const Status s = cuda::attention_paged_gated_q8(ctx_, dq, p->table, d_pos, max_kv, scale, gate, o2, a2);
+          ASSERT_TRUE(s.is_ok()) << s.to_string();
+          const std::vector<float> oc = down(o1), of = down(o2), ac = down(a1), af = down(a2);
+          EXPECT_EQ(0, std::memcmp(oc.data(), of.data(), 4 * oc.size())) << "o bits";
+          EXPECT_EQ(0, std::memcmp(ac.data(), af.data(), static_cast<size_t>(act_bytes))) << "q8 activations";
+          EXPECT_NE(0, std::memcmp(af.data(), act_init.v.data(), static_cast<size_t>(act_bytes))) << "nothing written";
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaAttentionTest, GetRowsTrusted) {
   const int64_t n_embd = 300, n_rows = 50;
   std::vector<int32_t> ids = {3, 0, 49, 7, 3};
@@ -494,6 +548,19 @@ TEST_F(CudaAttentionTest, RejectsBadArguments) {
   const Status big = cuda::attention_prep(ctx_, dqb, dw, dk, dw, dvv, 1e-6f, 64, 1e4f, bad, d_pos, dqb);
   EXPECT_EQ(big.code(), StatusCode::kUnsupported) << big.to_string();
   EXPECT_FALSE(cuda::attention_prep_applies(257));
+  // attention_paged_gated_q8: q8 activations of [64 x 8] x 2 tokens; the gate must match o.
+  Host act_h({(cuda::norm_q8_act_bytes(64 * 8, 2) + 3) / 4}), act_short({64}), gate_bad({64, 8, 1});
+  const TensorView dact = up(act_h), dgate = up(o);
+  EXPECT_TRUE(cuda::attention_paged_gated_q8(ctx_, dq, p->table, d_pos, 64, 0.125f, dgate, dout, dact).is_ok());
+  EXPECT_FALSE(cuda::attention_paged_gated_q8(ctx_, dq, p->table, d_pos, 64, 0.125f, up(gate_bad), dout, dact).is_ok());
+  EXPECT_FALSE(cuda::attention_paged_gated_q8(ctx_, dq, p->table, d_pos, 64, 0.125f, dgate, dout, up(act_short)).is_ok());
+  EXPECT_FALSE(cuda::attention_paged_gated_q8(ctx_, dq, p->table, nullptr, 64, 0.125f, dgate, dout, dact).is_ok());
+  Host q48({48, 8, 2});
+  auto p48 = make_paged(DType::F16, 48, 2, 16, 40);
+  const TensorView dq48 = up(q48), do48 = up(q48), dg48 = up(q48);
+  const Status odd = cuda::attention_paged_gated_q8(ctx_, dq48, p48->table, d_pos, 64, 0.125f, dg48, do48, dact);
+  EXPECT_EQ(odd.code(), StatusCode::kUnsupported) << odd.to_string();
+  EXPECT_FALSE(cuda::attention_gated_q8_applies(48));
   EXPECT_TRUE(stream_.synchronize().is_ok());
 }
 

@@ -5,7 +5,8 @@
 // q/k norms and RoPE in one kernel, or rope_neox_at and kv_append; then attention_paged), so the step
 // holds no host value that changes from token to token and can be replayed as a captured graph; the
 // CPU path walks the chunks on the host. The q and gate halves of each head's projection are read as
-// strided views of it (no split copies).
+// strided views of it (no split copies). For one token on CUDA the output gate and the output product's
+// int8 activations are written by the attention combine kernel (attention_paged_gated_q8).
 #include <algorithm>
 #include <cmath>
 
@@ -87,6 +88,15 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
     call.dump("attn.q", q);
     call.dump("attn.k", k);
     call.dump("attn.v", v);
+    if (call.x_q8.data != nullptr && cuda::attention_gated_q8_applies(D)) {
+      // One token: the output gate and the o product's int8 activations come out of the attention
+      // combine (same bits as attention_paged, mul_sigmoid and the product's own quantizer).
+      const int64_t HD = H * D;
+      DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(HD, n) + 3) / 4}));
+      DS_TRY(cuda::attention_paged_gated_q8(ctx, q, kv, call.d_pos, call.max_kv, scale, gate, o, o_q8));
+      call.dump("attn.gated", o);
+      return cuda::matmul_q8(ctx, w.wo, reshape(o, {HD, n}), o_q8, out);
+    }
     DS_TRY(cuda::attention_paged(ctx, q, kv, call.d_pos, call.max_kv, scale, o));
     return attention_output(call, w, gate, o, out);
   }

@@ -27,7 +27,9 @@
 #include <utility>
 
 #include "ops/cuda/attention_launch.h"
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/norm_warp.cuh"
 #include "ops/cuda/rope.cuh"
 
@@ -56,6 +58,12 @@ struct KParams {
   int64_t RT;                        // n_tokens * H output rows
   int n_split;
   float scale_log2;
+  // Output gate (attention_paged_gated_q8; null otherwise): o = o * sigmoid(gate), gate of head h of
+  // token t at gate + t * gate_ts + h * gate_hs, and the q8 activations of o's [n_tokens, H * D] rows.
+  const float* gate;
+  int64_t gate_hs, gate_ts;
+  int8_t* q8;
+  float2* q8_ds;
 };
 
 __device__ __forceinline__ int read_pos(const KParams& p) { return p.d_pos ? *p.d_pos : p.pos0_host; }
@@ -478,6 +486,26 @@ __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
 
 // ---- split combine: one CTA per output row, warps stride over splits, lanes over dims ----
 
+// Stores o[row][d] = v; with the output gate, v * sigmoid(gate) and its q8 code (the bits of mul_sigmoid
+// then quantize_q8: kern::sigmoidf, and quantize_block_q8_warp gives quantize_q8's codes and scales).
+// Gated: every lane of a warp calls it at once with the 32 dims of one block (D % 32 == 0).
+template <bool kGatedQ8>
+__device__ __forceinline__ void store_o(const KParams& p, int64_t row, int d, float v) {
+  if constexpr (kGatedQ8) {
+    const int64_t t = row / p.H, h = row - t * p.H;
+    v = v * kern::sigmoidf(p.gate[t * p.gate_ts + h * p.gate_hs + d]);
+    int code = 0, sum = 0;
+    float dq = 0.0f;
+    kern::quantize_block_q8_warp(v, code, dq, sum);
+    const int64_t K = static_cast<int64_t>(p.H) * p.D, e = h * p.D + d;
+    p.q8[t * K + e] = static_cast<int8_t>(code);
+    if ((d & 31) == 0) p.q8_ds[t * (K / kern::kQ8Block) + e / kern::kQ8Block] = make_float2(dq, dq * static_cast<float>(sum));
+  }
+  p.o[row * p.D + d] = v;
+}
+
+// kGatedQ8 with one split: o holds the attention kernel's final rows; they are gated in place.
+template <bool kGatedQ8>
 __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const KParams p) {
   kern::dependency_sync();
   constexpr int kE = kAttnMaxHeadDim / 32;
@@ -486,8 +514,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
   const int64_t row = blockIdx.x;
   const int D = p.D;
   const int pos0 = read_pos(p);
-  if (pos0 < 0) {
-    for (int d = threadIdx.x; d < D; d += blockDim.x) p.o[row * D + d] = NAN;
+  if (pos0 < 0 || (kGatedQ8 && p.n_split == 1)) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) store_o<kGatedQ8>(p, row, d, pos0 < 0 ? NAN : p.o[row * D + d]);
     return;
   }
   const int t = static_cast<int>(row / p.H);
@@ -533,7 +561,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
     for (int w = 0; w < kCombineWarps; ++w) {
       if (s_l[w] > 0.0f) a += s_acc[w][d] * exp2f(s_m[w] - M);
     }
-    p.o[row * D + d] = a / Ls;
+    store_o<kGatedQ8>(p, row, d, a / Ls);
   }
 }
 
@@ -725,6 +753,14 @@ KParams make_params(const AttnPagedArgs& a, const AttnPlan& plan) {
   p.RT = RT;
   p.n_split = plan.n_split;
   p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.gate = a.gate;
+  p.gate_hs = a.gate_hs;
+  p.gate_ts = a.gate_ts;
+  if (a.q8 != nullptr) {
+    const int64_t K = static_cast<int64_t>(a.n_head) * a.kv.head_dim;
+    p.q8 = static_cast<int8_t*>(a.q8);
+    p.q8_ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(a.q8) + kern::q8_ds_offset(K, a.n_tokens));
+  }
   return p;
 }
 
@@ -774,6 +810,9 @@ cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan,
   if (k.fn == nullptr || (plan.n_split > 1 && a.scratch == nullptr) || plan.n_row_blocks > 65535) {
     return cudaErrorInvalidValue;
   }
+  if (a.gate != nullptr && (a.q8 == nullptr || reinterpret_cast<uintptr_t>(a.q8) % 16 != 0 || a.kv.head_dim % 32 != 0)) {
+    return cudaErrorInvalidValue;
+  }
   // attention_paged_plan configured k's shared-memory limit on this device (once per kernel).
   KParams p = make_params(a, plan);
   void* args[] = {&p};
@@ -781,9 +820,10 @@ cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan,
                   static_cast<unsigned>(plan.n_split));
   cudaError_t e = launch_kernel_packed(k.fn, grid, dim3(kThreads), args, k.smem, s);
   if (e != cudaSuccess) return e;
-  if (plan.n_split > 1) {
-    e = launch_kernel_packed(reinterpret_cast<const void*>(attn_combine_kernel), dim3(static_cast<unsigned>(p.RT)),
-                             dim3(32 * kCombineWarps), args, 0, s);
+  if (plan.n_split > 1 || a.gate != nullptr) {
+    const void* combine = a.gate != nullptr ? reinterpret_cast<const void*>(attn_combine_kernel<true>)
+                                            : reinterpret_cast<const void*>(attn_combine_kernel<false>);
+    e = launch_kernel_packed(combine, dim3(static_cast<unsigned>(p.RT)), dim3(32 * kCombineWarps), args, 0, s);
     if (e != cudaSuccess) return e;
   }
   return cudaGetLastError();

@@ -46,6 +46,14 @@ struct AttnPagedArgs {
   int64_t max_kv = 0;        // host bound of pos0 + n_tokens (sizes the split count)
   float scale = 1.0f;
   float* scratch = nullptr;  // AttnPlan::scratch_bytes of device memory when n_split > 1
+  // Optional output gate: o = o * sigmoid(gate) (gate of head h of token t at gate + t * gate_ts + h *
+  // gate_hs, head_dim contiguous), and q8 (matvec_q8_act_bytes(n_head * head_dim, n_tokens) bytes,
+  // 16-byte aligned) gets the int8 activations of o's rows, the bits of quantize_q8. Needs head_dim a
+  // multiple of 32; the combine kernel applies it, so it runs even with one split.
+  const float* gate = nullptr;
+  int64_t gate_hs = 0;
+  int64_t gate_ts = 0;
+  void* q8 = nullptr;
 };
 
 enum class AttnPath : int {
@@ -68,7 +76,7 @@ struct AttnPlan {
 // allow, head_dim > kAttnMaxHeadDim, or more than 65535 row blocks (about 500K query tokens).
 cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan);
 // Runs the plan on stream s (a plan made on the same device: planning configures the kernel): the
-// attention kernel, then (n_split > 1) the split combine kernel.
+// attention kernel, then (n_split > 1 or an output gate) the combine kernel.
 cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan, cudaStream_t s);
 
 // Writes k, v [n_tokens, n_head_kv, head_dim] (F32, contiguous) at positions [*d_pos, *d_pos + n_tokens)

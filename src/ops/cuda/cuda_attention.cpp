@@ -197,6 +197,52 @@ Status attention_paged(const OpContext& ctx, const TensorView& q, const KvTable&
   return run_paged(ctx, a, AttnPath::kAuto, op, q);
 }
 
+bool attention_gated_q8_applies(int64_t head_dim) {
+  return head_dim >= 32 && head_dim <= kAttnMaxHeadDim && head_dim % 32 == 0;  // whole q8 blocks per head
+}
+
+Status attention_paged_gated_q8(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
+                                int64_t max_kv, float scale, const TensorView& gate, const TensorView& o,
+                                const TensorView& act) {
+  constexpr const char* op = "attention_paged_gated_q8";
+  DS_TRY(check_cuda_ctx(op, ctx));
+  DS_TRY(check_table(op, kv));
+  DS_TRY(check_q_o(op, ctx, q, o, kv.head_dim, kv.n_head_kv));
+  DS_TRY(ops::check_tensor(op, "gate", ctx, gate, DType::F32));
+  DS_TRY(ops::check_same_shape(op, "gate", gate, "o", o));
+  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  if (!attention_gated_q8_applies(kv.head_dim)) {
+    return unsupported("{}: head_dim {} must be a multiple of 32 up to {}", op, kv.head_dim, kAttnMaxHeadDim);
+  }
+  if (gate.nb[0] != 4) return invalid_argument("{}: gate {} rows must be contiguous", op, gate.shape_string());
+  const int64_t n_tokens = q.ne[2];
+  if (max_kv < n_tokens || max_kv > INT32_MAX) {
+    return invalid_argument("{}: max_kv {} must cover the {} query tokens and fit in 32 bits", op, max_kv, n_tokens);
+  }
+  const int64_t need = norm_q8_act_bytes(q.ne[0] * q.ne[1], n_tokens);
+  if (act.n_bytes() < need || reinterpret_cast<uintptr_t>(act.data) % 16 != 0) {
+    return invalid_argument("{}: q8 activations {} ({} bytes) need {} bytes, 16-byte aligned", op, act.shape_string(),
+                            act.n_bytes(), need);
+  }
+  if (n_tokens == 0) return Status::ok();
+  DS_TRY(check_device_memory(op, {q.data, o.data, gate.data, act.data, d_pos, kv.slot_base}));
+  DeviceGuard guard(ctx.device.index);
+  AttnPagedArgs a;
+  a.q = q.as<float>();
+  a.o = o.as<float>();
+  a.kv = table_args(kv);
+  a.n_head = static_cast<int32_t>(q.ne[1]);
+  a.n_tokens = static_cast<int32_t>(n_tokens);
+  a.d_pos = d_pos;
+  a.max_kv = max_kv;
+  a.scale = scale;
+  a.gate = gate.as<float>();
+  a.gate_hs = gate.nb[1] / 4;
+  a.gate_ts = gate.nb[2] / 4;
+  a.q8 = act.data;
+  return run_paged(ctx, a, AttnPath::kAuto, op, q);
+}
+
 bool attention_prep_applies(int64_t head_dim) { return head_dim >= 1 && head_dim <= kAttnPrepMaxHeadDim; }
 
 Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm, const TensorView& k,

@@ -80,6 +80,14 @@ Status kv_append(const OpContext& ctx, const TensorView& k, const TensorView& v,
 // upper bound of *d_pos + n that sizes the launch (a graph stays valid while the bound holds).
 Status attention_paged(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
                        int64_t max_kv, float scale, const TensorView& o);
+// attention_paged, then o *= sigmoid(gate) (gate [head_dim, n_head, n], strided like a row_heads view),
+// and act gets the int8 activations of o's [n, n_head * head_dim] rows for matmul_q8: the bits of
+// attention_paged, mul_sigmoid and quantize_q8 in sequence, with two launches fewer. Needs
+// attention_gated_q8_applies(head_dim); act holds norm_q8_act_bytes(n_head * head_dim, n) bytes.
+bool attention_gated_q8_applies(int64_t head_dim);
+Status attention_paged_gated_q8(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
+                                int64_t max_kv, float scale, const TensorView& gate, const TensorView& o,
+                                const TensorView& act);
 // The attention layer's prep in one kernel, for head_dim <= 256 (attention_prep_applies): q_heads [head_dim,
 // n_head, n] (F32, rows contiguous, any head / token strides) RMS-normalized with q_norm and rotated into q
 // (contiguous, same shape); k [head_dim, n_head_kv, n] normalized with k_norm and rotated in place; then k
@@ -140,7 +148,7 @@ struct MoeBlockWeights {
   TensorView up_shexp;    // {n_embd, n_ff}
   TensorView down_shexp;  // {n_ff, n_embd}
 };
-// The whole MoE FFN of a decode step in five launches, no host round trip (capturable):
+// The whole MoE FFN of a decode step in four or five launches, no host round trip (capturable):
 //   logits = router x; ids, weights = moe_route(logits, k)   (also written to `ids`, `weights`)
 //   y = sum_j weights_j down_j(silu(gate_j x) * up_j x) + sigmoid(shexp_gate . x) * shared(x)
 // x, y [n_tokens, n_embd] F32 contiguous (y must not alias x); ids I32 / weights F32 [n_tokens, k].
