@@ -34,7 +34,7 @@ Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const Tens
   ModelScratch& S = call.scratch;
 
 #if DS_HAVE_CUDA
-  // Decode on CUDA: router, routing, routed and shared experts in moe_block_decode (five launches)
+  // Decode on CUDA: router, routing, routed and shared experts in moe_block_decode (four or five launches)
   // when the block's types and shapes allow it; otherwise the op chain below.
   if (ctx.device.kind == DeviceKind::kCuda && n * k <= cuda::kMoeGatheredMaxSlots) {
     const cuda::MoeBlockWeights bw{w.router, MoeExperts{w.gate_exps, w.up_exps, w.gate_up_exps, w.down_exps},

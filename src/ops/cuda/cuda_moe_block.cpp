@@ -6,7 +6,8 @@
 //   3. h = silu(g) * u quantized to int8 (quantize_q8 SwiGLU mode) for every pair;
 //   4. down of every pair: one gathered q8 launch;
 //   5. y = weighted sum of the routed pairs + sigmoid(shexp_gate . x) * shared pair.
-// Launches 2 and 4 split in two when the shared expert's type differs from the routed experts'.
+// Launches 2 and 4 split in two when the shared expert's type differs from the routed experts'. With
+// one down group and rows of at most 1024 (moe_down_combine_fits), 4 and 5 are one launch.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choices:
 //  - The gathered kernels take a slot's weight address as base + selector * 16 bytes (the "expert id"
@@ -222,7 +223,9 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   const int64_t logits_b = align16(4 * T * X), shl_b = align16(4 * T), xq_b = align16(matvec_q8_act_bytes(E, T));
   const int64_t coef_b = align16(4 * T * P), selgu_b = align16(4 * T * 2 * P), seld_b = align16(4 * T * P);
   const int64_t gu_b = align16(4 * T * 2 * P * F), hq_b = align16(matvec_q8_act_bytes(F, T * P));
-  const int64_t d_b = align16(4 * T * P * E);
+  // Down and combine in one launch where the fused kernel takes the shape (one down group).
+  const bool down_combined = p.n_down == 1 && moe_down_combine_fits(p.down[0].dtype, F, static_cast<int>(k));
+  const int64_t d_b = down_combined ? 0 : align16(4 * T * P * E);
   const int64_t total = logits_b + shl_b + xq_b + coef_b + p.n_gu * selgu_b + p.n_down * seld_b + gu_b + hq_b + d_b;
   DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, total));
   auto* next = static_cast<uint8_t*>(scratch.data());
@@ -286,6 +289,21 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   // h[pair] = silu(g[2 pair]) * g[2 pair + 1]: rows of F at stride 2F, up rows F further.
   DS_CUDA_TRY(quantize_q8_launch(gu, 2 * F, gu + F, T * P, F, hq, nullptr, 0, s), "{}: swiglu + quantize h: {}", kOp,
               shapes());
+  if (down_combined) {
+    MoeDownCombineLaunch dc;
+    dc.w = p.down[0].base;
+    dc.w_stride = p.down[0].w_stride;
+    dc.sel = r.sel_down[0];
+    dc.hq = hq;
+    dc.coef = r.coef;
+    dc.y = y.as<float>();
+    dc.n_embd = E;
+    dc.n_ff = F;
+    dc.n_tokens = static_cast<int>(T);
+    dc.k = static_cast<int>(k);
+    DS_CUDA_TRY(moe_down_combine_launch(p.down[0].dtype, dc, s), "{}: down + combine: {}", kOp, shapes());
+    return Status::ok();
+  }
   for (int g = 0; g < p.n_down; ++g) {
     MoeMatvecLaunch m{p.down[g].base, p.down[g].w_stride, kMoeSelUnit};
     m.n_rows = E;

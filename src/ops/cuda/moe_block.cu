@@ -5,6 +5,8 @@
 //    token with kern::route_block (as moe_route_kernel in ops_kernels.cu) and writes the weight selectors
 //    of the gathered gate/up and down launches and the combine coefficients.
 //  - moe_block_combine: y = sum of the routed experts' weighted down rows + sigmoid-gated shared row.
+//  - moe_down_combine: the down products of a token's pairs and that sum in one kernel (rows of at most
+//    1024 elements: the 35B-A3B's 512), so the pairs' rows never go to memory.
 // Non-obvious choice: "last CTA routes" (each CTA fences its writes, then takes a ticket with
 // atomicInc, which wraps the counter back to 0 for the next launch) instead of a second launch: the
 // routing costs the same in either place, and a second launch adds a kernel boundary to the chain.
@@ -203,7 +205,108 @@ __global__ void moe_block_combine(const float* d, const float* coef, int64_t n_t
   y[i] = acc + ct[k] * dt[k * n_embd];
 }
 
+// Pairs per CTA of moe_down_combine (one warp each).
+constexpr int kDownCombineMaxPairs = 16;
+
+// Shared memory of moe_down_combine's rings: one step of kQ8Rows rows per pair.
+template <DType T>
+constexpr int down_combine_ring_bytes(int pairs) {
+  return pairs * kern::kQ8Rows * kern::Q8Smem<T, kern::kQ8Rows>::kRowBytes;
+}
+
+// Rows [r0, r0 + kQ8Rows) of token blockIdx.y: warp j takes pair j's one-step product exactly as
+// matvec_q8 takes a row group of k <= 1024 (one chunk, its copy and the dot), the sums go through shared
+// memory, and the combine's arithmetic (moe_block_combine, same order) gives y.
+template <DType T>
+__global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(MoeDownCombineLaunch a) {
+  constexpr int kRows = kern::kQ8Rows;
+  using S = kern::Q8Smem<T, kRows>;
+  extern __shared__ __align__(16) uint8_t ring_raw[];
+  __shared__ float part[kDownCombineMaxPairs][kRows];
+  auto* ring = reinterpret_cast<uint8_t(*)[kRows][S::kRowBytes]>(ring_raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, P = a.k + 1, t = blockIdx.y;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  kern::dependency_wait();  // selectors, coefficients and h are earlier kernels' outputs
+  kern::allow_dependents();
+  const int64_t pair = static_cast<int64_t>(t) * P + warp;
+  const int32_t sel = a.sel[pair];
+  float acc[kRows][1];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r][0] = 0.0f;
+  if (sel >= 0) {
+    kern::MatvecQ8Args m{};
+    m.w_stride = a.w_stride;
+    m.k = a.n_ff;
+    m.n_rows = a.n_embd;
+    m.n_tokens = 1;
+    const uintptr_t w_base = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(sel) * kMoeSelUnit;
+    const auto* hq = static_cast<const uint8_t*>(a.hq);
+    const int8_t* xq = reinterpret_cast<const int8_t*>(hq) + pair * a.n_ff;
+    const float2* xds = reinterpret_cast<const float2*>(hq + kern::q8_ds_offset(a.n_ff, static_cast<int64_t>(a.n_tokens) * P)) +
+                        pair * (a.n_ff / kern::kQ8Block);
+    kern::q8_issue_chunk<T, kRows>(ring[warp], w_base, kern::q8_weights_end<T>(w_base, m), m, r0, 0, lane);
+    kern::cp_async_commit();
+    kern::cp_async_wait<0>();
+    __syncwarp();
+    kern::q8_chunk_dot<T, 1, kRows>(ring[warp], w_base, m, xq, xds, r0, 0, lane, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float s = kern::warp_sum(acc[r][0]);
+    if (lane == 0) part[warp][r] = s;
+  }
+  __syncthreads();
+  const int r = threadIdx.x;
+  if (r < kRows && r0 + r < a.n_embd) {
+    const float* ct = a.coef + static_cast<int64_t>(t) * P;
+    float y = 0.0f;
+    for (int j = 0; j < a.k; ++j) y += ct[j] * part[j][r];
+    a.y[static_cast<int64_t>(t) * a.n_embd + r0 + r] = y + ct[a.k] * part[a.k][r];
+  }
+}
+
+template <DType T>
+cudaError_t launch_down_combine(const MoeDownCombineLaunch& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((a.n_embd + kern::kQ8Rows - 1) / kern::kQ8Rows), static_cast<unsigned>(a.n_tokens));
+  const int pairs = a.k + 1;
+  return launch_kernel(moe_down_combine<T>, grid, 32 * pairs, static_cast<size_t>(down_combine_ring_bytes<T>(pairs)),
+                       stream, a);
+}
+
 }  // namespace
+
+bool moe_down_combine_fits(DType t, int64_t n_ff, int k) {
+  if (!qdec::q8_supported(t) || n_ff <= 0 || n_ff > kern::kQ8ChunkElems || n_ff % qdec::traits(t).block_elems != 0 ||
+      k < 1 || k + 1 > kDownCombineMaxPairs) {
+    return false;
+  }
+  int bytes = 0;
+  switch (t) {
+#define X(name) \
+  case DType::name: bytes = down_combine_ring_bytes<DType::name>(k + 1); break;
+    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
+#undef X
+    default: return false;
+  }
+  return bytes <= kern::kQ8StaticSmem;
+}
+
+cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cudaStream_t stream) {
+  if (a.n_tokens <= 0 || a.n_embd <= 0) return cudaSuccess;
+  const int64_t row_align = qdec::q8_aligned16(t) ? 16 : 2;
+  if (!moe_down_combine_fits(t, a.n_ff, a.k) || a.n_tokens > 65535 || a.sel == nullptr || a.coef == nullptr ||
+      a.y == nullptr || reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || a.w_stride % row_align != 0 ||
+      reinterpret_cast<uintptr_t>(a.hq) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  switch (t) {
+#define X(name) \
+  case DType::name: return launch_down_combine<DType::name>(a, stream);
+    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
+#undef X
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return cudaSuccess;
