@@ -136,6 +136,34 @@ Status check_q_o(const char* op, const OpContext& ctx, const TensorView& q, cons
   return Status::ok();
 }
 
+// What both paged entries check: the context, the table, q / o, the position and the host bound.
+Status check_paged(const char* op, const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
+                   int64_t max_kv, const TensorView& o) {
+  DS_TRY(check_cuda_ctx(op, ctx));
+  DS_TRY(check_table(op, kv));
+  DS_TRY(check_q_o(op, ctx, q, o, kv.head_dim, kv.n_head_kv));
+  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
+  const int64_t n_tokens = q.ne[2];
+  if (max_kv < n_tokens || max_kv > INT32_MAX) {
+    return invalid_argument("{}: max_kv {} must cover the {} query tokens and fit in 32 bits", op, max_kv, n_tokens);
+  }
+  return Status::ok();
+}
+
+AttnPagedArgs paged_args(const TensorView& q, const KvTable& kv, const int32_t* d_pos, int64_t max_kv, float scale,
+                         const TensorView& o) {
+  AttnPagedArgs a;
+  a.q = q.as<float>();
+  a.o = o.as<float>();
+  a.kv = table_args(kv);
+  a.n_head = static_cast<int32_t>(q.ne[1]);
+  a.n_tokens = static_cast<int32_t>(q.ne[2]);
+  a.d_pos = d_pos;
+  a.max_kv = max_kv;
+  a.scale = scale;
+  return a;
+}
+
 // Plans, takes the split scratch from the caching allocator and launches.
 Status run_paged(const OpContext& ctx, AttnPagedArgs a, AttnPath path, const char* op, const TensorView& q) {
   AttnPlan plan;
@@ -174,27 +202,11 @@ Status kv_append(const OpContext& ctx, const TensorView& k, const TensorView& v,
 Status attention_paged(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
                        int64_t max_kv, float scale, const TensorView& o) {
   constexpr const char* op = "attention_paged";
-  DS_TRY(check_cuda_ctx(op, ctx));
-  DS_TRY(check_table(op, kv));
-  DS_TRY(check_q_o(op, ctx, q, o, kv.head_dim, kv.n_head_kv));
-  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
-  const int64_t n_tokens = q.ne[2];
-  if (max_kv < n_tokens || max_kv > INT32_MAX) {
-    return invalid_argument("{}: max_kv {} must cover the {} query tokens and fit in 32 bits", op, max_kv, n_tokens);
-  }
-  if (n_tokens == 0) return Status::ok();
+  DS_TRY(check_paged(op, ctx, q, kv, d_pos, max_kv, o));
+  if (q.ne[2] == 0) return Status::ok();
   DS_TRY(check_device_memory(op, {q.data, o.data, d_pos, kv.slot_base}));
   DeviceGuard guard(ctx.device.index);
-  AttnPagedArgs a;
-  a.q = q.as<float>();
-  a.o = o.as<float>();
-  a.kv = table_args(kv);
-  a.n_head = static_cast<int32_t>(q.ne[1]);
-  a.n_tokens = static_cast<int32_t>(n_tokens);
-  a.d_pos = d_pos;
-  a.max_kv = max_kv;
-  a.scale = scale;
-  return run_paged(ctx, a, AttnPath::kAuto, op, q);
+  return run_paged(ctx, paged_args(q, kv, d_pos, max_kv, scale, o), AttnPath::kAuto, op, q);
 }
 
 bool attention_gated_q8_applies(int64_t head_dim) {
@@ -205,20 +217,14 @@ Status attention_paged_gated_q8(const OpContext& ctx, const TensorView& q, const
                                 int64_t max_kv, float scale, const TensorView& gate, const TensorView& o,
                                 const TensorView& act) {
   constexpr const char* op = "attention_paged_gated_q8";
-  DS_TRY(check_cuda_ctx(op, ctx));
-  DS_TRY(check_table(op, kv));
-  DS_TRY(check_q_o(op, ctx, q, o, kv.head_dim, kv.n_head_kv));
+  DS_TRY(check_paged(op, ctx, q, kv, d_pos, max_kv, o));
   DS_TRY(ops::check_tensor(op, "gate", ctx, gate, DType::F32));
   DS_TRY(ops::check_same_shape(op, "gate", gate, "o", o));
-  if (d_pos == nullptr) return invalid_argument("{}: no device position", op);
   if (!attention_gated_q8_applies(kv.head_dim)) {
     return unsupported("{}: head_dim {} must be a multiple of 32 up to {}", op, kv.head_dim, kAttnMaxHeadDim);
   }
   if (gate.nb[0] != 4) return invalid_argument("{}: gate {} rows must be contiguous", op, gate.shape_string());
   const int64_t n_tokens = q.ne[2];
-  if (max_kv < n_tokens || max_kv > INT32_MAX) {
-    return invalid_argument("{}: max_kv {} must cover the {} query tokens and fit in 32 bits", op, max_kv, n_tokens);
-  }
   const int64_t need = norm_q8_act_bytes(q.ne[0] * q.ne[1], n_tokens);
   if (act.n_bytes() < need || reinterpret_cast<uintptr_t>(act.data) % 16 != 0) {
     return invalid_argument("{}: q8 activations {} ({} bytes) need {} bytes, 16-byte aligned", op, act.shape_string(),
@@ -227,15 +233,7 @@ Status attention_paged_gated_q8(const OpContext& ctx, const TensorView& q, const
   if (n_tokens == 0) return Status::ok();
   DS_TRY(check_device_memory(op, {q.data, o.data, gate.data, act.data, d_pos, kv.slot_base}));
   DeviceGuard guard(ctx.device.index);
-  AttnPagedArgs a;
-  a.q = q.as<float>();
-  a.o = o.as<float>();
-  a.kv = table_args(kv);
-  a.n_head = static_cast<int32_t>(q.ne[1]);
-  a.n_tokens = static_cast<int32_t>(n_tokens);
-  a.d_pos = d_pos;
-  a.max_kv = max_kv;
-  a.scale = scale;
+  AttnPagedArgs a = paged_args(q, kv, d_pos, max_kv, scale, o);
   a.gate = gate.as<float>();
   a.gate_hs = gate.nb[1] / 4;
   a.gate_ts = gate.nb[2] / 4;
