@@ -4,7 +4,8 @@
 // = token * group + head-in-group, so every query head of a GQA group shares each K/V load), one KV
 // head and one KV range (split); it streams its range once with an online softmax (running max m,
 // normalizer l, accumulator o, in the log2 domain) and writes either the final rows (one split) or
-// partial (m, l, o) that attn_combine_kernel merges.
+// partial (m, l, o) that attn_combine_kernel merges. With the output gate (attention_paged_gated_q8) the
+// combine kernel also gates o and writes its int8 activations, with one split as well.
 //   attn_tc_kernel<D, RW>: F16 KV, D in {32, 64, 128, 256}; 4 warps; K/V tiles of 64 positions
 //     double-buffered in shared memory by cp.async (16-byte loads); Q K^T and P V with
 //     mma.sync.m16n8k16 (f16 in, f32 accumulate), each warp owning 16 rows. RW = row warps: 4 for
@@ -487,19 +488,15 @@ __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
 // ---- split combine: one CTA per output row, warps stride over splits, lanes over dims ----
 
 // Stores o[row][d] = v; with the output gate, v * sigmoid(gate) and its q8 code (the bits of mul_sigmoid
-// then quantize_q8: kern::sigmoidf, and quantize_block_q8_warp gives quantize_q8's codes and scales).
+// then quantize_q8: kern::sigmoidf, and store_q8_block_warp writes quantize_q8's codes and scales).
 // Gated: every lane of a warp calls it at once with the 32 dims of one block (D % 32 == 0).
 template <bool kGatedQ8>
 __device__ __forceinline__ void store_o(const KParams& p, int64_t row, int d, float v) {
   if constexpr (kGatedQ8) {
     const int64_t t = row / p.H, h = row - t * p.H;
     v = v * kern::sigmoidf(p.gate[t * p.gate_ts + h * p.gate_hs + d]);
-    int code = 0, sum = 0;
-    float dq = 0.0f;
-    kern::quantize_block_q8_warp(v, code, dq, sum);
-    const int64_t K = static_cast<int64_t>(p.H) * p.D, e = h * p.D + d;
-    p.q8[t * K + e] = static_cast<int8_t>(code);
-    if ((d & 31) == 0) p.q8_ds[t * (K / kern::kQ8Block) + e / kern::kQ8Block] = make_float2(dq, dq * static_cast<float>(sum));
+    // Element (t, h * D + d) of o's [n_tokens, H * D] rows; d % 32 is the lane (blockDim.x % 32 == 0).
+    kern::store_q8_block_warp(v, p.q8, p.q8_ds, (t * p.H + h) * p.D + d - d % 32);
   }
   p.o[row * p.D + d] = v;
 }

@@ -401,12 +401,7 @@ __device__ void gated_norm_q8_row(const float* o, const DeltaNetNormQ8& nq, int 
     if (32 * j >= dv) break;  // warp-uniform: dv % 32 == 0
     const float y = gv[j] * kern::sigmoidf(gv[j]) * (v[j] * inv * wv[j]);  // as norm_kernel's gated()
     nq.y[row * dv + i] = y;
-    int code;
-    float d;
-    int sum;
-    kern::quantize_block_q8_warp(y, code, d, sum);
-    nq.q8[row * dv + i] = static_cast<int8_t>(code);
-    if (lane == 0) nq.q8_ds[(row * dv + i) / 32] = make_float2(d, d * static_cast<float>(sum));
+    kern::store_q8_block_warp(y, nq.q8, nq.q8_ds, row * dv + 32 * j);
   }
 }
 

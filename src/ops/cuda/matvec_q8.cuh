@@ -98,6 +98,17 @@ __device__ __forceinline__ void quantize_block_q8_warp(float v, int& code, float
   d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
 }
 
+// Quantizes the warp's block (lane l holds element e0 + l of a q8 activation scratch whose codes start at
+// q8 and scale pairs at q8_ds) and stores the codes and (d, d * sum) as quantize_q8 does: the q8 output
+// of the fused kernels (norms, the DeltaNet output norm, the attention output gate). Every lane calls it.
+__device__ __forceinline__ void store_q8_block_warp(float v, int8_t* q8, float2* q8_ds, int64_t e0) {
+  int code = 0, sum = 0;
+  float d = 0.0f;
+  quantize_block_q8_warp(v, code, d, sum);
+  q8[e0 + threadIdx.x % 32] = static_cast<int8_t>(code);
+  if (threadIdx.x % 32 == 0) q8_ds[e0 / kQ8Block] = make_float2(d, d * static_cast<float>(sum));
+}
+
 // 8 lanes per block of 32, 4 elements per lane. A block holding a NaN gets d = NaN, so NaN activations
 // still give NaN outputs (fmaxf alone would drop them).
 template <bool kSwiglu>

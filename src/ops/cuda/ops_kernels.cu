@@ -157,16 +157,9 @@ __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const f
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
     const float o = gated(v[j] * inv * wv[j], gv[j]);
     if (i < n) yr[i] = o;
-    if (q8 != nullptr && j * static_cast<int64_t>(blockDim.x) < n) {  // warp-uniform: n % 32 == 0
-      int code;
-      float d;
-      int sum;
-      kern::quantize_block_q8_warp(i < n ? o : 0.0f, code, d, sum);
-      if (i < n) {
-        q8[r * n + i] = static_cast<int8_t>(code);
-        if (threadIdx.x % 32 == 0) q8_ds[(r * n + i) / 32] = make_float2(d, d * static_cast<float>(sum));
-      }
-    }
+    // Warp-uniform: blockDim.x and n are multiples of 32, so a warp's 32 elements are all in the row or
+    // all past it.
+    if (q8 != nullptr && i < n) kern::store_q8_block_warp(o, q8, q8_ds, r * n + i - threadIdx.x % 32);
   }
   for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
     yr[i] = gated(w ? xr[i] * inv * w[i] : xr[i] * inv, gr ? gr[i] : 0.0f);
