@@ -225,11 +225,7 @@ Status attention_paged_gated_q8(const OpContext& ctx, const TensorView& q, const
   }
   if (gate.nb[0] != 4) return invalid_argument("{}: gate {} rows must be contiguous", op, gate.shape_string());
   const int64_t n_tokens = q.ne[2];
-  const int64_t need = norm_q8_act_bytes(q.ne[0] * q.ne[1], n_tokens);
-  if (act.n_bytes() < need || reinterpret_cast<uintptr_t>(act.data) % 16 != 0) {
-    return invalid_argument("{}: q8 activations {} ({} bytes) need {} bytes, 16-byte aligned", op, act.shape_string(),
-                            act.n_bytes(), need);
-  }
+  DS_TRY(check_q8_act(op, act, q.ne[0] * q.ne[1], n_tokens));
   if (n_tokens == 0) return Status::ok();
   DS_TRY(check_device_memory(op, {q.data, o.data, gate.data, act.data, d_pos, kv.slot_base}));
   DeviceGuard guard(ctx.device.index);

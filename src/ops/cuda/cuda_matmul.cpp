@@ -268,6 +268,15 @@ bool rows_follow(const TensorView& wa, const TensorView& ya, const TensorView& w
 
 }  // namespace
 
+Status check_q8_act(const char* op, const TensorView& act, int64_t k, int64_t n_rows) {
+  const int64_t need = matvec_q8_act_bytes(k, n_rows);
+  if (act.n_bytes() < need || reinterpret_cast<uintptr_t>(act.data) % 16 != 0) {
+    return invalid_argument("{}: q8 activations {} ({} bytes) need {} bytes, 16-byte aligned", op, act.shape_string(),
+                            act.n_bytes(), need);
+  }
+  return Status::ok();
+}
+
 Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
                       int device, void* stream, MatmulPath path, const TensorView* act_in) {
   if (ws.size() != ys.size()) {
@@ -313,10 +322,7 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
   const int64_t act_bytes = any_q8 ? matvec_q8_act_bytes(k, n_tokens) : 0;
   void* act_data = nullptr;
   if (any_q8 && act_in != nullptr) {
-    if (act_in->n_bytes() < act_bytes || reinterpret_cast<uintptr_t>(act_in->data) % 16 != 0) {
-      return invalid_argument("matmul_many x {}: q8 activations {} ({} bytes) need {} bytes, 16-byte aligned",
-                              x.shape_string(), act_in->shape_string(), act_in->n_bytes(), act_bytes);
-    }
+    DS_TRY(check_q8_act("matmul_many", *act_in, k, n_tokens).with_context(fmt::format("x {}", x.shape_string())));
     act_data = act_in->data;
   } else if (any_q8) {
     DS_ASSIGN_OR_RETURN(act, quantized_input(x, nullptr, device, cs));

@@ -75,6 +75,9 @@ Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const Tenso
 // matmul_scratch_ds_offset(k, n_tokens).
 int64_t matmul_scratch_bytes(DType t, int64_t k, int64_t n_tokens);
 int64_t matmul_scratch_ds_offset(int64_t k, int64_t n_tokens);
+// That act can hold the q8 activations of n_rows rows of k (matvec_q8_act_bytes(k, n_rows) bytes, 16-byte
+// aligned), as every op writing or reading them needs; invalid_argument naming op otherwise.
+Status check_q8_act(const char* op, const TensorView& act, int64_t k, int64_t n_rows);
 
 // The kernel matmul / matmul_on would run for these operands and path (the operands must be valid).
 MatmulKernel matmul_kernel(const TensorView& w, const TensorView& x, const TensorView& y,

@@ -84,13 +84,11 @@ Status row_norm(const OpContext& ctx, const char* op, const TensorView& x, const
   DS_TRY(check_device_memory(op, {&x, w ? w : &x, z ? z : &x, r ? r : &x, &y, act ? act : &x}));
   if (x.n_rows() > INT32_MAX) return unsupported("{}: x {}: more than 2^31 - 1 rows on CUDA", op, x.shape_string());
   if (act != nullptr) {
-    const int64_t need = norm_q8_act_bytes(x.ne[0], x.n_rows());
-    if (!norm_q8_fits(x.ne[0]) || !y.is_contiguous() || act->n_bytes() < need ||
-        reinterpret_cast<uintptr_t>(act->data) % 16 != 0) {
-      return invalid_argument("{}: q8 activations {} ({} bytes) for y {}: need rows of a multiple of 32 up to 8192, "
-                              "contiguous y and {} bytes 16-byte aligned",
-                              op, act->shape_string(), act->n_bytes(), y.shape_string(), need);
+    if (!norm_q8_fits(x.ne[0]) || !y.is_contiguous()) {
+      return invalid_argument("{}: q8 activations for y {}: need rows of a multiple of 32 up to 8192 and contiguous y",
+                              op, y.shape_string());
     }
+    DS_TRY(check_q8_act(op, *act, x.ne[0], x.n_rows()));
   }
   DeviceGuard guard(ctx.device.index);
   DS_CUDA_TRY(norm_launch(f32(x), row_map(x), w ? f32(*w) : nullptr, z ? f32(*z) : nullptr, f32(y), x.ne[0],
@@ -208,13 +206,10 @@ Status delta_net_gated_q8(const OpContext& ctx, const TensorView& q, const Tenso
                        v.shape_string(), v.nb[1], v.nb[2]);
   }
   const int64_t dv = v.ne[0], rows = out.n_rows();
-  const int64_t need = norm_q8_act_bytes(dv, rows);
-  if (!y.is_contiguous() || act.n_bytes() < need || reinterpret_cast<uintptr_t>(act.data) % 16 != 0 ||
-      y.data == out.data) {
-    return invalid_argument("{}: y {} must be contiguous and apart from out; q8 activations {} ({} bytes) need {} "
-                            "bytes, 16-byte aligned",
-                            op, y.shape_string(), act.shape_string(), act.n_bytes(), need);
+  if (!y.is_contiguous() || y.data == out.data) {
+    return invalid_argument("{}: y {} must be contiguous and apart from out", op, y.shape_string());
   }
+  DS_TRY(check_q8_act(op, act, dv, rows));
   if (q.ne[2] == 0) return Status::ok();
   DeviceGuard guard(ctx.device.index);
   DeltaNetNormQ8 nq;
