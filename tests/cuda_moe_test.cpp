@@ -7,7 +7,8 @@
 // k = 8 of 256 at the real 35B-A3B shape, k = 2 of 4 with 32 tokens (64 slots), shared-expert types
 // that differ from the routed ones, exact ties in the router logits (identical router rows), and a
 // replay as a CUDA graph; its routing kernel alone against quantize_q8 and the CUDA moe_route; its fused
-// down + combine launch bit for bit against the gathered down launch and the combine.
+// down + combine launch bit for bit against the gathered down launch and the combine; with its input
+// norm (moe_block_decode_add_norm) bit for bit against add_rms_norm and moe_block_decode.
 // Outputs start as NaN. Skipped without a CUDA build or device.
 #include <gtest/gtest.h>
 
@@ -34,6 +35,7 @@
 #include "ops/cuda/moe_launch.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
+#include "ops/rms_norm.h"
 #endif
 
 namespace ds {
@@ -400,15 +402,58 @@ class CudaMoeBlockTest : public CudaMoeTest {
     return out;
   }
 
+  // A block's random weights on the host (hw: views of the vectors) and on the device (dw).
+  struct Block {
+    std::vector<float> router, sgate;
+    std::vector<uint8_t> gu_b, gate_b, up_b, down_b, sg_b, su_b, sd_b;
+    cuda::MoeBlockWeights hw, dw;
+  };
+  void make_block(const BlockCase& c, Block& b) {
+    const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert;
+    std::uniform_real_distribution<float> uni(-0.1f, 0.1f);
+    b.router.resize(static_cast<size_t>(X * E));
+    b.sgate.resize(static_cast<size_t>(E));
+    for (float& v : b.router) v = uni(rng_);
+    for (float& v : b.sgate) v = uni(rng_);
+    if (c.fused) {
+      b.gu_b = random_rows(c.gate_up, 2 * F * X, E, rng_);
+    } else {
+      b.gate_b = random_rows(c.gate_up, F * X, E, rng_);
+      b.up_b = random_rows(c.gate_up, F * X, E, rng_);
+    }
+    b.down_b = random_rows(c.down, E * X, F, rng_);
+    b.sg_b = random_rows(c.sh_gate_up, F, E, rng_);
+    b.su_b = random_rows(c.sh_gate_up, F, E, rng_);
+    b.sd_b = random_rows(c.sh_down, E, F, rng_);
+    cuda::MoeBlockWeights& hw = b.hw;
+    hw.router = TensorView::contiguous(b.router.data(), DType::F32, {E, X});
+    hw.shexp_gate = TensorView::contiguous(b.sgate.data(), DType::F32, {E});
+    if (c.fused) {
+      hw.experts.gate_up = TensorView::contiguous(b.gu_b.data(), c.gate_up, {E, 2 * F, X});
+    } else {
+      hw.experts.gate = TensorView::contiguous(b.gate_b.data(), c.gate_up, {E, F, X});
+      hw.experts.up = TensorView::contiguous(b.up_b.data(), c.gate_up, {E, F, X});
+    }
+    hw.experts.down = TensorView::contiguous(b.down_b.data(), c.down, {F, E, X});
+    hw.gate_shexp = TensorView::contiguous(b.sg_b.data(), c.sh_gate_up, {E, F});
+    hw.up_shexp = TensorView::contiguous(b.su_b.data(), c.sh_gate_up, {E, F});
+    hw.down_shexp = TensorView::contiguous(b.sd_b.data(), c.sh_down, {F, E});
+    const auto upv = [&](const TensorView& h) { return h.data == nullptr ? TensorView{} : up(h, h.data, h.n_bytes()); };
+    b.dw = cuda::MoeBlockWeights{
+        upv(hw.router),     {upv(hw.experts.gate), upv(hw.experts.up), upv(hw.experts.gate_up), upv(hw.experts.down)},
+        upv(hw.shexp_gate), upv(hw.gate_shexp),
+        upv(hw.up_shexp),   upv(hw.down_shexp)};
+  }
+
   // With ties, the router rows of k + 1 experts spread over the ids are one row along a direction v that
   // every token's x leans on, so they win every token and the highest id among them is left out.
   void run_block(const BlockCase& c, int64_t n_tokens, bool ties, bool graph = false) {
     const std::string where = describe(c, n_tokens, ties);
     const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert, k = c.k, T = n_tokens;
-    std::uniform_real_distribution<float> uni(-0.1f, 0.1f);
-    std::vector<float> router(static_cast<size_t>(X * E)), sgate(static_cast<size_t>(E));
-    for (float& v : router) v = uni(rng_);
-    for (float& v : sgate) v = uni(rng_);
+    Block b;
+    make_block(c, b);
+    std::vector<float>& router = b.router;
+    std::vector<float>& sgate = b.sgate;
     test::Host x({E, T});
     x.random(rng_, -1.0f, 1.0f);
     std::vector<int32_t> tied;
@@ -424,42 +469,17 @@ class CudaMoeBlockTest : public CudaMoeTest {
         for (int64_t col = 0; col < E; ++col)
           x.v[static_cast<size_t>(t * E + col)] += 0.5f * dir[static_cast<size_t>(col)];
       }
+      ASSERT_TRUE(cuda::copy_to_device(b.dw.router.data, router.data(), 4 * X * E, stream_).is_ok());
     }
-    std::vector<uint8_t> gu_b, gate_b, up_b, down_b;
-    if (c.fused) {
-      gu_b = random_rows(c.gate_up, 2 * F * X, E, rng_);
-    } else {
-      gate_b = random_rows(c.gate_up, F * X, E, rng_);
-      up_b = random_rows(c.gate_up, F * X, E, rng_);
-    }
-    down_b = random_rows(c.down, E * X, F, rng_);
-    const std::vector<uint8_t> sg_b = random_rows(c.sh_gate_up, F, E, rng_),
-                               su_b = random_rows(c.sh_gate_up, F, E, rng_);
-    const std::vector<uint8_t> sd_b = random_rows(c.sh_down, E, F, rng_);
-
-    // Host views (CPU chain) and device copies.
-    cuda::MoeBlockWeights hw;
-    hw.router = TensorView::contiguous(router.data(), DType::F32, {E, X});
-    hw.shexp_gate = TensorView::contiguous(sgate.data(), DType::F32, {E});
-    if (c.fused) {
-      hw.experts.gate_up = TensorView::contiguous(gu_b.data(), c.gate_up, {E, 2 * F, X});
-    } else {
-      hw.experts.gate = TensorView::contiguous(gate_b.data(), c.gate_up, {E, F, X});
-      hw.experts.up = TensorView::contiguous(up_b.data(), c.gate_up, {E, F, X});
-    }
-    hw.experts.down = TensorView::contiguous(down_b.data(), c.down, {F, E, X});
-    hw.gate_shexp = TensorView::contiguous(const_cast<uint8_t*>(sg_b.data()), c.sh_gate_up, {E, F});
-    hw.up_shexp = TensorView::contiguous(const_cast<uint8_t*>(su_b.data()), c.sh_gate_up, {E, F});
-    hw.down_shexp = TensorView::contiguous(const_cast<uint8_t*>(sd_b.data()), c.sh_down, {F, E});
-    const auto upv = [&](const TensorView& h) { return h.data == nullptr ? TensorView{} : up(h, h.data, h.n_bytes()); };
-    cuda::MoeBlockWeights dw{
-        upv(hw.router),     {upv(hw.experts.gate), upv(hw.experts.up), upv(hw.experts.gate_up), upv(hw.experts.down)},
-        upv(hw.shexp_gate), upv(hw.gate_shexp),
-        upv(hw.up_shexp),   upv(hw.down_shexp)};
+    const cuda::MoeBlockWeights& hw = b.hw;
+    const cuda::MoeBlockWeights& dw = b.dw;
+    const std::vector<uint8_t>&gu_b = b.gu_b, &gate_b = b.gate_b, &up_b = b.up_b, &down_b = b.down_b;
+    const std::vector<uint8_t>&sg_b = b.sg_b, &su_b = b.su_b, &sd_b = b.sd_b;
     const Status ok = cuda::moe_block_decode_check(dw, T, k);
     ASSERT_TRUE(ok.is_ok()) << where << ": " << ok.to_string();
     const TensorView dx = up(x.t, x.v.data(), 4 * E * T);
     test::Host y({E, T});
+    y.v.assign(y.v.size(), std::numeric_limits<float>::quiet_NaN());
     const TensorView dy = up(y.t, y.v.data(), 4 * E * T);
     std::vector<int32_t> poison_ids(static_cast<size_t>(k * T), -7);
     std::vector<float> poison_w(static_cast<size_t>(k * T), std::numeric_limits<float>::quiet_NaN());
@@ -555,8 +575,12 @@ class CudaMoeBlockTest : public CudaMoeTest {
       }
     }
     EXPECT_LE(test::rel_err(got, ref), kTolQ8Reference) << where << " (vs float64 reference on int8 activations)";
+    // Element by element (y starts as NaN, so an unwritten element shows), against the token's largest
+    // output: one h code on the other side of a rounding boundary moves an element by up to ~2.5e-3 of it.
+    std::vector<float> token_max(static_cast<size_t>(T), 1.0f);
+    for (size_t i = 0; i < ref.size(); ++i) token_max[i / E] = std::max(token_max[i / E], std::fabs(ref[i]));
     for (size_t i = 0; i < got.size(); ++i) {
-      if (!std::isfinite(got[i]) || std::fabs(got[i] - ref[i]) > 0.05 * std::max(1.0f, std::fabs(ref[i])) + 0.05) {
+      if (!std::isfinite(got[i]) || std::fabs(got[i] - ref[i]) > 0.05 * token_max[i / E]) {
         ADD_FAILURE() << where << ": first bad y[token " << i / E << ", " << i % E << "] = " << got[i] << ", ref "
                       << ref[i];
         break;
@@ -637,6 +661,67 @@ TEST_F(CudaMoeBlockTest, EightOfSixtyFourOtherTypes) {
   for (int64_t n_tokens : {1, 4, 8}) {
     run_block(q5, n_tokens, n_tokens == 4);
     run_block(q6, n_tokens, n_tokens == 1);
+  }
+}
+
+// moe_block_decode_add_norm against add_rms_norm followed by moe_block_decode on the same inputs: res, ids,
+// weights and y bit for bit, where the router kernel computes the norm (1 and 3 tokens of the real shape,
+// 1 to 32 tokens of a small one, y over delta) and where it does not take the shape (6 tokens of 2048:
+// the norm launch first).
+TEST_F(CudaMoeBlockTest, AddNormMatchesTheChain) {
+  struct Case {
+    BlockCase c;
+    int64_t T;
+    bool fused_norm;  // expected moe_route_norm_fits
+    bool y_over_delta;
+  };
+  const BlockCase real{DType::Q4_K, DType::Q6_K, false, DType::Q4_K, DType::Q6_K, 2048, 512, 256, 8};
+  const BlockCase small{DType::Q8_0, DType::Q8_0, false, DType::Q8_0, DType::Q4_K, 256, 256, 4, 2};
+  const BlockCase odd{DType::Q4_K, DType::Q6_K, true, DType::Q4_K, DType::Q6_K, 1280, 256, 64, 8};  // 160 norm threads
+  for (const Case& cs : {Case{real, 1, true, true}, Case{real, 3, true, false}, Case{real, 6, false, true},
+                         Case{small, 1, true, false}, Case{small, 5, true, true}, Case{small, 32, true, false},
+                         Case{odd, 2, true, true}}) {
+    const BlockCase& c = cs.c;
+    const int64_t E = c.n_embd, X = c.n_expert, k = c.k, T = cs.T;
+    const std::string where = describe(c, T, false) + (cs.y_over_delta ? " y over delta" : "");
+    EXPECT_EQ(cuda::moe_route_norm_fits(E, static_cast<int>(T), static_cast<int>(X)), cs.fused_norm) << where;
+    Block b;
+    make_block(c, b);
+    test::Host res({E, T}), delta({E, T}), norm_w({E}), poison({E, T});
+    res.random(rng_, -2.0f, 2.0f);
+    delta.random(rng_, -1.0f, 1.0f);
+    norm_w.random(rng_, 0.5f, 1.5f);
+    poison.v.assign(poison.v.size(), std::numeric_limits<float>::quiet_NaN());
+    const TensorView dw_norm = up(norm_w);
+    std::vector<int32_t> poison_ids(static_cast<size_t>(k * T), -7);
+    const auto ids_t = TensorView::contiguous(nullptr, DType::I32, {k, T});
+    const auto wts_t = TensorView::contiguous(nullptr, DType::F32, {k, T});
+    constexpr float kEps = 1e-6f;
+
+    // The chain.
+    const TensorView res1 = up(res), delta1 = up(delta), xn = up(poison), y1 = up(poison);
+    const TensorView ids1 = up(ids_t, poison_ids.data(), 4 * k * T), wts1 = up(wts_t, poison.v.data(), 4 * k * T);
+    ASSERT_TRUE(add_rms_norm(ctx_, res1, delta1, dw_norm, kEps, xn).is_ok()) << where;
+    Status st = cuda::moe_block_decode(ctx_, xn, b.dw, k, ids1, wts1, y1);
+    ASSERT_TRUE(st.is_ok()) << where << ": " << st.to_string();
+
+    // The block with its input norm.
+    const TensorView res2 = up(res), delta2 = up(delta);
+    const TensorView y2 = cs.y_over_delta ? delta2 : up(poison);
+    const TensorView ids2 = up(ids_t, poison_ids.data(), 4 * k * T), wts2 = up(wts_t, poison.v.data(), 4 * k * T);
+    st = cuda::moe_block_decode_add_norm(ctx_, cuda::MoeBlockAddNorm{res2, delta2, dw_norm, kEps}, b.dw, k, ids2, wts2,
+                                         y2);
+    ASSERT_TRUE(st.is_ok()) << where << ": " << st.to_string();
+
+    const std::vector<float> r1 = down(res1), r2 = down(res2), o1 = down(y1), o2 = down(y2);
+    EXPECT_EQ(0, std::memcmp(r1.data(), r2.data(), 4 * r1.size())) << where << ": res";
+    EXPECT_NE(r1, res.v) << where << ": res not updated";
+    EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), 4 * o1.size())) << where << ": y";
+    EXPECT_TRUE(std::all_of(o1.begin(), o1.end(), [](float v) { return std::isfinite(v); })) << where;
+    EXPECT_EQ(fetch<int32_t>(ids1.data, k * T), fetch<int32_t>(ids2.data, k * T)) << where << ": ids";
+    const std::vector<float> w1 = fetch<float>(wts1.data, k * T), w2 = fetch<float>(wts2.data, k * T);
+    EXPECT_EQ(0, std::memcmp(w1.data(), w2.data(), 4 * w1.size())) << where << ": weights";
+    bufs_.clear();
   }
 }
 
@@ -895,6 +980,24 @@ TEST(CudaMoeBlock, UnsupportedBlocksAndBadArguments) {
   const TensorView x_bad = TensorView::contiguous(fake, DType::F32, {E + 32, 1}, d);
   const TensorView y_bad = TensorView::contiguous(fake + 16, DType::F32, {E + 32, 1}, d);
   EXPECT_EQ(cuda::moe_block_decode(ctx, x_bad, w, k, ids, wts, y_bad).code(), StatusCode::kInvalidArgument);
+
+  // The input norm: y may alias delta, not res; delta as res; the norm weight as a row.
+  const TensorView delta = TensorView::contiguous(fake + 32, DType::F32, {E, 1}, d);
+  const TensorView nw = TensorView::contiguous(fake + 48, DType::F32, {E}, d);
+  const auto add_norm = [&](const TensorView& r, const TensorView& dl, const TensorView& n, const TensorView& out) {
+    return cuda::moe_block_decode_add_norm(ctx, cuda::MoeBlockAddNorm{r, dl, n, 1e-6f}, w, k, ids, wts, out).code();
+  };
+  EXPECT_EQ(cuda::moe_block_decode_add_norm(cpu, cuda::MoeBlockAddNorm{x, delta, nw, 1e-6f}, w, k, ids, wts, y).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(add_norm(x, delta, nw, x), StatusCode::kInvalidArgument);      // y over res
+  EXPECT_EQ(add_norm(x, x, nw, y), StatusCode::kInvalidArgument);          // delta over res
+  EXPECT_EQ(add_norm(x, x_bad, nw, y), StatusCode::kInvalidArgument);      // delta's shape
+  EXPECT_EQ(add_norm(x_bad, TensorView::contiguous(fake + 32, DType::F32, {E + 32, 1}, d), nw, y_bad),
+            StatusCode::kInvalidArgument);  // against the experts
+  EXPECT_EQ(add_norm(x, delta, TensorView::contiguous(fake + 48, DType::F32, {E + 32}, d), y),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(add_norm(x, delta, TensorView::contiguous(fake + 48, DType::F16, {E}, d), y),
+            StatusCode::kInvalidArgument);
 }
 
 #else  // !DS_HAVE_CUDA

@@ -3,7 +3,8 @@
 // (token, expert) pairs run the whole MoE block in moe_block_decode (or, for types it does not take,
 // moe_ffn_gathered), which read the routing from device memory (no host round trip, so a decode step
 // stays capturable as a graph); larger batches group tokens per expert on the host (moe_ffn) so each
-// expert's weights are read once.
+// expert's weights are read once. There the block also takes the residual add and norm before it
+// (moe_ffn_forward_add_norm): its router kernel computes the norm, one launch less a layer.
 #include "model/model_internal.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
@@ -26,6 +27,53 @@ Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const 
   return Status::ok();
 }
 
+#if DS_HAVE_CUDA
+namespace {
+
+cuda::MoeBlockWeights block_weights(const MoeFfnWeights& w) {
+  return cuda::MoeBlockWeights{w.router,     MoeExperts{w.gate_exps, w.up_exps, w.gate_up_exps, w.down_exps},
+                               w.shexp_gate, w.gate_shexp,
+                               w.up_shexp,   w.down_shexp};
+}
+
+// Whether moe_block_decode runs the block: CUDA, few (token, expert) pairs, types it takes.
+bool block_decode_applies(const LayerCall& call, const MoeFfnWeights& w) {
+  const int64_t n = call.n_tokens, k = call.config.n_expert_used;
+  return call.ctx.device.kind == DeviceKind::kCuda && n * k <= cuda::kMoeGatheredMaxSlots &&
+         cuda::moe_block_decode_check(block_weights(w), n, k).is_ok();
+}
+
+}  // namespace
+#endif
+
+bool moe_ffn_fuses_norm(const LayerCall& call, const MoeFfnWeights& w) {
+#if DS_HAVE_CUDA
+  return block_decode_applies(call, w);
+#else
+  (void)call, (void)w;
+  return false;
+#endif
+}
+
+Status moe_ffn_forward_add_norm(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x,
+                                const TensorView& delta, const TensorView& norm, const TensorView& out) {
+#if DS_HAVE_CUDA
+  if (block_decode_applies(call, w)) {
+    const int64_t n = call.n_tokens, k = call.config.n_expert_used;
+    DS_ASSIGN_OR_RETURN(TensorView ids, call.scratch.i32({k, n}));
+    DS_ASSIGN_OR_RETURN(TensorView weights, call.scratch.f32({k, n}));
+    DS_TRY(cuda::moe_block_decode_add_norm(call.ctx, cuda::MoeBlockAddNorm{x, delta, norm, call.config.rms_eps},
+                                           block_weights(w), k, ids, weights, out));
+    call.dump("moe.weights", weights);
+    return Status::ok();
+  }
+#else
+  (void)x, (void)delta, (void)norm, (void)out;
+#endif
+  return internal_error("moe_ffn_forward_add_norm: layer {}: the MoE block does not take its input norm here",
+                        call.il);
+}
+
 Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x_norm,
                        const TensorView& out) {
   const ModelConfig& c = call.config;
@@ -36,16 +84,12 @@ Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const Tens
 #if DS_HAVE_CUDA
   // Decode on CUDA: router, routing, routed and shared experts in moe_block_decode (four or five launches)
   // when the block's types and shapes allow it; otherwise the op chain below.
-  if (ctx.device.kind == DeviceKind::kCuda && n * k <= cuda::kMoeGatheredMaxSlots) {
-    const cuda::MoeBlockWeights bw{w.router, MoeExperts{w.gate_exps, w.up_exps, w.gate_up_exps, w.down_exps},
-                                   w.shexp_gate, w.gate_shexp, w.up_shexp, w.down_shexp};
-    if (cuda::moe_block_decode_check(bw, n, k).is_ok()) {
-      DS_ASSIGN_OR_RETURN(TensorView ids, S.i32({k, n}));
-      DS_ASSIGN_OR_RETURN(TensorView weights, S.f32({k, n}));
-      DS_TRY(cuda::moe_block_decode(ctx, x_norm, bw, k, ids, weights, out));
-      call.dump("moe.weights", weights);
-      return Status::ok();
-    }
+  if (block_decode_applies(call, w)) {
+    DS_ASSIGN_OR_RETURN(TensorView ids, S.i32({k, n}));
+    DS_ASSIGN_OR_RETURN(TensorView weights, S.f32({k, n}));
+    DS_TRY(cuda::moe_block_decode(ctx, x_norm, block_weights(w), k, ids, weights, out));
+    call.dump("moe.weights", weights);
+    return Status::ok();
   }
 #endif
 

@@ -375,12 +375,16 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
       DS_TRY(deltanet_forward(call, L.deltanet, cur, mix));
     }
     call.dump("attn_out", mix);
-    // out = h + FFN(RMSNorm(h; post_attention_norm))
-    DS_TRY(norm_cur(&mix, L.post_attention_norm));
-    if (config_.is_moe()) {
-      DS_TRY(moe_ffn_forward(call, L.moe, cur, mix));
+    // out = h + FFN(RMSNorm(h; post_attention_norm)); a MoE block may take the residual add and norm itself
+    if (config_.is_moe() && moe_ffn_fuses_norm(call, L.moe)) {
+      DS_TRY(moe_ffn_forward_add_norm(call, L.moe, x, mix, L.post_attention_norm, mix));
     } else {
-      DS_TRY(dense_ffn_forward(call, L.ffn, cur, mix));
+      DS_TRY(norm_cur(&mix, L.post_attention_norm));
+      if (config_.is_moe()) {
+        DS_TRY(moe_ffn_forward(call, L.moe, cur, mix));
+      } else {
+        DS_TRY(dense_ffn_forward(call, L.ffn, cur, mix));
+      }
     }
     call.dump("ffn_out", mix);
     if (il + 1 < range.last) {

@@ -105,5 +105,11 @@ Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const 
                          const TensorView& out);
 Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x_norm,
                        const TensorView& out);
+// The MoE FFN on its input given as the residual add and norm before it: x += delta, then
+// moe_ffn_forward(RMSNorm(x; norm)), with no x_norm written. Only where moe_ffn_fuses_norm (CUDA decode
+// through moe_block_decode, whose router kernel computes the norm); out may alias delta.
+bool moe_ffn_fuses_norm(const LayerCall& call, const MoeFfnWeights& w);
+Status moe_ffn_forward_add_norm(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x,
+                                const TensorView& delta, const TensorView& norm, const TensorView& out);
 
 }  // namespace ds

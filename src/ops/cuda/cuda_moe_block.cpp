@@ -8,6 +8,8 @@
 //   5. y = weighted sum of the routed pairs + sigmoid(shexp_gate . x) * shared pair.
 // Launches 2 and 4 split in two when the shared expert's type differs from the routed experts'. With
 // one down group and rows of at most 1024 (moe_down_combine_fits), 4 and 5 are one launch.
+// moe_block_decode_add_norm takes the input as the residual add and norm before the block: launch 1 then
+// computes the norm itself (moe_route_norm_fits), or a norm launch comes first.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choices:
 //  - The gathered kernels take a slot's weight address as base + selector * 16 bytes (the "expert id"
@@ -181,23 +183,7 @@ Result<Plan> make_plan(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
 
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-}  // namespace
-
-Status moe_block_decode_check(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
-  return make_plan(w, n_tokens, k).status();
-}
-
-Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBlockWeights& w, int64_t k,
-                        const TensorView& ids, const TensorView& weights, const TensorView& y) {
-  if (ctx.device.kind != DeviceKind::kCuda) {
-    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
-  }
-  DS_TRY(check_moe_io(kOp, ctx, x, ids, weights, y, k));
-  const int64_t n_tokens = x.ne[1];
-  DS_ASSIGN_OR_RETURN(const Plan p, make_plan(w, n_tokens, k));
-  if (x.ne[0] != p.n_embd) {
-    return invalid_argument("{}: x {} against down experts {}", kOp, x.shape_string(), w.experts.down.shape_string());
-  }
+Status check_weights_on(const OpContext& ctx, const MoeBlockWeights& w) {
   const MoeExperts& ex = w.experts;
   for (const auto& [t, name] : {std::pair{&w.router, "router"},
                                 {&w.shexp_gate, "shexp_gate"},
@@ -209,8 +195,16 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
     DS_TRY(ops::check_tensor(kOp, name, ctx, *t, t->dtype));
   }
   if (ex.gate_up.data == nullptr) DS_TRY(ops::check_tensor(kOp, "up", ctx, ex.up, ex.up.dtype));
-  if (n_tokens == 0) return Status::ok();
+  return Status::ok();
+}
 
+// The launches of both entries, after their checks: the block's input is x, or (norm set) the input norm
+// of norm->res and norm->delta; `in` is whichever of x and res gives the shape [n_embd, n_tokens].
+Status run_block(const OpContext& ctx, const TensorView& in, const TensorView* x, const MoeBlockAddNorm* norm,
+                 const MoeBlockWeights& w, const Plan& p, int64_t k, const TensorView& ids, const TensorView& weights,
+                 const TensorView& y) {
+  const int64_t n_tokens = in.ne[1];
+  const MoeExperts& ex = w.experts;
   const int dev = ctx.device.index;
   DS_TRY(device_status(dev));
   DeviceGuard guard(dev);
@@ -226,7 +220,13 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   // Down and combine in one launch where the fused kernel takes the shape (one down group).
   const bool down_combined = p.n_down == 1 && moe_down_combine_fits(p.down[0].dtype, F, static_cast<int>(k));
   const int64_t d_b = down_combined ? 0 : align16(4 * T * P * E);
-  const int64_t total = logits_b + shl_b + xq_b + coef_b + p.n_gu * selgu_b + p.n_down * seld_b + gu_b + hq_b + d_b;
+  // The input norm in the router kernel where it takes the shape; else add_rms_norm first, into x_b.
+  const auto a16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool norm_fused = norm != nullptr && moe_route_norm_fits(E, static_cast<int>(T), static_cast<int>(X)) &&
+                          a16(norm->res.data) && a16(norm->delta.data);
+  const int64_t x_b = norm != nullptr && !norm_fused ? align16(4 * T * E) : 0;
+  const int64_t total =
+      logits_b + shl_b + xq_b + coef_b + p.n_gu * selgu_b + p.n_down * seld_b + gu_b + hq_b + d_b + x_b;
   DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, total));
   auto* next = static_cast<uint8_t*>(scratch.data());
   const auto take = [&](int64_t bytes) {
@@ -236,7 +236,20 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   };
 
   MoeRouteFusedLaunch r;
-  r.x = x.as<float>();
+  if (norm_fused) {
+    r.res = norm->res.as<float>();
+    r.delta = norm->delta.as<float>();
+    r.norm_w = norm->norm_w.as<float>();
+    r.eps = norm->eps;
+  } else if (norm != nullptr) {
+    auto* xn = reinterpret_cast<float*>(take(x_b));
+    DS_CUDA_TRY(norm_launch(norm->res.as<float>(), row_map_contiguous(E, T), norm->norm_w.as<float>(), nullptr, xn, E,
+                            T, norm->eps, false, s, norm->delta.as<float>()),
+                "{}: input norm of res {}", kOp, in.shape_string());
+    r.x = xn;
+  } else {
+    r.x = x->as<float>();
+  }
   r.n_embd = E;
   r.n_tokens = static_cast<int>(T);
   r.router = static_cast<const float*>(w.router.data);
@@ -266,7 +279,7 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
 
   // Formatted only when a launch fails.
   const auto shapes = [&] {
-    return fmt::format("x {} k {} router {} gate {} {} down {} {} shared gate {} down {}", x.shape_string(), k,
+    return fmt::format("x {} k {} router {} gate {} {} down {} {} shared gate {} down {}", in.shape_string(), k,
                        w.router.shape_string(), dtype_name(p.gu[0].dtype),
                        (ex.gate_up.data ? ex.gate_up : ex.gate).shape_string(), dtype_name(ex.down.dtype),
                        ex.down.shape_string(), dtype_name(w.gate_shexp.dtype), dtype_name(w.down_shexp.dtype));
@@ -319,6 +332,47 @@ Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBloc
   }
   DS_CUDA_TRY(moe_block_combine_launch(d, r.coef, T, k, E, y.as<float>(), s), "{}: combine: {}", kOp, shapes());
   return Status::ok();
+}
+
+}  // namespace
+
+Status moe_block_decode_check(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
+  return make_plan(w, n_tokens, k).status();
+}
+
+Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBlockWeights& w, int64_t k,
+                        const TensorView& ids, const TensorView& weights, const TensorView& y) {
+  if (ctx.device.kind != DeviceKind::kCuda) {
+    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
+  }
+  DS_TRY(check_moe_io(kOp, ctx, x, ids, weights, y, k));
+  DS_ASSIGN_OR_RETURN(const Plan p, make_plan(w, x.ne[1], k));
+  if (x.ne[0] != p.n_embd) {
+    return invalid_argument("{}: x {} against down experts {}", kOp, x.shape_string(), w.experts.down.shape_string());
+  }
+  DS_TRY(check_weights_on(ctx, w));
+  if (x.ne[1] == 0) return Status::ok();
+  return run_block(ctx, x, &x, nullptr, w, p, k, ids, weights, y);
+}
+
+Status moe_block_decode_add_norm(const OpContext& ctx, const MoeBlockAddNorm& in, const MoeBlockWeights& w, int64_t k,
+                                 const TensorView& ids, const TensorView& weights, const TensorView& y) {
+  if (ctx.device.kind != DeviceKind::kCuda) {
+    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
+  }
+  DS_TRY(check_moe_io(kOp, ctx, in.res, ids, weights, y, k));  // y must not alias res
+  DS_TRY(ops::check_contig(kOp, "delta", ctx, in.delta, DType::F32));
+  DS_TRY(ops::check_same_shape(kOp, "res", in.res, "delta", in.delta));
+  if (in.delta.data == in.res.data && in.res.ne[1] > 0) return invalid_argument("{}: delta must not alias res", kOp);
+  DS_TRY(ops::check_contig(kOp, "norm_w", ctx, in.norm_w, DType::F32));
+  DS_ASSIGN_OR_RETURN(const Plan p, make_plan(w, in.res.ne[1], k));
+  if (in.res.ne[0] != p.n_embd || in.norm_w.n_elements() != p.n_embd) {
+    return invalid_argument("{}: res {} and norm_w {} against down experts {}", kOp, in.res.shape_string(),
+                            in.norm_w.shape_string(), w.experts.down.shape_string());
+  }
+  DS_TRY(check_weights_on(ctx, w));
+  if (in.res.ne[1] == 0) return Status::ok();
+  return run_block(ctx, in.res, nullptr, &in, w, p, k, ids, weights, y);
 }
 
 }  // namespace ds::cuda

@@ -159,5 +159,18 @@ struct MoeBlockWeights {
 Status moe_block_decode_check(const MoeBlockWeights& w, int64_t n_tokens, int64_t k);
 Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBlockWeights& w, int64_t k,
                         const TensorView& ids, const TensorView& weights, const TensorView& y);
+// The block's input as the residual add and norm before it (add_rms_norm(res, delta, norm_w, eps)).
+struct MoeBlockAddNorm {
+  TensorView res;     // [n_embd, n_tokens] F32 contiguous: the residual stream, res += delta
+  TensorView delta;   // [n_embd, n_tokens] F32 contiguous
+  TensorView norm_w;  // [n_embd] F32
+  float eps = 0.0f;
+};
+// add_rms_norm(res, delta, norm_w, eps) into x, then moe_block_decode(x), with the same bits of res, ids,
+// weights and y, and no x to allocate: for one to a few tokens the block's router kernel computes the
+// norm itself (one launch less a MoE layer); otherwise the norm runs first into the block's scratch.
+// y may alias delta (the layer's FFN output over its mixer output), not res. Applies as moe_block_decode.
+Status moe_block_decode_add_norm(const OpContext& ctx, const MoeBlockAddNorm& in, const MoeBlockWeights& w, int64_t k,
+                                 const TensorView& ids, const TensorView& weights, const TensorView& y);
 
 }  // namespace ds::cuda

@@ -3,7 +3,9 @@
 //    logits of every token; each CTA also quantizes a share of x into int8 blocks (the quantize_q8
 //    format and arithmetic of matvec_q8.cuh, bit for bit); the CTA that finishes last then routes every
 //    token with kern::route_block (as moe_route_kernel in ops_kernels.cu) and writes the weight selectors
-//    of the gathered gate/up and down launches and the combine coefficients.
+//    of the gathered gate/up and down launches and the combine coefficients. With the input norm, every
+//    CTA first computes x = RMSNorm(res + delta) itself into shared memory (norm_kernel's bits, through
+//    norm_warp.cuh), so the block needs no norm launch before it; the routing CTA writes res += delta.
 //  - moe_block_combine: y = sum of the routed experts' weighted down rows + sigmoid-gated shared row.
 //  - moe_down_combine: the down products of a token's pairs and that sum in one kernel (rows of at most
 //    1024 elements: the 35B-A3B's 512), so the pairs' rows never go to memory.
@@ -20,6 +22,7 @@
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/moe_launch.h"
 #include "ops/cuda/moe_route.cuh"
+#include "ops/cuda/norm_warp.cuh"
 
 namespace ds::cuda {
 namespace {
@@ -30,6 +33,7 @@ constexpr int kRouteWarps = kern::kRouteBlockWarps;  // the CTA that routes is r
 constexpr int kRouteThreads = kern::kRouteBlockThreads;
 constexpr int kRouteTokenGroup = 8;  // accumulators per lane in the router dot products
 constexpr int kRouteUnroll = 8;      // float4 loads of a router row in flight per lane
+constexpr size_t kRouteNormSmem = 47 * 1024;  // dynamic shared memory: 48 KB without the opt-in, less the static
 
 __device__ __forceinline__ float route_warp_sum(float v) {
 #pragma unroll
@@ -37,9 +41,29 @@ __device__ __forceinline__ float route_warp_sum(float v) {
   return v;
 }
 
-// Blocks of 32 elements of x, 8 lanes each, grid-strided over the warps of the grid (warp-uniform loop:
-// the shuffles need every lane). The block arithmetic is kern::quantize_block_q8, as in kern::quantize_q8.
-__device__ void quantize_x(const MoeRouteFusedLaunch& a, bool vec4) {
+// x's loads: from shared memory where the CTA staged x (the input norm), else through the read-only path.
+template <bool kShared>
+__device__ __forceinline__ float4 load_x4(const float* p) {
+  if constexpr (kShared) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    return __ldg(reinterpret_cast<const float4*>(p));
+  }
+}
+template <bool kShared>
+__device__ __forceinline__ float load_x(const float* p) {
+  if constexpr (kShared) {
+    return *p;
+  } else {
+    return __ldg(p);
+  }
+}
+
+// Blocks of 32 elements of x ([n_tokens, n_embd], global or shared), 8 lanes each, grid-strided over the
+// warps of the grid (warp-uniform loop: the shuffles need every lane). The block arithmetic is
+// kern::quantize_block_q8, as in kern::quantize_q8.
+template <bool kShared>
+__device__ void quantize_x(const MoeRouteFusedLaunch& a, const float* x, bool vec4) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t blocks_per_row = a.n_embd / kern::kQ8Block;
   const int64_t n_blocks = a.n_tokens * blocks_per_row;
@@ -54,13 +78,13 @@ __device__ void quantize_x(const MoeRouteFusedLaunch& a, bool vec4) {
     const int64_t e0 = b * kern::kQ8Block + 4 * sub;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (live) {
-      const float* xr = a.x + row * a.n_embd + e0;
+      const float* xr = x + row * a.n_embd + e0;
       if (vec4) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(xr));
+        const float4 f = load_x4<kShared>(xr);
         v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
       } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = xr[i];
+        for (int i = 0; i < 4; ++i) v[i] = load_x<kShared>(xr + i);
       }
     }
     int qi[4];
@@ -75,8 +99,9 @@ __device__ void quantize_x(const MoeRouteFusedLaunch& a, bool vec4) {
   }
 }
 
-// Row `row` (< n_expert: router row; == n_expert: shexp_gate) times every token; lane 0 writes.
-__device__ void router_row(const MoeRouteFusedLaunch& a, int row, bool vec4) {
+// Row `row` (< n_expert: router row; == n_expert: shexp_gate) times every token of x; lane 0 writes.
+template <bool kShared>
+__device__ void router_row(const MoeRouteFusedLaunch& a, const float* x, int row, bool vec4) {
   const int lane = threadIdx.x % 32;
   const float* w = row < a.n_expert ? a.router + static_cast<int64_t>(row) * a.router_stride : a.shexp_gate;
   for (int t0 = 0; t0 < a.n_tokens; t0 += kRouteTokenGroup) {
@@ -94,12 +119,12 @@ __device__ void router_row(const MoeRouteFusedLaunch& a, int row, bool vec4) {
 #pragma unroll
         for (int t = 0; t < kRouteTokenGroup; ++t) {
           if (t0 + t >= a.n_tokens) break;
-          const float* xt = a.x + (t0 + t) * a.n_embd;
+          const float* xt = x + (t0 + t) * a.n_embd;
 #pragma unroll
           for (int u = 0; u < kRouteUnroll; ++u) {
             const int64_t i = base + 128 * u;
             if (i < a.n_embd) {
-              const float4 xv = __ldg(reinterpret_cast<const float4*>(xt + i));
+              const float4 xv = load_x4<kShared>(xt + i);
               acc[t] = fmaf(wv[u].x, xv.x, fmaf(wv[u].y, xv.y, fmaf(wv[u].z, xv.z, fmaf(wv[u].w, xv.w, acc[t]))));
             }
           }
@@ -110,7 +135,7 @@ __device__ void router_row(const MoeRouteFusedLaunch& a, int row, bool vec4) {
         const float wv = __ldg(w + i);
 #pragma unroll
         for (int t = 0; t < kRouteTokenGroup; ++t) {
-          if (t0 + t < a.n_tokens) acc[t] = fmaf(wv, __ldg(a.x + (t0 + t) * a.n_embd + i), acc[t]);
+          if (t0 + t < a.n_tokens) acc[t] = fmaf(wv, load_x<kShared>(x + (t0 + t) * a.n_embd + i), acc[t]);
         }
       }
     }
@@ -125,6 +150,48 @@ __device__ void router_row(const MoeRouteFusedLaunch& a, int row, bool vec4) {
         }
       }
     }
+  }
+}
+
+// The input norm: xs[t] = RMSNorm(res[t] + delta[t]; norm_w, eps) for every token, with norm_kernel's
+// arithmetic (the element sum, kern::cta_row_sum_squares, (v * inv) * w), so xs has add_rms_norm's bits.
+// Every thread of the CTA calls it; xs: n_tokens * n_embd floats of shared memory, part: the sums' scratch.
+__device__ void stage_norm_input(const MoeRouteFusedLaunch& a, float* xs, float* part) {
+  const int64_t n4 = a.n_tokens * a.n_embd / 4;  // n_embd is a multiple of 32
+  const auto* r4 = reinterpret_cast<const float4*>(a.res);
+  const auto* d4 = reinterpret_cast<const float4*>(a.delta);
+  auto* x4 = reinterpret_cast<float4*>(xs);
+  constexpr int kInFlight = 4;  // float4 pairs a thread loads before its first store
+  for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kInFlight * kRouteThreads) {
+    float4 r[kInFlight], d[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t i = i0 + u * kRouteThreads;
+      if (i < n4) r[u] = __ldcg(r4 + i), d[u] = __ldcg(d4 + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t i = i0 + u * kRouteThreads;
+      if (i < n4) x4[i] = make_float4(r[u].x + d[u].x, r[u].y + d[u].y, r[u].z + d[u].z, r[u].w + d[u].w);
+    }
+  }
+  const int n = static_cast<int>(a.n_embd);
+  for (int t = 0; t < a.n_tokens; ++t) {
+    float* row = xs + static_cast<int64_t>(t) * n;
+    const float inv = rsqrtf(kern::cta_row_sum_squares(row, n, part) / static_cast<float>(n) + a.eps);
+    for (int i = threadIdx.x; i < n; i += kRouteThreads) row[i] = row[i] * inv * __ldg(a.norm_w + i);
+  }
+  __syncthreads();
+}
+
+// The residual add of the input norm, by the CTA that routes (every CTA has read res by then).
+__device__ void write_residual(const MoeRouteFusedLaunch& a) {
+  const int64_t n4 = a.n_tokens * a.n_embd / 4;
+  auto* r4 = reinterpret_cast<float4*>(a.res);
+  const auto* d4 = reinterpret_cast<const float4*>(a.delta);
+  for (int64_t i = threadIdx.x; i < n4; i += kRouteThreads) {
+    const float4 r = __ldcg(r4 + i), d = __ldcg(d4 + i);
+    r4[i] = make_float4(r.x + d.x, r.y + d.y, r.z + d.z, r.w + d.w);
   }
 }
 
@@ -162,24 +229,41 @@ __device__ void route_token(const MoeRouteFusedLaunch& a, int t, void* smem) {
   }
 }
 
-// Dynamic shared memory: kern::route_block_smem_bytes(n_expert) (the last CTA's routing).
-__global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
-  extern __shared__ double route_smem[];
+// The dynamic shared memory: the last CTA's routing (kern::route_block_smem_bytes), then with the input
+// norm the staged x of every token.
+size_t route_xs_offset(int n_expert) { return (kern::route_block_smem_bytes(n_expert) + 15) / 16 * 16; }
+size_t route_fused_smem(int n_expert, int64_t n_embd, int n_tokens, bool norm) {
+  return route_xs_offset(n_expert) + (norm ? sizeof(float) * static_cast<size_t>(n_embd) * n_tokens : 0);
+}
+
+// kNorm: x is the input norm of res and delta (MoeRouteFusedLaunch), staged by every CTA in shared memory.
+template <bool kNorm>
+__global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4, unsigned xs_offset) {
+  extern __shared__ __align__(16) double route_smem[];
   __shared__ unsigned int is_last;
+  __shared__ float norm_part[1024 / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kRouteWarps + warp;
-  // While the previous kernel drains (launch.cuh), pull this warp's router row into L2: weights are no
-  // kernel's output.
+  // While the previous kernel drains (launch.cuh), pull this warp's router row (and the first CTA the
+  // norm weight) into L2: weights are no kernel's output.
   if (row <= a.n_expert) {
     const float* w = row < a.n_expert ? a.router + static_cast<int64_t>(row) * a.router_stride : a.shexp_gate;
     for (int64_t i = 32 * static_cast<int64_t>(lane); i < a.n_embd; i += 32 * 32) {  // one 128-byte line a lane
       asm volatile("prefetch.global.L2 [%0];" ::"l"(w + i));
     }
   }
+  if (kNorm && blockIdx.x == 0) {
+    for (int64_t i = 32 * static_cast<int64_t>(threadIdx.x); i < a.n_embd; i += 32 * kRouteThreads) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a.norm_w + i));
+    }
+  }
   kern::dependency_sync();
 
-  quantize_x(a, vec4);
-  if (row <= a.n_expert) router_row(a, row, vec4);
+  float* xs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(route_smem) + xs_offset);
+  if constexpr (kNorm) stage_norm_input(a, xs, norm_part);
+  const float* x = kNorm ? xs : a.x;
+  quantize_x<kNorm>(a, x, vec4);
+  if (row <= a.n_expert) router_row<kNorm>(a, x, row, vec4);
 
   // Publish this CTA's logits and codes, then take a ticket; the last ticket routes.
   __threadfence();
@@ -189,6 +273,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
   if (is_last == 0) return;
   __threadfence();
   for (int t = 0; t < a.n_tokens; ++t) route_token(a, t, route_smem);
+  if constexpr (kNorm) write_residual(a);
 }
 
 // One thread per output element; the routed pairs in routing order, then the shared expert.
@@ -308,18 +393,32 @@ cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cuda
   }
 }
 
+bool moe_route_norm_fits(int64_t n_embd, int n_tokens, int n_expert) {
+  return n_embd > 0 && n_embd % kern::kQ8Block == 0 && n_embd <= kern::kNormPer * 1024 && n_tokens > 0 &&
+         n_expert >= 1 && n_expert <= kMoeBlockMaxExperts &&
+         route_fused_smem(n_expert, n_embd, n_tokens, true) <= kRouteNormSmem;
+}
+
 cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return cudaSuccess;
+  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool norm = a.norm_w != nullptr;
   if (a.n_expert < 1 || a.n_expert > kMoeBlockMaxExperts || a.k < 1 || a.k > kMoeBlockMaxK || a.k > a.n_expert ||
       a.n_embd <= 0 || a.n_embd % kern::kQ8Block != 0 || a.counter == nullptr || a.sel_gu[0] == nullptr ||
-      a.sel_down[0] == nullptr || reinterpret_cast<uintptr_t>(a.xq) % 16 != 0) {
+      a.sel_down[0] == nullptr || !a16(a.xq)) {
     return cudaErrorInvalidValue;
   }
-  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec4 = a.n_embd % 4 == 0 && a.router_stride % 4 == 0 && a16(a.x) && a16(a.router) && a16(a.shexp_gate);
+  if (norm && (!moe_route_norm_fits(a.n_embd, a.n_tokens, a.n_expert) || a.res == nullptr || a.delta == nullptr || !a16(a.res) ||
+               !a16(a.delta))) {
+    return cudaErrorInvalidValue;
+  }
+  const bool vec4 = a.n_embd % 4 == 0 && a.router_stride % 4 == 0 && (norm || a16(a.x)) && a16(a.router) &&
+                    a16(a.shexp_gate);
   const unsigned grid = static_cast<unsigned>((a.n_expert + 1 + kRouteWarps - 1) / kRouteWarps);
-  const size_t smem = kern::route_block_smem_bytes(a.n_expert);
-  return launch_kernel(moe_route_fused, grid, kRouteThreads, smem, stream, a, vec4);
+  const size_t smem = route_fused_smem(a.n_expert, a.n_embd, a.n_tokens, norm);
+  const auto xs_offset = static_cast<unsigned>(route_xs_offset(a.n_expert));
+  return norm ? launch_kernel(moe_route_fused<true>, grid, kRouteThreads, smem, stream, a, vec4, xs_offset)
+              : launch_kernel(moe_route_fused<false>, grid, kRouteThreads, smem, stream, a, vec4, xs_offset);
 }
 
 cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,

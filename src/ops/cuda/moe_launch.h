@@ -68,7 +68,14 @@ struct MoeWeightSel {
 
 // Router + routing + shared-expert gate + int8 quantization of x, one launch (moe_route_fused_launch).
 struct MoeRouteFusedLaunch {
-  const float* x = nullptr;           // [n_tokens, n_embd] contiguous
+  const float* x = nullptr;           // [n_tokens, n_embd] contiguous (unused with the input norm)
+  // The input norm (norm_w set): x = RMSNorm(res + delta; norm_w, eps) with add_rms_norm's bits, and
+  // res += delta, as add_rms_norm. Needs moe_route_norm_fits; res, delta [n_tokens, n_embd] contiguous,
+  // 16-byte aligned, res not aliasing delta.
+  float* res = nullptr;
+  const float* delta = nullptr;
+  const float* norm_w = nullptr;      // [n_embd]
+  float eps = 0.0f;
   int64_t n_embd = 0;                 // multiple of 32
   int n_tokens = 0;
   const float* router = nullptr;      // [n_expert] rows of n_embd F32
@@ -93,7 +100,13 @@ struct MoeRouteFusedLaunch {
 // Grid of one warp per router row (+ one for shexp_gate); each CTA also quantizes a share of x; the
 // CTA that finishes last routes every token (softmax in double, top-k by logit, ties to the lower id,
 // w = p / max(sum p, floor), as moe_route) and writes ids, weights, coef and the selectors.
+// With the input norm, every CTA stages the normalized rows in shared memory first (no norm launch before
+// the block), and the routing CTA writes res += delta last (every CTA has read res by then).
 cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t stream);
+// Whether the input norm takes the shape: rows of a multiple of 32 up to 8192 (the norm's), every
+// token's row within the kernel's shared memory next to the routing's (2048 elements of 256 experts:
+// up to 5 tokens).
+bool moe_route_norm_fits(int64_t n_embd, int n_tokens, int n_expert);
 
 // y[t, :] = sum_{j < k} coef[t, j] d[t (k+1) + j, :] + coef[t, k] d[t (k+1) + k, :] (rows of n_embd).
 cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k,

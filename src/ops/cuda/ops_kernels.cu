@@ -18,6 +18,7 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/moe_route.cuh"
+#include "ops/cuda/norm_warp.cuh"
 #include "ops/cuda/ops_launch.h"
 #include "ops/cuda/quant_decode.cuh"
 #include "ops/cuda/rope.cuh"
@@ -98,10 +99,12 @@ __device__ float block_sum(float v) {
   return s;
 }
 
-// One block per row, sized to the row (norm_threads): a thread keeps its kNormPer elements in registers
-// between the sum and the scaling, so the row is read once and all its loads are in flight together.
-// x rows are found through the RowMap (strided views: no copy first); y and gate are contiguous.
-constexpr int kNormPer = 8;
+// One block per row, sized to the row (kern::norm_threads): a thread keeps its kNormPer elements in
+// registers between the sum and the scaling, so the row is read once and all its loads are in flight
+// together. x rows are found through the RowMap (strided views: no copy first); y and gate are contiguous.
+// Fused kernels that must give its bits emulate its sums with norm_warp.cuh.
+using kern::kNormPer;
+using kern::norm_threads;
 // Every load of the row (x, the residual, the weight and the gate) is issued before the first store and
 // before the block reduction: x is written back in place (add_rms_norm) and y may alias the weight or
 // gate as far as the compiler knows, so interleaved loads and stores would each wait a full memory
@@ -164,12 +167,6 @@ __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const f
   for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
     yr[i] = gated(w ? xr[i] * inv * w[i] : xr[i] * inv, gr ? gr[i] : 0.0f);
   }
-}
-
-// Threads for a row of n: a multiple of 32 covering n in kNormPer elements each, 32 .. 1024.
-int norm_threads(int64_t n) {
-  const int64_t t = (n + kNormPer - 1) / kNormPer;
-  return static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (t + 31) / 32 * 32)));
 }
 
 // d_pos (when not null) adds a position read on the device (rope_neox_at).
