@@ -31,6 +31,7 @@
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/pdl.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/get_rows.h"
 #include "ops/rms_norm.h"
@@ -235,6 +236,39 @@ TEST_F(CudaAttentionTest, PagedRealModelShapes) {
       }
     }
   }
+}
+
+// On a device whose CTAs may opt into 99 KB of shared memory (sm_86 / sm_89, emulated with
+// set_smem_optin_cap), head_dim 256 does not fit the tensor-core kernel's staging: the plan takes the
+// SIMT kernel, which still matches the CPU; head_dim 128 keeps the tensor cores.
+TEST_F(CudaAttentionTest, SmallSharedMemoryDeviceTakesSimtAtHeadDim256) {
+  struct Cap {
+    explicit Cap(long long b) { cuda::set_smem_optin_cap(b); }
+    ~Cap() { cuda::set_smem_optin_cap(0); }
+  };
+  const auto plan_path = [&](int64_t D) {
+    cuda::AttnPagedArgs a{};  // the plan reads the KV layout, not the KV
+    a.kv.dtype = DType::F16;
+    a.kv.chunk_tokens = 64;
+    a.kv.n_head_kv = 2;
+    a.kv.head_dim = static_cast<int32_t>(D);
+    a.n_head = 12;
+    a.n_tokens = 64;
+    a.max_kv = 300;
+    cuda::AttnPlan plan{};
+    EXPECT_EQ(cuda::attention_paged_plan(a, cuda::AttnPath::kAuto, 0, &plan), cudaSuccess) << "D " << D;
+    return plan.path;
+  };
+  EXPECT_EQ(plan_path(256), cuda::AttnPath::kTensorCore);  // an H100 opts into 227 KB
+  {
+    const Cap cap(99 * 1024);
+    EXPECT_EQ(plan_path(256), cuda::AttnPath::kSimt);
+    EXPECT_EQ(plan_path(128), cuda::AttnPath::kTensorCore);
+    for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 64}, {300, 17}, {4096, 1}}) {
+      check_paged(DType::F16, 256, 2, 8, 64, pos0, n, 4 * (pos0 + n), 3.0f);
+    }
+  }
+  EXPECT_EQ(plan_path(256), cuda::AttnPath::kTensorCore);
 }
 
 // Head dims the tensor-core kernel does not take run on the SIMT kernel (F16 and F32 KV).

@@ -23,6 +23,8 @@
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/delta_net_launch.h"
+#include "ops/cuda/pdl.h"
 #include "ops/delta_net.h"
 #endif
 
@@ -239,6 +241,30 @@ TEST_F(CudaDeltaNetTest, FallbackShapes) {
     check_all_modes(Shape{"dk48-dv40", 48, 40, 1, 2}, n);
     check_all_modes(Shape{"dk256-dv64", 256, 64, 2, 4}, n);
   }
+}
+
+// On a device whose CTAs may opt into 99 KB of shared memory (sm_86 / sm_89, emulated with
+// set_smem_optin_cap), the chunked form at dk 128 (110 KB) does not fit: every mode runs the recurrence
+// and still matches the CPU; dk 64 keeps the chunked form.
+TEST_F(CudaDeltaNetTest, SmallSharedMemoryDeviceRunsTheRecurrenceAtDk128) {
+  struct Cap {
+    explicit Cap(long long b) { cuda::set_smem_optin_cap(b); }
+    ~Cap() { cuda::set_smem_optin_cap(0); }
+  };
+  const auto chunked_ok = [](int64_t dk) {
+    cuda::DeltaNetArgs a{};
+    a.q = a.k = reinterpret_cast<const float*>(uintptr_t{256});
+    a.dk = dk;
+    a.dv = 128;
+    a.nk = 2;
+    a.nv = 4;
+    return cuda::delta_net_chunked_ok(a);
+  };
+  EXPECT_TRUE(chunked_ok(128));
+  const Cap cap(99 * 1024);
+  EXPECT_FALSE(chunked_ok(128));
+  EXPECT_TRUE(chunked_ok(64));
+  check_all_modes(k27B, 200);
 }
 
 // q and k 4 bytes off 16-byte alignment: the chunked path must refuse them and fall back correctly.

@@ -2,11 +2,14 @@
 // Status), owning buffers, streams and events, copies. Skipped without a CUDA build or device.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/pdl.h"
 #endif
 
 namespace ds {
@@ -38,6 +41,22 @@ TEST_F(CudaDeviceTest, DeviceInfoIsReadable) {
   EXPECT_GT(info->sm_count, 0);
   EXPECT_GT(info->total_bytes, 0);
   EXPECT_TRUE(cuda::device_usable(0));
+}
+
+// Programmatic dependent launch needs kernels that wait for their predecessor (griddepcontrol, compiled
+// for compute_90 and later): device code the driver compiled from older PTX runs in plain stream order
+// even on an sm_90 GPU.
+TEST_F(CudaDeviceTest, DependentLaunchOnlyWithDeviceCodeThatWaits) {
+  auto info = cuda::device_info(0);
+  ASSERT_TRUE(info.is_ok()) << info.status().to_string();
+  const int ptx = cuda::device_code_ptx_version();
+  EXPECT_GE(ptx, 80) << "device code for compute_80 or later";
+  const char* env = std::getenv("DELTASERVE_PDL");
+  const bool env_off = env != nullptr && std::strcmp(env, "0") == 0;
+  EXPECT_EQ(cuda::pdl_enabled(), info->cc_major >= 9 && ptx >= 90 && !env_off)
+      << "cc " << info->cc_major << "." << info->cc_minor << ", device code PTX " << ptx;
+  std::printf("[cuda-device] cc %d.%d, device code PTX %d, dependent launch %s\n", info->cc_major, info->cc_minor, ptx,
+              cuda::pdl_enabled() ? "on" : "off");
 }
 
 TEST_F(CudaDeviceTest, AllocatorReusesFreedBlocksAndTracksPeaks) {

@@ -769,17 +769,17 @@ cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int dev
       a.kv.chunk_tokens <= 0 || (a.kv.dtype != DType::F16 && a.kv.dtype != DType::F32)) {
     return cudaErrorInvalidValue;
   }
-  const bool tc = tc_allowed(a);
-  AttnPath path = force == AttnPath::kAuto ? (tc ? AttnPath::kTensorCore : AttnPath::kSimt) : force;
-  if (path == AttnPath::kTensorCore && !tc) return cudaErrorInvalidValue;
   const int64_t R = static_cast<int64_t>(a.n_tokens) * (a.n_head / Hkv);
   if (R > INT32_MAX / 2) return cudaErrorInvalidValue;
-  int rows = 0;
-  if (path == AttnPath::kTensorCore) {
-    rows = R <= 16 ? 16 : R <= 32 ? 32 : 64;
-  } else {
-    rows = simt_rows(simt_lanes(D));
-  }
+  // The tensor-core kernel where its staging fits the device (head_dim 256 needs ~140 KB: not on the
+  // 99 KB of sm_86 / sm_89), else the SIMT kernel.
+  const int tc_rows = R <= 16 ? 16 : R <= 32 ? 32 : 64;
+  const long long smem_limit = smem_optin_limit();
+  const bool tc = tc_allowed(a) && (smem_limit == 0 || pick_kernel(AttnPath::kTensorCore, a.kv.dtype, D, tc_rows).smem <=
+                                                           static_cast<size_t>(smem_limit));
+  AttnPath path = force == AttnPath::kAuto ? (tc ? AttnPath::kTensorCore : AttnPath::kSimt) : force;
+  if (path == AttnPath::kTensorCore && !tc) return cudaErrorInvalidValue;
+  const int rows = path == AttnPath::kTensorCore ? tc_rows : simt_rows(simt_lanes(D));
   const KernelPick k = pick_kernel(path, a.kv.dtype, D, rows);
   if (k.fn == nullptr) return cudaErrorInvalidValue;
   int slots = 0;

@@ -93,6 +93,27 @@ Result<DeviceInfo> device_info(int device) {
   return info;
 }
 
+namespace {
+std::atomic<long long> g_smem_optin_cap{0};
+}  // namespace
+
+long long smem_optin_limit() {
+  static std::array<std::atomic<long long>, kMaxDevices> known{};  // 0 unknown
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
+  long long v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int bytes = 0;
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 0;
+    v = bytes;
+    known[dev].store(v, std::memory_order_relaxed);
+  }
+  const long long cap = g_smem_optin_cap.load(std::memory_order_relaxed);
+  return cap > 0 && cap < v ? cap : v;
+}
+
+void set_smem_optin_cap(long long bytes) { g_smem_optin_cap.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
+
 bool pdl_enabled() {
   static const bool env_off = [] {
     const char* e = std::getenv("DELTASERVE_PDL");
@@ -105,7 +126,10 @@ bool pdl_enabled() {
   int v = known[dev].load(std::memory_order_relaxed);
   if (v == 0) {
     int major = 0;
-    v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 ? 2 : 1;
+    v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
+                device_code_ptx_version() >= 90
+            ? 2
+            : 1;
     known[dev].store(v, std::memory_order_relaxed);
   }
   return v == 2;

@@ -550,6 +550,12 @@ cudaError_t recurrent_norm_q8(const DeltaNetArgs& a, const DeltaNetNormQ8& nq, c
                        v_token_stride(a), nq);
 }
 
+// The dynamic shared memory the chunked form needs: the larger of its two kernels'.
+template <int DK>
+constexpr size_t chunked_smem_bytes() {
+  return sizeof(float) * std::max(PrepSmem<DK>::kFloats, ScanSmem<DK>::kFloats);
+}
+
 template <int DK>
 cudaError_t chunked(const DeltaNetArgs& a, float* scratch, cudaStream_t s) {
   const size_t prep_smem = sizeof(float) * PrepSmem<DK>::kFloats;
@@ -589,8 +595,16 @@ bool delta_net_recurrent_fast(const DeltaNetArgs& a) {
 }
 
 bool delta_net_chunked_ok(const DeltaNetArgs& a) {
-  const bool dk_ok = a.dk == 32 || a.dk == 64 || a.dk == 128;
-  return dk_ok && a.dv % kBV == 0 && a.nv <= kDeltaNetMaxHeads && aligned16(a.q) && aligned16(a.k);
+  size_t smem = 0;  // the larger of the two kernels' staging
+  switch (a.dk) {
+    case 32: smem = chunked_smem_bytes<32>(); break;
+    case 64: smem = chunked_smem_bytes<64>(); break;
+    case 128: smem = chunked_smem_bytes<128>(); break;
+    default: return false;
+  }
+  const long long limit = smem_optin_limit();  // dk 128 needs 110 KB: not on the 99 KB of sm_86 / sm_89
+  return (limit == 0 || smem <= static_cast<size_t>(limit)) && a.dv % kBV == 0 && a.nv <= kDeltaNetMaxHeads &&
+         aligned16(a.q) && aligned16(a.k);
 }
 
 int64_t delta_net_chunked_scratch_bytes(const DeltaNetArgs& a) {

@@ -39,7 +39,8 @@ constexpr int64_t kDeltaNetGenericMaxDk = 6144;     // generic recurrent kernel:
 // The recurrent kernel with the state in registers: dk in {32, 64, 128, 256}, dv % 32 == 0, state,
 // v and out 16-byte aligned, v's strides multiples of 4 elements. Other shapes take the generic recurrent kernel (state in device memory).
 bool delta_net_recurrent_fast(const DeltaNetArgs& a);
-// The chunked kernels: dk in {32, 64, 128}, dv % 32 == 0, q and k 16-byte aligned.
+// The chunked kernels: dk in {32, 64, 128}, dv % 32 == 0, q and k 16-byte aligned, and their shared memory
+// within the device's opt-in limit (smem_optin_limit: dk 128 needs 110 KB, more than sm_86 / sm_89 have).
 bool delta_net_chunked_ok(const DeltaNetArgs& a);
 // Scratch of the chunked form (bytes) for this call: per chunk and v-head of one window, T diag(beta)
 // and the masked decayed scale * Q K^T [64 x 64] and the cumulative log decays [64].

@@ -395,6 +395,12 @@ cudaError_t copy_launch(const void* src, void* dst, const CopyShape& shape, cuda
                        shape);
 }
 
+int device_code_ptx_version() {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(copy_kernel)) != cudaSuccess) return 0;
+  return attr.ptxVersion;
+}
+
 bool norm_q8_fits(int64_t n) { return n > 0 && n % kern::kQ8Block == 0 && n <= kNormPer * 1024; }
 
 cudaError_t norm_launch(const float* x, const RowMap& xmap, const float* w, const float* gate, float* y, int64_t n,

@@ -1,15 +1,32 @@
 // Launch policy of the CUDA kernels launched through launch_kernel (ops/cuda/launch.cuh): programmatic
-// dependent launch, and the kernel filter of the in-graph attribution diagnostic. A plain header, so
-// the CUDA sources, the device runtime and the stand-alone workbenches can all see it.
+// dependent launch, the shared memory a CTA may opt into, and the kernel filter of the in-graph
+// attribution diagnostic. A plain header, so the CUDA sources, the device runtime and the stand-alone
+// workbenches can all see it.
 #pragma once
 
 #include <string>
 
 namespace ds::cuda {
 
-// True on devices of compute capability 9.0 or later (the calling thread's current device), unless the
-// environment sets DELTASERVE_PDL=0 (to measure without it, or to rule it out).
+// True on devices of compute capability 9.0 or later (the calling thread's current device) running
+// device code compiled for compute_90 or later (device_code_ptx_version), unless the environment sets
+// DELTASERVE_PDL=0 (to measure without it, or to rule it out). Kernels compiled for an older target have
+// no dependency wait (launch.cuh), so a later GPU running them (the driver compiling a build's
+// compute_80 PTX) must launch them in plain stream order.
 bool pdl_enabled();
+// The PTX version the device code of this build takes on the current device (cudaFuncAttributes::
+// ptxVersion of one of its kernels: 90 for sm_90 code, 80 where the driver compiled compute_80 PTX);
+// 0 when it cannot be queried.
+int device_code_ptx_version();
+
+// The most dynamic shared memory one CTA may opt into on the calling thread's current device
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 / sm_89,
+// the consumer cards), at most the cap of set_smem_optin_cap; 0 when the device cannot be queried.
+// Kernels whose staging is larger (tensor-core attention at head_dim 256, the chunked DeltaNet) yield to
+// a path that fits.
+long long smem_optin_limit();
+// Caps smem_optin_limit on every device (0: no cap), so tests on a large GPU take the paths of a smaller one.
+void set_smem_optin_cap(long long bytes);
 
 // Diagnostic (`deltaserve bench --skip-kernels / --only-kernels`): from now on launch_kernel does not
 // launch a kernel whose name contains one of the comma-separated substrings of `skip`, nor, when
