@@ -774,13 +774,13 @@ cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int dev
   // The tensor-core kernel where its staging fits the device (head_dim 256 needs ~140 KB: not on the
   // 99 KB of sm_86 / sm_89), else the SIMT kernel.
   const int tc_rows = R <= 16 ? 16 : R <= 32 ? 32 : 64;
+  const KernelPick tc_pick = tc_allowed(a) ? pick_kernel(AttnPath::kTensorCore, a.kv.dtype, D, tc_rows) : KernelPick{};
   const long long smem_limit = smem_optin_limit();
-  const bool tc = tc_allowed(a) && (smem_limit == 0 || pick_kernel(AttnPath::kTensorCore, a.kv.dtype, D, tc_rows).smem <=
-                                                           static_cast<size_t>(smem_limit));
+  const bool tc = tc_pick.fn != nullptr && (smem_limit == 0 || tc_pick.smem <= static_cast<size_t>(smem_limit));
   AttnPath path = force == AttnPath::kAuto ? (tc ? AttnPath::kTensorCore : AttnPath::kSimt) : force;
   if (path == AttnPath::kTensorCore && !tc) return cudaErrorInvalidValue;
   const int rows = path == AttnPath::kTensorCore ? tc_rows : simt_rows(simt_lanes(D));
-  const KernelPick k = pick_kernel(path, a.kv.dtype, D, rows);
+  const KernelPick k = path == AttnPath::kTensorCore ? tc_pick : pick_kernel(path, a.kv.dtype, D, rows);
   if (k.fn == nullptr) return cudaErrorInvalidValue;
   int slots = 0;
   const cudaError_t e = configure(k, device, &slots);

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -97,19 +98,26 @@ namespace {
 std::atomic<long long> g_smem_optin_cap{0};
 }  // namespace
 
-long long smem_optin_limit() {
-  static std::array<std::atomic<long long>, kMaxDevices> known{};  // 0 unknown
+DeviceSmem current_device_smem() {
+  static std::array<DeviceSmem, kMaxDevices> known{};
+  static std::array<std::once_flag, kMaxDevices> once;
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
-  long long v = known[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int bytes = 0;
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 0;
-    v = bytes;
-    known[dev].store(v, std::memory_order_relaxed);
-  }
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return {};
+  std::call_once(once[static_cast<size_t>(dev)], [dev] {
+    int per_sm = 0, reserved = 0, optin = 0;
+    if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {
+      known[static_cast<size_t>(dev)] = DeviceSmem{per_sm, reserved, optin};
+    }
+  });
+  return known[static_cast<size_t>(dev)];
+}
+
+long long smem_optin_limit() {
+  const long long v = current_device_smem().optin_per_cta;
   const long long cap = g_smem_optin_cap.load(std::memory_order_relaxed);
-  return cap > 0 && cap < v ? cap : v;
+  return v > 0 && cap > 0 && cap < v ? cap : v;
 }
 
 void set_smem_optin_cap(long long bytes) { g_smem_optin_cap.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }

@@ -183,7 +183,17 @@ Result<Plan> make_plan(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
 
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-Status check_weights_on(const OpContext& ctx, const MoeBlockWeights& w) {
+// What both entries check about the context, the weights and the block's input `in` [n_embd, n_tokens];
+// the plan of the block.
+Result<Plan> check_block(const OpContext& ctx, const MoeBlockWeights& w, const TensorView& in, int64_t k) {
+  if (ctx.device.kind != DeviceKind::kCuda) {
+    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
+  }
+  DS_ASSIGN_OR_RETURN(Plan p, make_plan(w, in.ne[1], k));
+  if (in.ne[0] != p.n_embd) {
+    return invalid_argument("{}: input {} against down experts {}", kOp, in.shape_string(),
+                            w.experts.down.shape_string());
+  }
   const MoeExperts& ex = w.experts;
   for (const auto& [t, name] : {std::pair{&w.router, "router"},
                                 {&w.shexp_gate, "shexp_gate"},
@@ -195,12 +205,12 @@ Status check_weights_on(const OpContext& ctx, const MoeBlockWeights& w) {
     DS_TRY(ops::check_tensor(kOp, name, ctx, *t, t->dtype));
   }
   if (ex.gate_up.data == nullptr) DS_TRY(ops::check_tensor(kOp, "up", ctx, ex.up, ex.up.dtype));
-  return Status::ok();
+  return p;
 }
 
-// The launches of both entries, after their checks: the block's input is x, or (norm set) the input norm
-// of norm->res and norm->delta; `in` is whichever of x and res gives the shape [n_embd, n_tokens].
-Status run_block(const OpContext& ctx, const TensorView& in, const TensorView* x, const MoeBlockAddNorm* norm,
+// The launches of both entries, after their checks: the block's input is `in`, or with norm the input
+// norm of norm->res (= in) and norm->delta.
+Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNorm* norm,
                  const MoeBlockWeights& w, const Plan& p, int64_t k, const TensorView& ids, const TensorView& weights,
                  const TensorView& y) {
   const int64_t n_tokens = in.ne[1];
@@ -248,7 +258,7 @@ Status run_block(const OpContext& ctx, const TensorView& in, const TensorView* x
                 "{}: input norm of res {}", kOp, in.shape_string());
     r.x = xn;
   } else {
-    r.x = x->as<float>();
+    r.x = in.as<float>();
   }
   r.n_embd = E;
   r.n_tokens = static_cast<int>(T);
@@ -342,37 +352,25 @@ Status moe_block_decode_check(const MoeBlockWeights& w, int64_t n_tokens, int64_
 
 Status moe_block_decode(const OpContext& ctx, const TensorView& x, const MoeBlockWeights& w, int64_t k,
                         const TensorView& ids, const TensorView& weights, const TensorView& y) {
-  if (ctx.device.kind != DeviceKind::kCuda) {
-    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
-  }
+  DS_ASSIGN_OR_RETURN(const Plan p, check_block(ctx, w, x, k));
   DS_TRY(check_moe_io(kOp, ctx, x, ids, weights, y, k));
-  DS_ASSIGN_OR_RETURN(const Plan p, make_plan(w, x.ne[1], k));
-  if (x.ne[0] != p.n_embd) {
-    return invalid_argument("{}: x {} against down experts {}", kOp, x.shape_string(), w.experts.down.shape_string());
-  }
-  DS_TRY(check_weights_on(ctx, w));
   if (x.ne[1] == 0) return Status::ok();
-  return run_block(ctx, x, &x, nullptr, w, p, k, ids, weights, y);
+  return run_block(ctx, x, nullptr, w, p, k, ids, weights, y);
 }
 
 Status moe_block_decode_add_norm(const OpContext& ctx, const MoeBlockAddNorm& in, const MoeBlockWeights& w, int64_t k,
                                  const TensorView& ids, const TensorView& weights, const TensorView& y) {
-  if (ctx.device.kind != DeviceKind::kCuda) {
-    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
-  }
+  DS_ASSIGN_OR_RETURN(const Plan p, check_block(ctx, w, in.res, k));
   DS_TRY(check_moe_io(kOp, ctx, in.res, ids, weights, y, k));  // y must not alias res
   DS_TRY(ops::check_contig(kOp, "delta", ctx, in.delta, DType::F32));
   DS_TRY(ops::check_same_shape(kOp, "res", in.res, "delta", in.delta));
   if (in.delta.data == in.res.data && in.res.ne[1] > 0) return invalid_argument("{}: delta must not alias res", kOp);
   DS_TRY(ops::check_contig(kOp, "norm_w", ctx, in.norm_w, DType::F32));
-  DS_ASSIGN_OR_RETURN(const Plan p, make_plan(w, in.res.ne[1], k));
-  if (in.res.ne[0] != p.n_embd || in.norm_w.n_elements() != p.n_embd) {
-    return invalid_argument("{}: res {} and norm_w {} against down experts {}", kOp, in.res.shape_string(),
-                            in.norm_w.shape_string(), w.experts.down.shape_string());
+  if (in.norm_w.n_elements() != p.n_embd) {
+    return invalid_argument("{}: norm_w {} against n_embd {}", kOp, in.norm_w.shape_string(), p.n_embd);
   }
-  DS_TRY(check_weights_on(ctx, w));
   if (in.res.ne[1] == 0) return Status::ok();
-  return run_block(ctx, in.res, nullptr, &in, w, p, k, ids, weights, y);
+  return run_block(ctx, in.res, &in, w, p, k, ids, weights, y);
 }
 
 }  // namespace ds::cuda

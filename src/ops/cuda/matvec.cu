@@ -6,10 +6,6 @@
 // columns (predicated), which bounds the instantiations per type and keeps CI compile time small; v5
 // is instantiated in one configuration per type (rows per warp, prefetch depth) and takes its split
 // and grid at run time.
-#include <array>
-#include <atomic>
-#include <utility>
-
 #include "ops/cuda/matvec_kernels.cuh"
 #include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/matvec_q8.cuh"
@@ -47,33 +43,13 @@ cudaError_t launch_v5(const kern::MatvecQ8Args& a, MatvecQ8Version v, cudaStream
 // was unchanged (docs/perf-gpu.md). Unused dynamic shared memory sets the cap.
 constexpr int kQ8v4OneTokenCtasPerSm = 4;
 
-// The current device's shared memory per SM and reserved per CTA, in bytes ({0, 0} when unknown):
-// queried once per device, since every one-token v4 launch sizes its pad from them.
-std::pair<int64_t, int64_t> current_device_smem() {
-  constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int64_t>, kMaxDevices> known{};  // per SM << 32 | reserved; 0 unknown
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return {0, 0};
-  int64_t v = known[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int sm_bytes = 0, reserved = 0;
-    if (cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
-      return {0, 0};
-    }
-    v = static_cast<int64_t>(sm_bytes) << 32 | static_cast<uint32_t>(reserved);
-    known[dev].store(v, std::memory_order_relaxed);
-  }
-  return {v >> 32, v & 0xFFFFFFFF};
-}
-
 // The dynamic shared memory of a one-token v4 launch on the current device (occupancy_cap_pad over the
 // kernel's static shared memory, its rings); 0 when the device is unknown.
 template <DType T>
 size_t q8v4_one_token_pad() {
   constexpr int64_t kStatic = kern::q8_ring_bytes(T, kern::kQ8Rows, kern::Q8Smem<T, kern::kQ8Rows>::kStages);
-  const auto [sm_bytes, reserved] = current_device_smem();
-  const int64_t pad = kern::occupancy_cap_pad(kStatic, sm_bytes, reserved, kQ8v4OneTokenCtasPerSm);
+  const DeviceSmem smem = current_device_smem();  // queried once per device
+  const int64_t pad = kern::occupancy_cap_pad(kStatic, smem.per_sm, smem.reserved_per_cta, kQ8v4OneTokenCtasPerSm);
   // Past the static limit a kernel needs an opt-in attribute; no q8 ring is that large at 4 CTAs per SM.
   return kStatic + pad <= kern::kQ8StaticSmem ? static_cast<size_t>(pad) : 0;
 }

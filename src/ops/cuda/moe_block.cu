@@ -231,14 +231,16 @@ __device__ void route_token(const MoeRouteFusedLaunch& a, int t, void* smem) {
 
 // The dynamic shared memory: the last CTA's routing (kern::route_block_smem_bytes), then with the input
 // norm the staged x of every token.
-size_t route_xs_offset(int n_expert) { return (kern::route_block_smem_bytes(n_expert) + 15) / 16 * 16; }
+__host__ __device__ constexpr size_t route_xs_offset(int n_expert) {
+  return (kern::route_block_smem_bytes(n_expert) + 15) / 16 * 16;
+}
 size_t route_fused_smem(int n_expert, int64_t n_embd, int n_tokens, bool norm) {
   return route_xs_offset(n_expert) + (norm ? sizeof(float) * static_cast<size_t>(n_embd) * n_tokens : 0);
 }
 
 // kNorm: x is the input norm of res and delta (MoeRouteFusedLaunch), staged by every CTA in shared memory.
 template <bool kNorm>
-__global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4, unsigned xs_offset) {
+__global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
   extern __shared__ __align__(16) double route_smem[];
   __shared__ unsigned int is_last;
   __shared__ float norm_part[1024 / 32];
@@ -259,9 +261,12 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
   }
   kern::dependency_sync();
 
-  float* xs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(route_smem) + xs_offset);
-  if constexpr (kNorm) stage_norm_input(a, xs, norm_part);
-  const float* x = kNorm ? xs : a.x;
+  const float* x = a.x;
+  if constexpr (kNorm) {
+    float* xs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(route_smem) + route_xs_offset(a.n_expert));
+    stage_norm_input(a, xs, norm_part);
+    x = xs;
+  }
   quantize_x<kNorm>(a, x, vec4);
   if (row <= a.n_expert) router_row<kNorm>(a, x, row, vec4);
 
@@ -416,9 +421,8 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
                     a16(a.shexp_gate);
   const unsigned grid = static_cast<unsigned>((a.n_expert + 1 + kRouteWarps - 1) / kRouteWarps);
   const size_t smem = route_fused_smem(a.n_expert, a.n_embd, a.n_tokens, norm);
-  const auto xs_offset = static_cast<unsigned>(route_xs_offset(a.n_expert));
-  return norm ? launch_kernel(moe_route_fused<true>, grid, kRouteThreads, smem, stream, a, vec4, xs_offset)
-              : launch_kernel(moe_route_fused<false>, grid, kRouteThreads, smem, stream, a, vec4, xs_offset);
+  return norm ? launch_kernel(moe_route_fused<true>, grid, kRouteThreads, smem, stream, a, vec4)
+              : launch_kernel(moe_route_fused<false>, grid, kRouteThreads, smem, stream, a, vec4);
 }
 
 cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,

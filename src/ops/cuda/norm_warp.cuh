@@ -10,15 +10,15 @@
 
 namespace ds::cuda::kern {
 
-constexpr int kWarpRowPer = 8;
-constexpr int kNormPer = 8;  // elements a thread of norm_kernel holds
+constexpr int kNormPer = 8;                // elements a thread of norm_kernel holds
+constexpr int kWarpRowPer = kNormPer;      // so one warp holds rows of up to 32 * 8, as norm_kernel's one warp
 
 // norm_kernel's CTA for a row of n: a multiple of 32 threads covering n in kNormPer elements each, 32 .. 1024.
 __host__ __device__ constexpr int norm_threads(long long n) {
   const long long t = (n + kNormPer - 1) / kNormPer;
   const long long w = (t + 31) / 32 * 32;
   return static_cast<int>(w < 32 ? 32 : w > 1024 ? 1024 : w);
-}  // elements a lane holds: rows of up to 32 * 8
+}
 
 // 1 / sqrt(mean(v^2) + eps) over the warp's row of n elements; every lane gets it.
 __device__ __forceinline__ float warp_row_rms_inv(const float (&v)[kWarpRowPer], int n, float eps) {

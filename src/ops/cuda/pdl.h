@@ -19,11 +19,18 @@ bool pdl_enabled();
 // 0 when it cannot be queried.
 int device_code_ptx_version();
 
-// The most dynamic shared memory one CTA may opt into on the calling thread's current device
-// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 / sm_89,
-// the consumer cards), at most the cap of set_smem_optin_cap; 0 when the device cannot be queried.
-// Kernels whose staging is larger (tensor-core attention at head_dim 256, the chunked DeltaNet) yield to
-// a path that fits.
+// The shared memory of the calling thread's current device, in bytes, queried once per device (every
+// one-token product launch sizes its occupancy pad from it); zeros when the device cannot be queried.
+struct DeviceSmem {
+  long long per_sm = 0;            // cudaDevAttrMaxSharedMemoryPerMultiprocessor
+  long long reserved_per_cta = 0;  // cudaDevAttrReservedSharedMemoryPerBlock
+  long long optin_per_cta = 0;     // cudaDevAttrMaxSharedMemoryPerBlockOptin
+};
+DeviceSmem current_device_smem();
+// The most dynamic shared memory one CTA may opt into on the current device (optin_per_cta: 227 KB on
+// sm_90, 163 KB on sm_80, 99 KB on sm_86 / sm_89, the consumer cards), at most the cap of
+// set_smem_optin_cap; 0 when the device cannot be queried. Kernels whose staging is larger (tensor-core
+// attention at head_dim 256, the chunked DeltaNet) yield to a path that fits.
 long long smem_optin_limit();
 // Caps smem_optin_limit on every device (0: no cap), so tests on a large GPU take the paths of a smaller one.
 void set_smem_optin_cap(long long bytes);
