@@ -5,8 +5,9 @@
 // (L2-normalized q/k, log decays in [-5, 0) with values near 0 and near -5, beta in (0, 1)). Outputs
 // start as NaN, so an unwritten element fails. Mismatches print the first offending element with its
 // coordinates and values and the max error. Also delta_net_gated_q8 (the recurrence and the gated output
-// norm with int8 activations in one kernel) against the two ops it fuses, bit for bit. Skipped without a
-// CUDA build or device.
+// norm with int8 activations in one kernel) against the two ops it fuses, and delta_net_step_q8 (the
+// prologue too) against delta_net_prep and delta_net_gated_q8, bit for bit. Skipped without a CUDA build
+// or device.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -368,6 +370,133 @@ TEST_F(CudaDeltaNetTest, GatedQ8MatchesTheChain) {
   const Status s = cuda::delta_net_gated_q8(ctx_, up(big.q), up(big.k), up(big.v), up(big.g), up(big.beta), dst, dout,
                                             up(w), up(o), 1e-6f, up(y), up(act));
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+}
+
+// delta_net_step_q8 gives the bits of delta_net_prep followed by delta_net_gated_q8 in every output (conv,
+// q, k, g, beta, the carried conv inputs, out, state, y, q8), for clusters of 1 to 8 v-heads per q/k head
+// and conv kernels of 2 to 4. Outputs start as NaN in both runs, so an element neither writes shows.
+TEST_F(CudaDeltaNetTest, StepQ8MatchesTheChain) {
+  if (!cuda::cluster_launch_enabled()) GTEST_SKIP() << "no thread-block clusters on this device";
+  struct StepShape {
+    int64_t nk, nv, dk, dv, kernel;
+  };
+  const float eps = 1e-6f;
+  for (const StepShape& c : {StepShape{16, 32, 128, 128, 4}, StepShape{16, 48, 128, 128, 4},
+                             StepShape{2, 4, 32, 32, 4}, StepShape{2, 6, 64, 64, 2}, StepShape{4, 4, 64, 64, 4},
+                             StepShape{1, 8, 32, 32, 3}, StepShape{2, 2, 128, 96, 4}}) {
+    SCOPED_TRACE(fmt::format("nk {} nv {} dk {} dv {} kernel {}", c.nk, c.nv, c.dk, c.dv, c.kernel));
+    const int64_t n_ch = 2 * c.nk * c.dk + c.nv * c.dv;
+    Host mixed({n_ch, 1}), conv_w({c.kernel, n_ch}), conv_state({n_ch, c.kernel - 1}), alpha({c.nv, 1}),
+        b({c.nv, 1}), dt_bias({c.nv}), ssm_a({c.nv}), state({c.dv, c.dk, c.nv}), w({c.dv}), z({c.dv, c.nv, 1});
+    mixed.random(rng_, -2.0f, 2.0f);
+    conv_w.random(rng_, -0.6f, 0.6f);
+    conv_state.random(rng_, -2.0f, 2.0f);
+    alpha.random(rng_, -3.0f, 3.0f);
+    b.random(rng_, -3.0f, 3.0f);
+    dt_bias.random(rng_, -1.0f, 1.0f);
+    ssm_a.random(rng_, -2.0f, -0.1f);
+    state.random(rng_, -0.5f, 0.5f);
+    w.random(rng_, 0.5f, 1.5f);
+    z.random(rng_, -3.0f, 3.0f);
+    const int64_t rows = c.nv, act_bytes = cuda::norm_q8_act_bytes(c.dv, rows);
+    Host act_host({(act_bytes + 3) / 4});
+    std::memset(act_host.v.data(), 0x5A, 4 * act_host.v.size());
+
+    struct Outs {
+      DeltaNetPrep p;
+      TensorView state, out, y, act;
+    };
+    const auto make = [&] {
+      Outs o;
+      o.p.mixed = up(mixed);
+      o.p.conv_w = up(conv_w);
+      o.p.alpha = up(alpha);
+      o.p.b = up(b);
+      o.p.dt_bias = up(dt_bias);
+      o.p.ssm_a = up(ssm_a);
+      o.p.conv_state = up(conv_state);
+      o.p.eps = eps;
+      o.p.conv = up(Host({n_ch, 1}));
+      o.p.q = up(Host({c.dk, c.nk, 1}));
+      o.p.k = up(Host({c.dk, c.nk, 1}));
+      o.p.g = up(Host({c.nv, 1}));
+      o.p.beta = up(Host({c.nv, 1}));
+      o.state = up(state);
+      o.out = up(Host({c.dv, c.nv, 1}));
+      o.y = up(Host({c.dv, c.nv, 1}));
+      o.act = up(act_host);
+      return o;
+    };
+    const TensorView dw = up(w), dz = up(z);
+
+    const Outs chain = make();
+    ASSERT_TRUE(delta_net_prep(ctx_, chain.p).is_ok());
+    const TensorView v = delta_net_conv_heads(chain.p.conv, 2 * c.nk * c.dk, c.dv, c.nv);
+    const Status s1 = cuda::delta_net_gated_q8(ctx_, chain.p.q, chain.p.k, v, chain.p.g, chain.p.beta, chain.state,
+                                               chain.out, dw, dz, eps, chain.y, chain.act);
+    ASSERT_TRUE(s1.is_ok()) << s1.to_string();
+
+    const Outs step = make();
+    ASSERT_TRUE(cuda::delta_net_step_q8_applies(step.p, step.state, step.out));
+    const Status s2 = cuda::delta_net_step_q8(ctx_, step.p, step.state, step.out, dw, dz, eps, step.y, step.act);
+    ASSERT_TRUE(s2.is_ok()) << s2.to_string();
+
+    const auto bits_equal = [&](const TensorView& x, const TensorView& y, const char* what) {
+      const std::vector<float> a = down(x), e = down(y);
+      EXPECT_EQ(0, std::memcmp(a.data(), e.data(), 4 * a.size())) << what;
+      if (std::string_view(what) != "q8 activations") {
+        EXPECT_TRUE(std::all_of(e.begin(), e.end(), [](float f) { return std::isfinite(f); })) << what << " written";
+      }
+    };
+    bits_equal(chain.p.conv, step.p.conv, "conv");
+    bits_equal(chain.p.q, step.p.q, "q");
+    bits_equal(chain.p.k, step.p.k, "k");
+    bits_equal(chain.p.g, step.p.g, "g");
+    bits_equal(chain.p.beta, step.p.beta, "beta");
+    bits_equal(chain.p.conv_state, step.p.conv_state, "conv state");
+    bits_equal(chain.out, step.out, "out");
+    bits_equal(chain.state, step.state, "state");
+    bits_equal(chain.y, step.y, "y");
+    bits_equal(chain.act, step.act, "q8 activations");
+    const std::vector<float> st_got = down(step.p.conv_state);
+    if (c.kernel > 1) {
+      EXPECT_NE(st_got, conv_state.v) << "conv state not updated";
+    }
+    bufs_.clear();
+  }
+}
+
+// Shapes the step kernel does not take are refused with a clear status, not run.
+TEST_F(CudaDeltaNetTest, StepQ8RefusesOtherShapes) {
+  const int64_t nk = 1, dk = 32, dv = 32, kernel = 4;
+  for (const int64_t nv : {int64_t{9}, int64_t{2}}) {  // a cluster of 9 v-heads; then two tokens
+    const int64_t n = nv == 9 ? 1 : 2, n_ch = 2 * nk * dk + nv * dv;
+    DeltaNetPrep p;
+    p.mixed = up(Host({n_ch, n}));
+    p.conv_w = up(Host({kernel, n_ch}));
+    p.alpha = up(Host({nv, n}));
+    p.b = up(Host({nv, n}));
+    p.dt_bias = up(Host({nv}));
+    p.ssm_a = up(Host({nv}));
+    p.conv_state = up(Host({n_ch, kernel - 1}));
+    p.conv = up(Host({n_ch, n}));
+    p.q = up(Host({dk, nk, n}));
+    p.k = up(Host({dk, nk, n}));
+    p.g = up(Host({nv, n}));
+    p.beta = up(Host({nv, n}));
+    const TensorView st = up(Host({dv, dk, nv})), out = up(Host({dv, nv, n})), y = up(Host({dv, nv, n})),
+                     z = up(Host({dv, nv, n})), w = up(Host({dv}));
+    const TensorView act = up(Host({(cuda::norm_q8_act_bytes(dv, nv * n) + 3) / 4}));
+    EXPECT_FALSE(cuda::delta_net_step_q8_applies(p, st, out));
+    const Status s = cuda::delta_net_step_q8(ctx_, p, st, out, w, z, 1e-6f, y, act);
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+    // out's heads do not cover the v channels: an argument error.
+    TensorView short_out = out;
+    short_out.ne[1] = nv - 1;
+    const Status s2 = cuda::delta_net_step_q8(ctx_, p, st, short_out, w, z, 1e-6f, y, act);
+    EXPECT_EQ(s2.code(), StatusCode::kInvalidArgument) << s2.to_string();
+    bufs_.clear();
+  }
 }
 
 #endif  // DS_HAVE_CUDA

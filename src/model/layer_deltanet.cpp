@@ -1,7 +1,8 @@
 // Gated DeltaNet layer forward (model spec section 4): projections, gates, causal conv with carried
 // state, SiLU, q/k L2 norm (those four as one op, delta_net_prep), the delta rule on the SSM state,
 // gated RMSNorm, output projection (on CUDA for one token the delta rule and the gated norm are one
-// kernel, delta_net_gated_q8, where the shapes allow).
+// kernel, delta_net_gated_q8, where the shapes allow, and with the prologue as well on GPUs with
+// thread-block clusters, delta_net_step_q8).
 // Non-obvious choice: q, k and v are never copied out of the conv output: the L2 norms read q and k
 // as strided views of its rows (writing contiguous q, k) and the delta rule reads v in place.
 #include "model/model_internal.h"
@@ -32,7 +33,8 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
     DS_TRY(layer_matmul_many(call, ws, x_norm, ys));
   }
 
-  // One op (one kernel for a decode step on CUDA), [n, nv] / [n, conv_dim] / [n, nk, dk]:
+  // One op (on CUDA for a decode step one kernel, or the front of the step kernel below), [n, nv] /
+  // [n, conv_dim] / [n, nk, dk]:
   //   beta = sigmoid(b);  g = ssm_a * softplus(a + dt_bias)
   //   conv = silu(causal_conv(mixed)) with the layer's conv state
   //   conv = [q (nk*dk) ; k (nk*dk) ; v (nv*dv)] per token; q, k L2-normalized per head.
@@ -41,27 +43,26 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
   DS_ASSIGN_OR_RETURN(TensorView conv, S.f32({conv_dim, n}));
   DS_ASSIGN_OR_RETURN(TensorView q, S.f32({dk, nk, n}));
   DS_ASSIGN_OR_RETURN(TensorView k, S.f32({dk, nk, n}));
-  {
-    DeltaNetPrep p;
-    p.mixed = mixed;
-    p.conv_w = w.conv1d;
-    p.alpha = a;
-    p.b = b;
-    p.dt_bias = w.dt_bias;
-    p.ssm_a = w.ssm_a;
-    p.conv_state = call.state.conv_state(call.il);
-    p.eps = c.rms_eps;
-    p.conv = conv;
-    p.q = q;
-    p.k = k;
-    p.g = g;
-    p.beta = beta;
-    DS_TRY(delta_net_prep(ctx, p));
-  }
-  call.dump("deltanet.beta", beta);
-  call.dump("deltanet.g", g);
-  call.dump("deltanet.conv", conv);
+  DeltaNetPrep p;
+  p.mixed = mixed;
+  p.conv_w = w.conv1d;
+  p.alpha = a;
+  p.b = b;
+  p.dt_bias = w.dt_bias;
+  p.ssm_a = w.ssm_a;
+  p.conv_state = call.state.conv_state(call.il);
+  p.eps = c.rms_eps;
+  p.conv = conv;
+  p.q = q;
+  p.k = k;
+  p.g = g;
+  p.beta = beta;
   const TensorView v = delta_net_conv_heads(conv, 2 * key_dim, dv, nv);
+  const auto dump_prep = [&] {
+    call.dump("deltanet.beta", beta);
+    call.dump("deltanet.g", g);
+    call.dump("deltanet.conv", conv);
+  };
 
   // Delta rule on the SSM state; o [n, nv, dv].
   DS_ASSIGN_OR_RETURN(TensorView o, S.f32({dv, nv, n}));
@@ -70,15 +71,24 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
   // y = RMSNorm(o; ssm_norm) * silu(z), per v-head over dv; then ssm_out.
 #if DS_HAVE_CUDA
   // With the block's input in int8 form (CUDA, one token) the output norm writes y's int8 activations
-  // for ssm_out as well, inside the delta-rule kernel where the shapes allow.
+  // for ssm_out as well, inside the delta-rule kernel where the shapes allow, and on GPUs with
+  // thread-block clusters the prologue runs in that kernel too (delta_net_step_q8).
   if (call.x_q8.data != nullptr && cuda::norm_q8_applies(dv)) {
     DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(dv, nv * n) + 3) / 4}));
     DS_ASSIGN_OR_RETURN(TensorView y, S.f32({dv, nv, n}));
     const TensorView z3 = reshape(z, {dv, nv, n});
-    if (cuda::delta_net_gated_q8_applies(q, v, ssm_state, o)) {
+    if (cuda::delta_net_step_q8_applies(p, ssm_state, o)) {
+      DS_TRY(cuda::delta_net_step_q8(ctx, p, ssm_state, o, w.norm, z3, c.rms_eps, y, o_q8));
+      dump_prep();
+      call.dump("deltanet.o", o);
+    } else if (cuda::delta_net_gated_q8_applies(q, v, ssm_state, o)) {
+      DS_TRY(delta_net_prep(ctx, p));
+      dump_prep();
       DS_TRY(cuda::delta_net_gated_q8(ctx, q, k, v, g, beta, ssm_state, o, w.norm, z3, c.rms_eps, y, o_q8));
       call.dump("deltanet.o", o);
     } else {
+      DS_TRY(delta_net_prep(ctx, p));
+      dump_prep();
       DS_TRY(delta_net(ctx, q, k, v, g, beta, ssm_state, o));
       call.dump("deltanet.o", o);
       DS_TRY(cuda::rms_norm_gated_q8(ctx, o, w.norm, z3, c.rms_eps, y, o_q8));
@@ -87,6 +97,8 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
     return cuda::matmul_q8(ctx, w.wout, reshape(y, {c.value_dim(), n}), o_q8, out);
   }
 #endif
+  DS_TRY(delta_net_prep(ctx, p));
+  dump_prep();
   DS_TRY(delta_net(ctx, q, k, v, g, beta, ssm_state, o));
   call.dump("deltanet.o", o);
   DS_TRY(rms_norm_gated(ctx, o, w.norm, reshape(z, {dv, nv, n}), c.rms_eps, o));

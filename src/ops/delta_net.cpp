@@ -113,7 +113,7 @@ TensorView delta_net_conv_heads(const TensorView& t, int64_t c0, int64_t head_di
   return row_heads(t, c0, head_dim, n_head, head_dim);
 }
 
-Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
+Status delta_net_prep_check(const OpContext& ctx, const DeltaNetPrep& p) {
   const char* op = "delta_net_prep";
   const std::pair<const char*, const TensorView*> inputs[] = {
       {"mixed", &p.mixed}, {"conv_w", &p.conv_w}, {"alpha", &p.alpha},   {"b", &p.b},
@@ -164,7 +164,13 @@ Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
       }
     }
   }
-  if (n_tokens == 0) return Status::ok();
+  return Status::ok();
+}
+
+Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
+  DS_TRY(delta_net_prep_check(ctx, p));
+  const int64_t dk = p.q.ne[0], nk = p.q.ne[1];
+  if (p.mixed.ne[1] == 0) return Status::ok();
   DS_CUDA_DISPATCH(delta_net_prep, ctx, p);
   DS_TRY(delta_net_gates(ctx, p.alpha, p.b, p.dt_bias, p.ssm_a, p.g, p.beta));
   DS_TRY(conv1d_causal_silu(ctx, p.mixed, p.conv_w, p.conv_state, p.conv));

@@ -57,6 +57,8 @@ struct DeltaNetPrep {
   TensorView conv, q, k, g, beta;
 };
 Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p);
+// delta_net_prep's argument checks alone (for fused forms that run it inside another kernel).
+Status delta_net_prep_check(const OpContext& ctx, const DeltaNetPrep& p);
 
 // Heads [n, n_head, head_dim] starting at column c0 of every row of the contiguous [n, row] F32 tensor
 // t: a strided view (rows of head_dim contiguous, heads back to back, tokens at t's row stride), e.g.

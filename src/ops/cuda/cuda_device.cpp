@@ -122,13 +122,8 @@ long long smem_optin_limit() {
 
 void set_smem_optin_cap(long long bytes) { g_smem_optin_cap.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
 
-bool pdl_enabled() {
-  static const bool env_off = [] {
-    const char* e = std::getenv("DELTASERVE_PDL");
-    return e != nullptr && std::string_view(e) == "0";
-  }();
-  static std::array<std::atomic<int>, kMaxDevices> known{};  // 0 unknown, 1 off, 2 on
-  if (env_off) return false;
+bool cluster_launch_enabled() {
+  static std::array<std::atomic<int>, kMaxDevices> known{};  // 0 unknown, 1 no, 2 yes
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
   int v = known[dev].load(std::memory_order_relaxed);
@@ -141,6 +136,15 @@ bool pdl_enabled() {
     known[dev].store(v, std::memory_order_relaxed);
   }
   return v == 2;
+}
+
+bool pdl_enabled() {
+  static const bool env_off = [] {
+    const char* e = std::getenv("DELTASERVE_PDL");
+    return e != nullptr && std::string_view(e) == "0";
+  }();
+  // PDL needs what clusters need: an sm_90 device and device code that waits (launch.cuh).
+  return !env_off && cluster_launch_enabled();
 }
 
 namespace {

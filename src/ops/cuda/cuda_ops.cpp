@@ -103,6 +103,17 @@ DeltaNetArgs dn_args(const TensorView& q, const TensorView& k, const TensorView&
                       q.ne[1], v.ne[0], v.ne[1], q.ne[2], v.nb[1] / 4, v.nb[2] / 4};
 }
 
+// The v heads the step reads: the conv channels after q and k.
+TensorView step_v(const DeltaNetPrep& p, const TensorView& out) {
+  return delta_net_conv_heads(p.conv, 2 * p.q.ne[0] * p.q.ne[1], out.ne[0], out.ne[1]);
+}
+DeltaNetPrepArgs prep_args(const DeltaNetPrep& p) {
+  return DeltaNetPrepArgs{f32(p.mixed), f32(p.conv_w), f32(p.conv_state), f32(p.conv), f32(p.q), f32(p.k),
+                          f32(p.alpha), f32(p.b), f32(p.dt_bias), f32(p.ssm_a), f32(p.g), f32(p.beta),
+                          p.mixed.ne[0], p.q.ne[0], p.q.ne[1], p.alpha.ne[0], static_cast<int>(p.conv_w.ne[0]),
+                          p.eps};
+}
+
 }  // namespace
 
 Status matmul(const OpContext& ctx, const TensorView& w, const TensorView& x, const TensorView& y) {
@@ -224,6 +235,52 @@ Status delta_net_gated_q8(const OpContext& ctx, const TensorView& q, const Tenso
   return Status::ok();
 }
 
+bool delta_net_step_q8_applies(const DeltaNetPrep& p, const TensorView& state, const TensorView& out) {
+  const int64_t dv = out.ne[0], nv = out.ne[1];
+  if (p.mixed.ne[1] != 1 || p.mixed.ne[0] != 2 * p.q.ne[0] * p.q.ne[1] + nv * dv || p.q.ne[1] <= 0) return false;
+  const TensorView v = step_v(p, out);
+  return delta_net_gated_q8_applies(p.q, v, state, out) &&
+         delta_net_step_q8_fits(prep_args(p), dn_args(p.q, p.k, v, p.g, p.beta, state, out));
+}
+
+Status delta_net_step_q8(const OpContext& ctx, const DeltaNetPrep& p, const TensorView& state, const TensorView& out,
+                         const TensorView& w, const TensorView& z, float eps, const TensorView& y,
+                         const TensorView& act) {
+  constexpr const char* op = "delta_net_step_q8";
+  DS_TRY(device_status(ctx.device.index));
+  DS_TRY(delta_net_prep_check(ctx, p).with_context(op));
+  if (out.ne[0] < 1 || out.ne[1] < 1 || 2 * p.q.ne[0] * p.q.ne[1] + out.ne[1] * out.ne[0] != p.mixed.ne[0]) {
+    return invalid_argument("{}: out {} and q {} do not split the {} conv channels into q, k and v", op,
+                            out.shape_string(), p.q.shape_string(), p.mixed.ne[0]);
+  }
+  const TensorView v = step_v(p, out);
+  DS_TRY(delta_net_check(ctx, p.q, p.k, v, p.g, p.beta, state, out).with_context(op));
+  DS_TRY(rms_norm_gated_check(ctx, out, w, z, y).with_context(op));
+  DS_TRY(check_device_memory(op, {&p.mixed, &p.conv_w, &p.alpha, &p.b, &p.dt_bias, &p.ssm_a, &p.conv_state, &p.conv,
+                                  &p.q, &p.k, &p.g, &p.beta, &state, &out, &w, &z, &y, &act}));
+  if (!delta_net_step_q8_applies(p, state, out)) {
+    return unsupported("{}: mixed {} q {} out {}: not a shape of the fused kernel on this device", op,
+                       p.mixed.shape_string(), p.q.shape_string(), out.shape_string());
+  }
+  const int64_t dv = out.ne[0], rows = out.n_rows();
+  if (!y.is_contiguous() || y.data == out.data) {
+    return invalid_argument("{}: y {} must be contiguous and apart from out", op, y.shape_string());
+  }
+  DS_TRY(check_q8_act(op, act, dv, rows));
+  DeviceGuard guard(ctx.device.index);
+  DeltaNetNormQ8 nq;
+  nq.w = f32(w);
+  nq.z = f32(z);
+  nq.eps = eps;
+  nq.y = f32(y);
+  nq.q8 = static_cast<int8_t*>(act.data);
+  nq.q8_ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(act.data) + kern::q8_ds_offset(dv, rows));
+  DS_CUDA_TRY(delta_net_step_q8_launch(prep_args(p), dn_args(p.q, p.k, v, p.g, p.beta, state, out), nq,
+                                       stream_of(ctx)),
+              "{} mixed {} q {} state {}", op, p.mixed.shape_string(), p.q.shape_string(), state.shape_string());
+  return Status::ok();
+}
+
 Status matmul_many_q8(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
                       const TensorView& act, std::span<const TensorView> ys) {
   DS_TRY(check_device_memory("matmul_many_q8", {&x, &act}));
@@ -327,10 +384,7 @@ Status delta_net_prep(const OpContext& ctx, const DeltaNetPrep& p) {
     DS_TRY(check_device_memory("delta_net_prep", {&p.mixed, &p.conv_w, &p.alpha, &p.b, &p.dt_bias, &p.ssm_a,
                                                   &p.conv_state, &p.conv, &p.q, &p.k, &p.g, &p.beta}));
     DeviceGuard guard(ctx.device.index);
-    const DeltaNetPrepArgs a{f32(p.mixed), f32(p.conv_w), f32(p.conv_state), f32(p.conv), f32(p.q), f32(p.k),
-                             f32(p.alpha), f32(p.b), f32(p.dt_bias), f32(p.ssm_a), f32(p.g), f32(p.beta),
-                             n_ch, dk, nk, nv, static_cast<int>(kernel), p.eps};
-    DS_CUDA_TRY(delta_net_prep_launch(a, stream_of(ctx)), "delta_net_prep mixed {} conv_w {} q {} alpha {}",
+    DS_CUDA_TRY(delta_net_prep_launch(prep_args(p), stream_of(ctx)), "delta_net_prep mixed {} conv_w {} q {} alpha {}",
                 p.mixed.shape_string(), p.conv_w.shape_string(), p.q.shape_string(), p.alpha.shape_string());
     return Status::ok();
   }

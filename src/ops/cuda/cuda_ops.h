@@ -131,6 +131,16 @@ Status delta_net_gated_q8(const OpContext& ctx, const TensorView& q, const Tenso
                           const TensorView& g, const TensorView& beta, const TensorView& state, const TensorView& out,
                           const TensorView& w, const TensorView& z, float eps, const TensorView& y,
                           const TensorView& act);
+// delta_net_prep (p, one token) then delta_net_gated_q8 (q, k, g, beta from p; v the v channels of p.conv,
+// delta_net_conv_heads(p.conv, 2 nk dk, dv, nv)) in one kernel, with the bits of the two ops in every
+// output, where delta_net_step_q8_applies (one token, delta_net_gated_q8's shapes, conv channels exactly
+// q, k and v, nv / nk <= 8, a GPU with thread-block clusters). It reads the SSM state and p.conv_state
+// before the previous kernel on the stream completes: that kernel must not write them (the model runs
+// it right after the layer's input products).
+bool delta_net_step_q8_applies(const DeltaNetPrep& p, const TensorView& state, const TensorView& out);
+Status delta_net_step_q8(const OpContext& ctx, const DeltaNetPrep& p, const TensorView& state, const TensorView& out,
+                         const TensorView& w, const TensorView& z, float eps, const TensorView& y,
+                         const TensorView& act);
 // matmul_many / matmul whose int8-activation products read `act`, the q8 activations of x written by
 // one of the norms above (the caller guarantees they are x's: same values, same k and token count);
 // products the q8 kernel does not take read x.

@@ -30,6 +30,7 @@
 
 #include "ops/cuda/activation.cuh"
 #include "ops/cuda/delta_net_launch.h"
+#include "ops/cuda/delta_net_prep.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/norm_warp.cuh"
@@ -405,41 +406,143 @@ __device__ void gated_norm_q8_row(const float* o, const DeltaNetNormQ8& nq, int 
   }
 }
 
+// The prologue of a one-token step (kStepQ8 below) for thread `tid` of a CTA of at least 2 DK + dv
+// threads: threads [0, DK) are the channels of q head hk, [DK, 2 DK) those of k head hk, the next dv
+// those of v head h; the rest idle. Split in the loads that precede the dependency wait (the taps and
+// the carried inputs: no kernel before the step writes them) and the arithmetic after it.
+struct StepChannel {
+  int64_t c = -1;  // conv channel, -1 for an idle thread
+  float taps[kConvMaxKernel], win[kConvMaxKernel];
+};
+template <int DK>
+__device__ __forceinline__ StepChannel step_channel_load(const DeltaNetPrepArgs& p, int tid, int hk, int h, int dv) {
+  StepChannel ch;
+  if (tid < 2 * DK) ch.c = (tid < DK ? 0 : p.nk * DK) + static_cast<int64_t>(hk) * DK + tid % DK;
+  else if (tid < 2 * DK + dv) ch.c = 2 * p.nk * DK + static_cast<int64_t>(h) * dv + (tid - 2 * DK);
+#pragma unroll
+  for (int i = 0; i < kConvMaxKernel; ++i) {
+    ch.taps[i] = ch.c >= 0 && i < p.kernel ? p.conv_w[ch.c * p.kernel + i] : 0.0f;
+    ch.win[i] = ch.c >= 0 && i < p.kernel - 1 ? p.conv_state[i * p.n_ch + ch.c] : 0.0f;
+  }
+  return ch;
+}
+// The carried inputs after this token: the last kernel - 1 of (win ++ cur), as prep_conv_channel.
+__device__ __forceinline__ void step_channel_store_state(const DeltaNetPrepArgs& p, const StepChannel& ch, float cur) {
+#pragma unroll
+  for (int i = 0; i + 1 < kConvMaxKernel; ++i) {
+    if (i < p.kernel - 2) p.conv_state[i * p.n_ch + ch.c] = ch.win[i + 1];
+    else if (i == p.kernel - 2) p.conv_state[i * p.n_ch + ch.c] = cur;
+  }
+}
+
 // grid (dv / 32, nv). Thread (rg, cq) = (tid / 8, tid % 8) holds state rows rg + 16m (m < DK/16) of
 // columns [32 blockIdx.x + 4cq, +4) in registers for all n_tokens.
 // kNormQ8 (the fused output norm): grid (1, nv), dv / 32 groups of kRecThreads, group b in the place of
 // CTA b above (same arithmetic, so the same o); then each token's o row, staged in shared memory, goes
 // through gated_norm_q8_row in warp 0.
-template <int DK, bool kNormQ8>
-__global__ void __launch_bounds__(kNormQ8 ? kRecThreads * kRecNormGroups : kRecThreads)
+// kStepQ8 (one token, delta_net_prep fused in front of kNormQ8): clusters of r = nv / nk CTAs, CTA
+// (cluster c, rank i) taking v-head i nk + c, so a cluster shares q/k head c. Before the dependency wait
+// a CTA loads its state, the conv taps and the carried conv inputs of its channels; after it each CTA
+// runs the prologue of its q/k head (all r the same, so nothing crosses CTAs) and v head with
+// delta_net_prep_kernel's arithmetic into shared memory. Rank 0 writes the q/k outputs and, after the
+// cluster barrier (every CTA has read the carried inputs by then), their new carried inputs.
+enum class RecForm { kPlain, kNormQ8, kStepQ8 };
+template <int DK, RecForm kForm>
+__global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecThreads * kRecNormGroups)
     dn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                         const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
                         float* __restrict__ out, int nk, int nv, int dv, int64_t n_tokens, float scale, int64_t v_hs,
-                        int64_t v_ts, DeltaNetNormQ8 nq) {
-  kern::dependency_sync();
+                        int64_t v_ts, DeltaNetNormQ8 nq, DeltaNetPrepArgs sp) {
+  constexpr bool kNormQ8 = kForm != RecForm::kPlain;
+  constexpr bool kStep = kForm == RecForm::kStepQ8;
   constexpr int kRows = DK / 16;
   constexpr int kWarps = kRecThreads / 32;
   constexpr int kGroups = kNormQ8 ? kRecNormGroups : 1;
   __shared__ float qs[DK], ks[DK];
   __shared__ float4 red_k[kGroups][kWarps][8], red_o[kGroups][kWarps][8];
   __shared__ float o_row[kNormQ8 ? kBV * kRecNormGroups : 1];
+  __shared__ __align__(16) float vs[kStep ? kBV * kRecNormGroups : 1];  // the step's v row
+  __shared__ float qk_part[kStep ? 2 * 32 : 1];                         // its q / k sums of squares
+  __shared__ float step_gate[2];                                        // its decay, beta
   const int grp = kNormQ8 ? static_cast<int>(threadIdx.x) / kRecThreads : 0;
   const int tid = static_cast<int>(threadIdx.x) % kRecThreads, cq = tid & 7, rg = tid >> 3, lane = tid & 31,
             warp = tid >> 5;
-  const int h = blockIdx.y, hk = h % nk, j = (kNormQ8 ? grp : static_cast<int>(blockIdx.x)) * kBV + cq * 4;
+  const int r = kStep ? nv / nk : 1, rank = kStep ? static_cast<int>(blockIdx.y) % r : 0;
+  const int hk = kStep ? static_cast<int>(blockIdx.y) / r : static_cast<int>(blockIdx.y) % nk;
+  const int h = kStep ? rank * nk + hk : static_cast<int>(blockIdx.y);
+  const int j = (kNormQ8 ? grp : static_cast<int>(blockIdx.x)) * kBV + cq * 4;
   float* Sg = state + static_cast<int64_t>(h) * DK * dv + j;
   float4 st[kRows];
+  StepChannel ch;
+  float cur = 0.0f;
+  if constexpr (kStep) {
+    // Read before the wait: the state, and the conv taps and carried inputs (no earlier kernel in flight
+    // writes them: the step follows its input products).
 #pragma unroll
-  for (int m = 0; m < kRows; ++m) st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
-
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    __syncthreads();  // the previous token is done with qs, ks, red_k, o_row
-    for (int i = static_cast<int>(threadIdx.x); i < DK; i += static_cast<int>(blockDim.x)) {
-      qs[i] = q[(t * nk + hk) * DK + i];
-      ks[i] = k[(t * nk + hk) * DK + i];
+    for (int m = 0; m < kRows; ++m) st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
+    const int ctid = static_cast<int>(threadIdx.x);
+    ch = step_channel_load<DK>(sp, ctid, hk, h, dv);
+    const float dt_bias = ctid == 0 ? sp.dt_bias[h] : 0.0f, ssm_a = ctid == 0 ? sp.ssm_a[h] : 0.0f;
+    kern::cluster_arrive();  // this CTA's reads of the carried inputs are done
+    kern::dependency_sync();
+    if (ch.c >= 0) {
+      cur = sp.mixed[ch.c];
+      const float y = kern::conv_out(ch.taps, ch.win, cur, sp.kernel, true);
+      if (ctid < 2 * DK) {
+        (ctid < DK ? qs : ks)[ctid % DK] = y;  // raw; normalized below
+        if (rank == 0) sp.conv[ch.c] = y;
+      } else {
+        vs[ctid - 2 * DK] = y;
+        sp.conv[ch.c] = y;
+        step_channel_store_state(sp, ch, cur);  // a v channel belongs to this CTA alone
+      }
+    }
+    if (ctid == 0) {
+      const kern::DeltaNetGate gt = kern::gate_of(sp.alpha[h], sp.b[h], dt_bias, ssm_a);
+      sp.g[h] = gt.g;
+      sp.beta[h] = gt.beta;
+      step_gate[0] = expf(gt.g);
+      step_gate[1] = gt.beta;
     }
     __syncthreads();
-    const float decay = expf(g[t * nv + h]), bt = beta[t * nv + h];
+    // The q / k L2 norms: block_sum (ops_kernels.cu) over delta_net_prep_threads(DK) threads, emulated
+    // warp part by warp part (zeros past DK), the parts added in warp order.
+    constexpr int kPartWarps = (DK + 31) / 32 < 4 ? 4 : (DK + 31) / 32;
+    const int cwarp = ctid / 32, n_warps = static_cast<int>(blockDim.x) / 32;
+    for (int w = cwarp; w < 2 * kPartWarps; w += n_warps) {
+      const int i = 32 * (w % kPartWarps) + lane;
+      const float y = i < DK ? (w < kPartWarps ? qs : ks)[i] : 0.0f;
+      float ss = y * y;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+      if (lane == 0) qk_part[w] = ss;
+    }
+    __syncthreads();
+    if (ctid < 2 * DK) {
+      const int base = ctid < DK ? 0 : kPartWarps;
+      float ss = 0.0f;
+      for (int w = 0; w < kPartWarps; ++w) ss += qk_part[base + w];
+      float* row = ctid < DK ? qs : ks;
+      const float y = row[ctid % DK] * rsqrtf(ss + sp.eps);
+      row[ctid % DK] = y;
+      if (rank == 0) (ctid < DK ? sp.q : sp.k)[static_cast<int64_t>(hk) * DK + ctid % DK] = y;
+    }
+  } else {
+    kern::dependency_sync();
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
+  }
+
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    __syncthreads();  // the previous token is done with qs, ks, red_k, o_row (kStep: the prologue is done)
+    if constexpr (!kStep) {
+      for (int i = static_cast<int>(threadIdx.x); i < DK; i += static_cast<int>(blockDim.x)) {
+        qs[i] = q[(t * nk + hk) * DK + i];
+        ks[i] = k[(t * nk + hk) * DK + i];
+      }
+      __syncthreads();
+    }
+    const float decay = kStep ? step_gate[0] : expf(g[t * nv + h]), bt = kStep ? step_gate[1] : beta[t * nv + h];
     float4 p = make_float4(0.f, 0.f, 0.f, 0.f);  // partial S_old^T k
 #pragma unroll
     for (int m = 0; m < kRows; ++m) {
@@ -456,7 +559,8 @@ __global__ void __launch_bounds__(kNormQ8 ? kRecThreads * kRecNormGroups : kRecT
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) kv = f4_add(kv, red_k[grp][w][cq]);
     const int64_t row = (t * nv + h) * dv + j;
-    const float4 vt = *reinterpret_cast<const float4*>(v + t * v_ts + h * v_hs + j);
+    const float4 vt = kStep ? *reinterpret_cast<const float4*>(vs + j)
+                            : *reinterpret_cast<const float4*>(v + t * v_ts + h * v_hs + j);
     const float4 d = make_float4(bt * (vt.x - decay * kv.x), bt * (vt.y - decay * kv.y),
                                  bt * (vt.z - decay * kv.z), bt * (vt.w - decay * kv.w));
     float4 po = make_float4(0.f, 0.f, 0.f, 0.f);  // partial S_new^T q
@@ -490,6 +594,10 @@ __global__ void __launch_bounds__(kNormQ8 ? kRecThreads * kRecNormGroups : kRecT
   }
 #pragma unroll
   for (int m = 0; m < kRows; ++m) *reinterpret_cast<float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv) = st[m];
+  if constexpr (kStep) {
+    kern::cluster_wait();  // every CTA of the cluster has read the q/k head's carried inputs
+    if (rank == 0 && static_cast<int>(threadIdx.x) < 2 * DK) step_channel_store_state(sp, ch, cur);
+  }
 }
 
 // Any shape: CTA h = v-head; thread j = column j of the head's state S[dk][dv] in device memory.
@@ -536,18 +644,30 @@ int64_t v_token_stride(const DeltaNetArgs& a) { return a.v_token_stride > 0 ? a.
 template <int DK>
 cudaError_t recurrent_fast(const DeltaNetArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.dv / kBV), static_cast<unsigned>(a.nv));
-  return launch_kernel(dn_recurrent_kernel<DK, false>, grid, kRecThreads, 0, s, a.q, a.k, a.v, a.g, a.beta, a.state,
+  return launch_kernel(dn_recurrent_kernel<DK, RecForm::kPlain>, grid, kRecThreads, 0, s, a.q, a.k, a.v, a.g, a.beta, a.state,
                        a.out, static_cast<int>(a.nk), static_cast<int>(a.nv), static_cast<int>(a.dv), a.n_tokens,
-                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a), v_token_stride(a), DeltaNetNormQ8{});
+                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a), v_token_stride(a), DeltaNetNormQ8{},
+                       DeltaNetPrepArgs{});
 }
 
 template <int DK>
 cudaError_t recurrent_norm_q8(const DeltaNetArgs& a, const DeltaNetNormQ8& nq, cudaStream_t s) {
   const dim3 grid(1, static_cast<unsigned>(a.nv));
-  return launch_kernel(dn_recurrent_kernel<DK, true>, grid, static_cast<unsigned>(kRecThreads * (a.dv / kBV)), 0, s,
-                       a.q, a.k, a.v, a.g, a.beta, a.state, a.out, static_cast<int>(a.nk), static_cast<int>(a.nv),
-                       static_cast<int>(a.dv), a.n_tokens, 1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a),
-                       v_token_stride(a), nq);
+  return launch_kernel(dn_recurrent_kernel<DK, RecForm::kNormQ8>, grid,
+                       static_cast<unsigned>(kRecThreads * (a.dv / kBV)), 0, s, a.q, a.k, a.v, a.g, a.beta, a.state,
+                       a.out, static_cast<int>(a.nk), static_cast<int>(a.nv), static_cast<int>(a.dv), a.n_tokens,
+                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a), v_token_stride(a), nq,
+                       DeltaNetPrepArgs{});
+}
+
+template <int DK>
+cudaError_t step_q8(const DeltaNetPrepArgs& p, const DeltaNetArgs& a, const DeltaNetNormQ8& nq, cudaStream_t s) {
+  const unsigned r = static_cast<unsigned>(a.nv / a.nk);
+  return launch_kernel_cluster(dn_recurrent_kernel<DK, RecForm::kStepQ8>, dim3(1, static_cast<unsigned>(a.nv)),
+                               dim3(1, r), static_cast<unsigned>(kRecThreads * (a.dv / kBV)), 0, s, a.q, a.k, a.v,
+                               a.g, a.beta, a.state, a.out, static_cast<int>(a.nk), static_cast<int>(a.nv),
+                               static_cast<int>(a.dv), int64_t{1}, 1.0f / sqrtf(static_cast<float>(DK)), int64_t{0},
+                               int64_t{0}, nq, p);
 }
 
 // The dynamic shared memory the chunked form needs: the larger of its two kernels'.
@@ -657,6 +777,27 @@ cudaError_t delta_net_norm_q8_launch(const DeltaNetArgs& a, const DeltaNetNormQ8
     case 32: return recurrent_norm_q8<32>(a, nq, s);
     case 64: return recurrent_norm_q8<64>(a, nq, s);
     case 128: return recurrent_norm_q8<128>(a, nq, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+bool delta_net_step_q8_fits(const DeltaNetPrepArgs& p, const DeltaNetArgs& a) {
+  if (a.n_tokens != 1 || !delta_net_norm_q8_fused(a) || a.nk < 1 || a.nv % a.nk != 0) return false;
+  if (a.nv / a.nk > kDeltaNetStepMaxCluster || kRecThreads * (a.dv / kBV) < 2 * a.dk + a.dv) return false;
+  if (p.dk != a.dk || p.nk != a.nk || p.nv != a.nv || p.n_ch != 2 * a.nk * a.dk + a.nv * a.dv) return false;
+  return p.kernel >= 1 && p.kernel <= kConvMaxKernel && cluster_launch_enabled();
+}
+
+cudaError_t delta_net_step_q8_launch(const DeltaNetPrepArgs& p, const DeltaNetArgs& a, const DeltaNetNormQ8& nq,
+                                     cudaStream_t s) {
+  if (!delta_net_step_q8_fits(p, a) || nq.w == nullptr || nq.z == nullptr || nq.y == nullptr || nq.q8 == nullptr ||
+      nq.q8_ds == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  switch (a.dk) {
+    case 32: return step_q8<32>(p, a, nq, s);
+    case 64: return step_q8<64>(p, a, nq, s);
+    case 128: return step_q8<128>(p, a, nq, s);
     default: return cudaErrorInvalidValue;
   }
 }

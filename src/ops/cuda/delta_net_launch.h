@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/ops_launch.h"
+
 namespace ds::cuda {
 
 // One delta_net call: q, k [n_tokens, nk, dk]; v, out [n_tokens, nv, dv]; g, beta [n_tokens, nv];
@@ -63,6 +65,19 @@ bool delta_net_norm_q8_fused(const DeltaNetArgs& a);
 // The recurrence (as delta_net_recurrent_launch, same bits of out and state) and then each token's
 // output norm (the bits of rms_norm_gated_q8 on out), one launch; requires delta_net_norm_q8_fused(a).
 cudaError_t delta_net_norm_q8_launch(const DeltaNetArgs& a, const DeltaNetNormQ8& nq, cudaStream_t s);
+
+// One token's whole DeltaNet core in one launch (delta_net_step_q8_launch): delta_net_prep (p, the conv
+// channels exactly q, k and v: n_ch = 2 nk dk + nv dv) in front of delta_net_norm_q8_launch (a, whose q, k,
+// g and beta are p's outputs and whose v is the v channels of p.conv), with the bits of the two launches
+// in every output (conv, q, k, g, beta, conv_state, out, state, y, q8). One thread-block cluster of
+// nv / nk CTAs per q/k head (at most kDeltaNetStepMaxCluster, the portable cluster size), so it needs
+// cluster_launch_enabled(). The kernel reads the SSM state and the carried conv inputs before waiting
+// for the previous kernel of the stream (launch.cuh): that kernel must not write them (in the model it
+// is the layer's input product; two steps of one layer never run back to back).
+constexpr int64_t kDeltaNetStepMaxCluster = 8;
+bool delta_net_step_q8_fits(const DeltaNetPrepArgs& p, const DeltaNetArgs& a);
+cudaError_t delta_net_step_q8_launch(const DeltaNetPrepArgs& p, const DeltaNetArgs& a, const DeltaNetNormQ8& nq,
+                                     cudaStream_t s);
 
 // Token-by-token recurrence over all n_tokens (fast or generic kernel). Allocates nothing and never
 // synchronizes: safe inside CUDA graph capture.

@@ -42,24 +42,52 @@ __device__ __forceinline__ void dependency_sync() {
   allow_dependents();
 }
 
+// The barrier of a thread-block cluster (launch_kernel_cluster, sm_90+), split in its two halves: every
+// thread of every CTA of the cluster calls cluster_arrive() once (convergent per warp), and each thread's
+// cluster_wait() returns when all have arrived; memory accesses before an arrive are visible after the
+// wait. A CTA that has arrived waits before it exits. No-ops below sm_90, where no cluster is launched.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 }  // namespace kern
 
 // Launches a kernel chosen at run time, its arguments packed as for cudaLaunchKernel, with the
-// programmatic-serialization attribute when pdl_enabled(); returns the launch's error. A kernel the
-// diagnostic filter drops (set_kernel_filter) is not launched.
+// programmatic-serialization attribute when pdl_enabled() and, for a cluster other than 1 x 1 x 1, the
+// cluster dimension (callers check cluster_launch_enabled() first); returns the launch's error. A kernel
+// the diagnostic filter drops (set_kernel_filter) is not launched.
 inline cudaError_t launch_kernel_packed(const void* kernel, dim3 grid, dim3 block, void** args, size_t smem,
-                                        cudaStream_t s) {
+                                        cudaStream_t s, dim3 cluster = dim3(1, 1, 1)) {
   if (kernel_filtered(kernel)) return cudaSuccess;  // diagnostic only (pdl.h)
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n_attr = 0;
+  if (pdl_enabled()) {
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attr;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = cluster.x;
+    attr[n_attr].val.clusterDim.y = cluster.y;
+    attr[n_attr].val.clusterDim.z = cluster.z;
+    ++n_attr;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = n_attr;
   return cudaLaunchKernelExC(&cfg, kernel, args);
 }
 
@@ -72,6 +100,18 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   return [&](Params... coerced) {
     void* packed[] = {static_cast<void*>(&coerced)...};
     return launch_kernel_packed(reinterpret_cast<const void*>(kernel), grid, block, packed, smem, s);
+  }(std::forward<Args>(args)...);
+}
+
+// launch_kernel in thread-block clusters of `cluster` CTAs (each grid dimension a multiple of the
+// cluster's); only where cluster_launch_enabled().
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_cluster(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
+                                  cudaStream_t s, Args&&... args) {
+  static_assert(sizeof...(Params) > 0 && sizeof...(Params) == sizeof...(Args), "one argument per parameter");
+  return [&](Params... coerced) {
+    void* packed[] = {static_cast<void*>(&coerced)...};
+    return launch_kernel_packed(reinterpret_cast<const void*>(kernel), grid, block, packed, smem, s, cluster);
   }(std::forward<Args>(args)...);
 }
 

@@ -15,6 +15,7 @@
 
 #include "ops/cuda/activation.cuh"
 #include "ops/cuda/attention_launch.h"
+#include "ops/cuda/delta_net_prep.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/moe_route.cuh"
@@ -203,23 +204,7 @@ __global__ void get_rows_kernel(const uint8_t* table, int64_t row_stride, int64_
 // old one (a second launch, conv1d_state_kernel).
 constexpr int kConvTileTokens = 32;
 
-// One conv output from the taps, the kernel-1 previous inputs `win` (oldest first) and the current input;
-// the sum order of both conv kernels (conv1d_kernel and delta_net_prep_kernel).
-__device__ __forceinline__ float conv_out(const float (&taps)[kConvMaxKernel], const float (&win)[kConvMaxKernel],
-                                          float cur, int kernel, bool silu) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kConvMaxKernel; ++i) {
-    if (i < kernel - 1) acc = fmaf(taps[i], win[i], acc);
-  }
-  float last = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kConvMaxKernel; ++i) {
-    if (i == kernel - 1) last = taps[i];
-  }
-  acc = fmaf(last, cur, acc);
-  return silu ? acc * sigmoidf(acc) : acc;  // silu as EltKind::kSilu
-}
+using kern::conv_out;
 
 __global__ void conv1d_kernel(const float* x, const float* w, const float* state, float* y, int64_t n_ch,
                               int64_t n_tokens, int kernel, bool silu) {
@@ -270,13 +255,12 @@ __global__ void conv1d_state_kernel(const float* x, float* state, int64_t n_ch, 
   }
 }
 
-// Gate i of head h: g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(b).
+// Gate i of head h.
 __device__ __forceinline__ void gate_values(const float* alpha, const float* b, const float* dt_bias,
                                             const float* ssm_a, float* g, float* beta, int64_t i, int64_t h) {
-  const float a = alpha[i] + dt_bias[h];
-  const float softplus = a > 20.0f ? a : log1pf(expf(a));
-  g[i] = ssm_a[h] * softplus;
-  beta[i] = 1.0f / (1.0f + expf(-b[i]));
+  const kern::DeltaNetGate v = kern::gate_of(alpha[i], b[i], dt_bias[h], ssm_a[h]);
+  g[i] = v.g;
+  beta[i] = v.beta;
 }
 
 __global__ void gates_kernel(const float* alpha, const float* b, const float* dt_bias, const float* ssm_a,

@@ -14,6 +14,10 @@ namespace ds::cuda {
 // no dependency wait (launch.cuh), so a later GPU running them (the driver compiling a build's
 // compute_80 PTX) must launch them in plain stream order.
 bool pdl_enabled();
+// True on devices of compute capability 9.0 or later running device code compiled for compute_90 or
+// later: thread-block clusters (launch_kernel_cluster) are available, and the kernels' cluster barriers
+// are compiled in (launch.cuh). Independent of DELTASERVE_PDL.
+bool cluster_launch_enabled();
 // The PTX version the device code of this build takes on the current device (cudaFuncAttributes::
 // ptxVersion of one of its kernels: 90 for sm_90 code, 80 where the driver compiled compute_80 PTX);
 // 0 when it cannot be queried.
