@@ -191,10 +191,33 @@ constexpr size_t tc_smem_bytes(int D, int RW) {
 }
 
 // Loads positions [j0, j0 + kBN) of KV head g into one stage; rows at or past kv_end become zeros.
+// A tile inside one KV chunk and before kv_end (every tile of a long split with chunks of a multiple
+// of kBN) takes the short path: thread i copies 16-byte piece i % (D / 8) of rows i / (D / 8) +
+// k kThreads / (D / 8), its source and destination advancing by fixed strides. The general path
+// locates every piece on its own (chunk, row, zero fill), several times the instructions, which the
+// CTA's 4 warps issue between their tiles' products.
 template <int D>
 __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __half* sV, int j0, int kv_end, int g) {
   constexpr int kPieces = D / 8;  // 16-byte pieces per row
   constexpr int SK = D + 8;
+  const int c0 = j0 / p.C, r0 = j0 - c0 * p.C;
+  if (j0 + kBN <= kv_end && r0 + kBN <= p.C) {
+    constexpr int kRowStep = kThreads / kPieces;
+    static_assert(kThreads % kPieces == 0 && kBN % kRowStep == 0, "pieces tile the CTA");
+    const int pc = static_cast<int>(threadIdx.x) % kPieces, rr = static_cast<int>(threadIdx.x) / kPieces;
+    const int64_t row_bytes = static_cast<int64_t>(p.Hkv) * D * 2;
+    const int64_t off = (static_cast<int64_t>(r0 + rr) * p.Hkv + g) * D * 2 + pc * 16;
+    const uint8_t* ks = p.k_base[c0] + p.k_off + off;
+    const uint8_t* vs = p.v_base[c0] + p.v_off + off;
+    __half* dk = sK + rr * SK + pc * 8;
+    __half* dv = sV + rr * SK + pc * 8;
+#pragma unroll
+    for (int i = 0; i < kBN / kRowStep; ++i) {
+      cp_async16(dk + i * kRowStep * SK, ks + i * kRowStep * row_bytes);
+      cp_async16(dv + i * kRowStep * SK, vs + i * kRowStep * row_bytes);
+    }
+    return;
+  }
 #pragma unroll 4
   for (int i = threadIdx.x; i < kBN * kPieces; i += kThreads) {
     const int rr = i / kPieces, pc = i - rr * kPieces;
