@@ -113,6 +113,24 @@ DeltaNetPrepArgs prep_args(const DeltaNetPrep& p) {
                           p.mixed.ne[0], p.q.ne[0], p.q.ne[1], p.alpha.ne[0], static_cast<int>(p.conv_w.ne[0]),
                           p.eps};
 }
+// The output norm operands of the fused DeltaNet kernels (y and the q8 activations of out's rows),
+// after checking y and the q8 buffer.
+Result<DeltaNetNormQ8> gated_norm_args(const char* op, const TensorView& out, const TensorView& w,
+                                       const TensorView& z, float eps, const TensorView& y, const TensorView& act) {
+  const int64_t dv = out.ne[0], rows = out.n_rows();
+  if (!y.is_contiguous() || y.data == out.data) {
+    return invalid_argument("{}: y {} must be contiguous and apart from out", op, y.shape_string());
+  }
+  DS_TRY(check_q8_act(op, act, dv, rows));
+  DeltaNetNormQ8 nq;
+  nq.w = f32(w);
+  nq.z = f32(z);
+  nq.eps = eps;
+  nq.y = f32(y);
+  nq.q8 = static_cast<int8_t*>(act.data);
+  nq.q8_ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(act.data) + kern::q8_ds_offset(dv, rows));
+  return nq;
+}
 
 }  // namespace
 
@@ -216,20 +234,9 @@ Status delta_net_gated_q8(const OpContext& ctx, const TensorView& q, const Tenso
     return unsupported("{}: q {} v {} (strides {}, {}): not a shape of the fused kernel", op, q.shape_string(),
                        v.shape_string(), v.nb[1], v.nb[2]);
   }
-  const int64_t dv = v.ne[0], rows = out.n_rows();
-  if (!y.is_contiguous() || y.data == out.data) {
-    return invalid_argument("{}: y {} must be contiguous and apart from out", op, y.shape_string());
-  }
-  DS_TRY(check_q8_act(op, act, dv, rows));
+  DS_ASSIGN_OR_RETURN(const DeltaNetNormQ8 nq, gated_norm_args(op, out, w, z, eps, y, act));
   if (q.ne[2] == 0) return Status::ok();
   DeviceGuard guard(ctx.device.index);
-  DeltaNetNormQ8 nq;
-  nq.w = f32(w);
-  nq.z = f32(z);
-  nq.eps = eps;
-  nq.y = f32(y);
-  nq.q8 = static_cast<int8_t*>(act.data);
-  nq.q8_ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(act.data) + kern::q8_ds_offset(dv, rows));
   DS_CUDA_TRY(delta_net_norm_q8_launch(dn_args(q, k, v, g, beta, state, out), nq, stream_of(ctx)),
               "{} q {} v {} state {}", op, q.shape_string(), v.shape_string(), state.shape_string());
   return Status::ok();
@@ -262,19 +269,8 @@ Status delta_net_step_q8(const OpContext& ctx, const DeltaNetPrep& p, const Tens
     return unsupported("{}: mixed {} q {} out {}: not a shape of the fused kernel on this device", op,
                        p.mixed.shape_string(), p.q.shape_string(), out.shape_string());
   }
-  const int64_t dv = out.ne[0], rows = out.n_rows();
-  if (!y.is_contiguous() || y.data == out.data) {
-    return invalid_argument("{}: y {} must be contiguous and apart from out", op, y.shape_string());
-  }
-  DS_TRY(check_q8_act(op, act, dv, rows));
+  DS_ASSIGN_OR_RETURN(const DeltaNetNormQ8 nq, gated_norm_args(op, out, w, z, eps, y, act));
   DeviceGuard guard(ctx.device.index);
-  DeltaNetNormQ8 nq;
-  nq.w = f32(w);
-  nq.z = f32(z);
-  nq.eps = eps;
-  nq.y = f32(y);
-  nq.q8 = static_cast<int8_t*>(act.data);
-  nq.q8_ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(act.data) + kern::q8_ds_offset(dv, rows));
   DS_CUDA_TRY(delta_net_step_q8_launch(prep_args(p), dn_args(p.q, p.k, v, p.g, p.beta, state, out), nq,
                                        stream_of(ctx)),
               "{} mixed {} q {} state {}", op, p.mixed.shape_string(), p.q.shape_string(), state.shape_string());
