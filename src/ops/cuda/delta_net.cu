@@ -479,7 +479,9 @@ __global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecT
     // Read before the wait: the state, and the conv taps and carried inputs (no earlier kernel in flight
     // writes them: the step follows its input products).
 #pragma unroll
-    for (int m = 0; m < kRows; ++m) st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
+    for (int m = 0; m < kRows; ++m) {
+      st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
+    }
     const int ctid = static_cast<int>(threadIdx.x);
     ch = step_channel_load<DK>(sp, ctid, hk, h, dv);
     const float dt_bias = ctid == 0 ? sp.dt_bias[h] : 0.0f, ssm_a = ctid == 0 ? sp.ssm_a[h] : 0.0f;
@@ -530,7 +532,9 @@ __global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecT
   } else {
     kern::dependency_sync();
 #pragma unroll
-    for (int m = 0; m < kRows; ++m) st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
+    for (int m = 0; m < kRows; ++m) {
+      st[m] = *reinterpret_cast<const float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv);
+    }
   }
 
   for (int64_t t = 0; t < n_tokens; ++t) {
@@ -644,10 +648,10 @@ int64_t v_token_stride(const DeltaNetArgs& a) { return a.v_token_stride > 0 ? a.
 template <int DK>
 cudaError_t recurrent_fast(const DeltaNetArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.dv / kBV), static_cast<unsigned>(a.nv));
-  return launch_kernel(dn_recurrent_kernel<DK, RecForm::kPlain>, grid, kRecThreads, 0, s, a.q, a.k, a.v, a.g, a.beta, a.state,
-                       a.out, static_cast<int>(a.nk), static_cast<int>(a.nv), static_cast<int>(a.dv), a.n_tokens,
-                       1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a), v_token_stride(a), DeltaNetNormQ8{},
-                       DeltaNetPrepArgs{});
+  return launch_kernel(dn_recurrent_kernel<DK, RecForm::kPlain>, grid, kRecThreads, 0, s, a.q, a.k, a.v, a.g,
+                       a.beta, a.state, a.out, static_cast<int>(a.nk), static_cast<int>(a.nv), static_cast<int>(a.dv),
+                       a.n_tokens, 1.0f / sqrtf(static_cast<float>(DK)), v_head_stride(a), v_token_stride(a),
+                       DeltaNetNormQ8{}, DeltaNetPrepArgs{});
 }
 
 template <int DK>
