@@ -1,10 +1,10 @@
 // FFN forwards: dense SwiGLU (qwen35) and the MoE block with its sigmoid-gated shared expert
 // (qwen35moe). Dense and MoE models differ only here. Non-obvious choice: on CUDA, steps with few
-// (token, expert) pairs run the whole MoE block in moe_block_decode (or, for types it does not take,
-// moe_ffn_gathered), which read the routing from device memory (no host round trip, so a decode step
-// stays capturable as a graph); larger batches group tokens per expert on the host (moe_ffn) so each
-// expert's weights are read once. There the block also takes the residual add and norm before it
-// (moe_ffn_forward_add_norm): its router kernel computes the norm, one launch less a layer.
+// (token, expert) pairs run the whole MoE block, with the residual add and norm before it, in
+// moe_block_decode_add_norm (moe_ffn_forward_add_norm; its router kernel computes the norm) or, for
+// types it does not take, moe_ffn_gathered; both read the routing from device memory (no host round
+// trip, so a decode step stays capturable as a graph). Larger batches group tokens per expert on the
+// host (moe_ffn) so each expert's weights are read once.
 #include "model/model_internal.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
@@ -36,19 +36,15 @@ cuda::MoeBlockWeights block_weights(const MoeFfnWeights& w) {
                                w.up_shexp,   w.down_shexp};
 }
 
-// Whether moe_block_decode runs the block: CUDA, few (token, expert) pairs, types it takes.
-bool block_decode_applies(const LayerCall& call, const MoeFfnWeights& w) {
-  const int64_t n = call.n_tokens, k = call.config.n_expert_used;
-  return call.ctx.device.kind == DeviceKind::kCuda && n * k <= cuda::kMoeGatheredMaxSlots &&
-         cuda::moe_block_decode_check(block_weights(w), n, k).is_ok();
-}
-
 }  // namespace
 #endif
 
 bool moe_ffn_fuses_norm(const LayerCall& call, const MoeFfnWeights& w) {
 #if DS_HAVE_CUDA
-  return block_decode_applies(call, w);
+  // CUDA, few (token, expert) pairs, types moe_block_decode takes.
+  const int64_t n = call.n_tokens, k = call.config.n_expert_used;
+  return call.ctx.device.kind == DeviceKind::kCuda && n * k <= cuda::kMoeGatheredMaxSlots &&
+         cuda::moe_block_decode_check(block_weights(w), n, k).is_ok();
 #else
   (void)call, (void)w;
   return false;
@@ -79,18 +75,7 @@ Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const Tens
   const int64_t n = call.n_tokens, k = c.n_expert_used;
   ModelScratch& S = call.scratch;
 
-#if DS_HAVE_CUDA
-  // Decode on CUDA: router, routing, routed and shared experts in moe_block_decode (four or five launches)
-  // when the block's types and shapes allow it; otherwise the op chain below.
-  if (block_decode_applies(call, w)) {
-    DS_ASSIGN_OR_RETURN(TensorView ids, S.i32({k, n}));
-    DS_ASSIGN_OR_RETURN(TensorView weights, S.f32({k, n}));
-    DS_TRY(cuda::moe_block_decode(ctx, x_norm, block_weights(w), k, ids, weights, out));
-    call.dump("moe.weights", weights);
-    return Status::ok();
-  }
-#endif
-
+  // (Where moe_block_decode takes the block, the model calls moe_ffn_forward_add_norm instead.)
   // Routing: p = softmax(router x); top-k; w = p[sel] / max(sum p[sel], 6.1e-5).
   DS_ASSIGN_OR_RETURN(TensorView logits, S.f32({c.n_expert, n}));
   DS_ASSIGN_OR_RETURN(TensorView ids, S.i32({k, n}));

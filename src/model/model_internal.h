@@ -103,6 +103,8 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
                         const TensorView& out);
 Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const TensorView& x_norm,
                          const TensorView& out);
+// The MoE FFN as an op chain (routing, routed experts, shared expert); the model calls it where
+// moe_ffn_fuses_norm does not hold.
 Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x_norm,
                        const TensorView& out);
 // The MoE FFN on its input given as the residual add and norm before it: x += delta, then

@@ -75,12 +75,6 @@ __device__ __forceinline__ int split_len(int n_kv, int n_split) {
   return (per + kBN - 1) / kBN * kBN;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  return v;
-}
-
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
@@ -479,7 +473,7 @@ __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
       float sc = 0.0f;
 #pragma unroll
       for (int e = 0; e < E; ++e) sc = fmaf(q[r][e], kf[e], sc);
-      sc = warp_sum(sc);
+      sc = kern::warp_sum(sc);
       const float mn = fmaxf(m[r], sc);
       const float corr = exp2f(m[r] - mn), pj = exp2f(sc - mn);
       l[r] = l[r] * corr + pj;

@@ -245,9 +245,9 @@ Status delta_net_gated_q8(const OpContext& ctx, const TensorView& q, const Tenso
 bool delta_net_step_q8_applies(const DeltaNetPrep& p, const TensorView& state, const TensorView& out) {
   const int64_t dv = out.ne[0], nv = out.ne[1];
   if (p.mixed.ne[1] != 1 || p.mixed.ne[0] != 2 * p.q.ne[0] * p.q.ne[1] + nv * dv || p.q.ne[1] <= 0) return false;
-  const TensorView v = step_v(p, out);
-  return delta_net_gated_q8_applies(p.q, v, state, out) &&
-         delta_net_step_q8_fits(prep_args(p), dn_args(p.q, p.k, v, p.g, p.beta, state, out));
+  // delta_net_step_q8_fits includes the fused recurrence's shapes (delta_net_norm_q8_fused).
+  return norm_q8_fits(dv) && delta_net_step_q8_fits(prep_args(p), dn_args(p.q, p.k, step_v(p, out), p.g, p.beta,
+                                                                          state, out));
 }
 
 Status delta_net_step_q8(const OpContext& ctx, const DeltaNetPrep& p, const TensorView& state, const TensorView& out,

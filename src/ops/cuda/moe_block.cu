@@ -35,12 +35,6 @@ constexpr int kRouteTokenGroup = 8;  // accumulators per lane in the router dot 
 constexpr int kRouteUnroll = 8;      // float4 loads of a router row in flight per lane
 constexpr size_t kRouteNormSmem = 47 * 1024;  // dynamic shared memory: 48 KB without the opt-in, less the static
 
-__device__ __forceinline__ float route_warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  return v;
-}
-
 // x's loads: from shared memory where the CTA staged x (the input norm), else through the read-only path.
 template <bool kShared>
 __device__ __forceinline__ float4 load_x4(const float* p) {
@@ -141,7 +135,7 @@ __device__ void router_row(const MoeRouteFusedLaunch& a, const float* x, int row
     }
 #pragma unroll
     for (int t = 0; t < kRouteTokenGroup; ++t) {
-      const float s = route_warp_sum(acc[t]);
+      const float s = kern::warp_sum(acc[t]);
       if (lane == 0 && t0 + t < a.n_tokens) {
         if (row < a.n_expert) {
           a.logits[static_cast<int64_t>(t0 + t) * a.n_expert + row] = s;
