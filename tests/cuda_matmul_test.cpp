@@ -657,7 +657,8 @@ INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulTest, ::testing::ValuesIn(kTypes),
 // matvec_q8_product_launch / matvec_launch and the default pick. Outputs start as NaN; row padding must
 // stay NaN.
 const std::vector<cuda::MatvecQ8Version> kQ8Versions = {cuda::MatvecQ8Version::kV4, cuda::MatvecQ8Version::kV5,
-                                         cuda::MatvecQ8Version::kV5Persistent, cuda::MatvecQ8Version::kV5SplitK};
+                                         cuda::MatvecQ8Version::kV5Persistent, cuda::MatvecQ8Version::kV5SplitK,
+                                         cuda::MatvecQ8Version::kV4Whole};
 
 void run_q8_versions(const Weights& w, const cuda::CudaBuffer& wd, int64_t n_tokens) {
   const int dev = 0;
@@ -770,6 +771,15 @@ void run_q8_versions(const Weights& w, const cuda::CudaBuffer& wd, int64_t n_tok
     e2e.expect(where);
     v4.expect(where);
   }
+  // v4w runs v4's warp code with a deeper ring: the same sums in the same order.
+  const size_t v4w = static_cast<size_t>(std::find(kQ8Versions.begin(), kQ8Versions.end(),
+                                                   cuda::MatvecQ8Version::kV4Whole) - kQ8Versions.begin());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < y_elems; ++i) {
+    const float a = y[v4w][static_cast<size_t>(i)], b = y[0][static_cast<size_t>(i)];
+    if (std::memcmp(&a, &b, sizeof a) != 0) ++differ;
+  }
+  EXPECT_EQ(differ, 0) << base << ": v4w differs from v4 in " << differ << " outputs";
 }
 
 void q8_versions_shapes(DType t, int64_t k, int64_t n_rows, const std::vector<int64_t>& tokens) {
@@ -809,7 +819,8 @@ TEST_P(CudaMatvecQ8VersionsTest, TokenCountsAndEdgeShapes) {
 TEST_P(CudaMatvecQ8VersionsTest, RealModelShapes) {
   const DType t = GetParam();
   const int64_t shapes[][2] = {{17408, 5120}, {5120, 17408}, {10240, 5120}, {6144, 5120}, {5120, 6144},
-                               {48, 5120},    {1024, 5120},  {2048, 512},   {512, 2048},  {8192, 2048}};
+                               {48, 5120},    {1024, 5120},  {2048, 512},   {512, 2048},  {8192, 2048},
+                               {2048, 4096}};
   for (const auto& s : shapes) q8_versions_shapes(t, s[1], s[0], s[0] * s[1] > 20'000'000 ? std::vector<int64_t>{1, 8}
                                                                                          : std::vector<int64_t>{1, 2, 5});
 }
@@ -839,8 +850,9 @@ TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
       EXPECT_STRNE(cuda::matvec_q8_version_name(v), "?");
     }
   }
-  // The measured table (matvec_q8_pick_version): split-K for few rows or long rows, persistent v5 for the
-  // largest Q4_K/Q5_K products at one token, v4 elsewhere.
+  // The measured table (matvec_q8_pick_version): split-K for few rows or long rows (v4w at one token
+  // for rows of at most 6144 where its ring fits 2 warps), persistent v5 for the largest Q4_K/Q5_K
+  // products at one token, v4 elsewhere.
   using V = cuda::MatvecQ8Version;
   struct Case {
     DType t;
@@ -848,7 +860,9 @@ TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
     int nt;
     V want;
   };
-  for (const Case& c : {Case{DType::Q4_K, 48, 5120, 1, V::kV5SplitK}, Case{DType::Q6_K, 1024, 5120, 8, V::kV5SplitK},
+  for (const Case& c : {Case{DType::Q4_K, 48, 5120, 1, V::kV4Whole}, Case{DType::Q4_K, 2048, 4096, 1, V::kV4Whole},
+                        Case{DType::Q4_K, 2048, 4096, 2, V::kV5SplitK}, Case{DType::Q4_K, 2048, 8192, 1, V::kV5SplitK},
+                        Case{DType::Q6_K, 2048, 4096, 1, V::kV5SplitK}, Case{DType::Q6_K, 1024, 5120, 8, V::kV5SplitK},
                         Case{DType::Q4_K, 17408, 5120, 1, V::kV5Persistent}, Case{DType::Q4_K, 17408, 5120, 2, V::kV4},
                         Case{DType::Q6_K, 17408, 5120, 1, V::kV4}, Case{DType::Q4_K, 5120, 17408, 1, V::kV4},
                         Case{DType::Q4_K, 5120, 17408, 4, V::kV5SplitK}, Case{DType::Q6_K, 5120, 17408, 8, V::kV4},

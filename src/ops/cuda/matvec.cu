@@ -54,11 +54,29 @@ size_t q8v4_one_token_pad() {
   return kStatic + pad <= kern::kQ8StaticSmem ? static_cast<size_t>(pad) : 0;
 }
 
+// v4w (MatvecQ8Version::kV4Whole): one more stage than a kMatvecQ8WholeMaxK row has 1024-element
+// chunks, so matvec_q8 issues all of them before its dependency wait; 2 warps per CTA keep the ring in
+// 48 KB of static shared memory, 1 where even that does not fit.
+constexpr int kQ8v4wStages = static_cast<int>(kMatvecQ8WholeMaxK / kern::kQ8ChunkElems) + 1;
+constexpr int q8v4w_warps(DType t) {
+  return 2 * kQ8v4wStages * kern::kQ8Rows * kern::q8_row_bytes(t) <= kern::kQ8StaticSmem ? 2 : 1;
+}
+
 // Runs the q8 product (version v) on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
 template <DType T>
 cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream) {
   const kern::MatvecQ8Args a =
       kern::q8_args(l.w, l.w_stride, l.act, l.k, l.n_tokens, l.y, l.y_stride, l.n_rows, l.n_tokens);
+  if (v == MatvecQ8Version::kV4Whole) {
+    if (l.n_tokens == 1) {
+      constexpr int kWarps = q8v4w_warps(T);
+      constexpr int kRowsPerCta = kWarps * kern::kQ8Rows;
+      const unsigned grid = static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta);
+      launch_kernel(kern::matvec_q8<T, 1, kern::kQ8Rows, kQ8v4wStages, 1, kWarps>, grid, 32 * kWarps, 0, stream, a);
+      return cudaGetLastError();
+    }
+    v = MatvecQ8Version::kV4;
+  }
   if (v != MatvecQ8Version::kV4) {
     if (l.n_tokens <= 1) return launch_v5<T, 1>(a, v, stream);
     if (l.n_tokens <= 2) return launch_v5<T, 2>(a, v, stream);
@@ -225,6 +243,7 @@ const char* matvec_q8_version_name(MatvecQ8Version v) {
     case MatvecQ8Version::kV5: return "v5";
     case MatvecQ8Version::kV5Persistent: return "v5p";
     case MatvecQ8Version::kV5SplitK: return "v5s";
+    case MatvecQ8Version::kV4Whole: return "v4w";
   }
   return "?";
 }
@@ -233,13 +252,22 @@ const char* matvec_q8_version_name(MatvecQ8Version v) {
 // decode shapes, product alone, H100, 2026-11-22; docs/perf-gpu.md). Most large products are as fast
 // or faster on v4 (Q6_K and Q8_0 everywhere), so v5 runs only where it measured ahead:
 //  - few rows (under 4096) over a long row (k >= 2048): split-K, for 1..8 tokens (48 x 5120: 8.7 us vs
-//    11.4 on v4 at one token, 11.5 vs 27 at 8; 1024 x 5120: 9.9 vs 11.7);
+//    11.4 on v4 at one token, 11.5 vs 27 at 8; 1024 x 5120: 9.9 vs 11.7); except at one token with rows
+//    of at most kMatvecQ8WholeMaxK, where v4w holds every weight byte in flight before the dependency
+//    wait, so the product loads while the kernel before it runs (set from the decode graph, 2026-11-23:
+//    35B-A3B, whose 2048 x 4096 output products follow the DeltaNet step and attention, 429 / 431 ->
+//    436 / 435 tok/s in one run and 430 / 435 -> 446 / 445 in another, against 434 on plain v4; 27B
+//    unchanged; on the 27B's larger 5120 x 6144 output products it was 1% slower, so it stays here);
 //  - a row much longer than the row count (k >= 3 rows, the 5120 x 17408 FFN down) at 2..8 tokens:
 //    split-K (q4_K 36 / 47 / 76 us vs 40 / 60 / 139 at 2 / 4 / 8 tokens), but not Q6_K at 8 tokens;
 //  - Q4_K / Q5_K with at least 16384 rows at one token: v5 on a persistent grid (17408 x 5120 q4_K
 //    29.1 us vs 32.2), which has no partial last wave.
 MatvecQ8Version matvec_q8_pick_version(DType t, int64_t n_rows, int64_t k, int n_tokens) {
-  if (n_rows < 4096 && k >= 2048) return MatvecQ8Version::kV5SplitK;
+  if (n_rows < 4096 && k >= 2048) {
+    // v4w only where its ring fits 2 warps per CTA (the form measured).
+    const bool whole = n_tokens == 1 && k <= kMatvecQ8WholeMaxK && qdec::q8_supported(t) && q8v4w_warps(t) == 2;
+    return whole ? MatvecQ8Version::kV4Whole : MatvecQ8Version::kV5SplitK;
+  }
   if (k >= 3 * n_rows && n_tokens >= 2 && !(t == DType::Q6_K && n_tokens > 4)) return MatvecQ8Version::kV5SplitK;
   if ((t == DType::Q4_K || t == DType::Q5_K) && n_rows >= 16384 && n_tokens == 1) {
     return MatvecQ8Version::kV5Persistent;

@@ -50,7 +50,12 @@ enum class MatvecQ8Version : uint8_t {
   kV5,            // 16-byte loads into a register ring, 2 rows per warp (Q6_K: 1), one CTA per 4 warps' rows
   kV5Persistent,  // kV5 on a grid of the CTAs resident at once, striding over the rows
   kV5SplitK,      // kV5 with 2 or 4 warps per row group (split over k), for matrices with few rows
+  kV4Whole,       // kV4 with a ring as deep as a row of kMatvecQ8WholeMaxK elements, 2 warps per CTA (1
+                  // where that ring is over 48 KB: Q6_K, Q8_0): a warp issues every weight copy of its
+                  // rows before the dependency wait; one token only (more tokens run kV4)
 };
+// The longest row kV4Whole holds in flight whole.
+constexpr int64_t kMatvecQ8WholeMaxK = 6144;
 const char* matvec_q8_version_name(MatvecQ8Version v);
 // The version MatvecKernel::kQ8 runs for a weight of n_rows x k elements of type t at n_tokens tokens:
 // the one table to set from the workbench (kernels/matvec_q.cu, section v5).

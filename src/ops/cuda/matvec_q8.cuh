@@ -275,15 +275,16 @@ __device__ __forceinline__ uintptr_t q8_weights_end(uintptr_t w_base, const Matv
 // w 16-byte aligned, w_stride and w_expert_stride multiples of 16 (Q4_K, Q5_K) or 2 (others),
 // k a multiple of the block size, xq / xds from quantize_q8 (16-byte aligned).
 // kStagesWant (0: Q8Smem's choice) and kMinCtas (__launch_bounds__' CTAs per SM, i.e. the register
-// budget) are occupancy knobs the matvec_q workbench times; production uses the defaults.
-template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1>
-__global__ void __launch_bounds__(kQ8Threads, kMinCtas) matvec_q8(MatvecQ8Args a) {
+// budget) are occupancy knobs the matvec_q workbench times; kWarps is the CTA's warps (each its own rows
+// and ring). Production uses the defaults, except v4w (matvec.cu): a deep ring in CTAs of 1 or 2 warps.
+template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1, int kWarps = kQ8Warps>
+__global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_q8(MatvecQ8Args a) {
   using S = Q8Smem<T, kRows>;
   constexpr int kStages = kStagesWant > 0 ? kStagesWant : S::kStages;
-  __shared__ __align__(16) uint8_t smem[kQ8Warps][kStages][kRows][S::kRowBytes];
+  __shared__ __align__(16) uint8_t smem[kWarps][kStages][kRows][S::kRowBytes];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp) * kRows;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
   const bool gathered = a.ids != nullptr;
   if (gathered) dependency_wait();  // the expert ids are an earlier kernel's output
   if (r0 >= a.n_rows) return;       // warps never synchronize with each other
