@@ -415,6 +415,21 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
                     a16(a.shexp_gate);
   const unsigned grid = static_cast<unsigned>((a.n_expert + 1 + kRouteWarps - 1) / kRouteWarps);
   const size_t smem = route_fused_smem(a.n_expert, a.n_embd, a.n_tokens, norm);
+  const void* fn = norm ? reinterpret_cast<const void*>(moe_route_fused<true>)
+                        : reinterpret_cast<const void*>(moe_route_fused<false>);
+  if (kernel_filtered(fn)) {
+    // A diagnostic run without the router (set_kernel_filter): the selectors are whatever the scratch
+    // held, so make every pair "no expert" (-1), which the gathered products skip, instead of letting
+    // them address weights at stale offsets; zero coefficients make the block's output 0.
+    const size_t pairs = static_cast<size_t>(a.n_tokens) * (a.k + 1);
+    if (const cudaError_t e = cudaMemsetAsync(a.coef, 0, pairs * 4, stream); e != cudaSuccess) return e;
+    for (int g = 0; g < 2; ++g) {
+      cudaError_t e = a.sel_gu[g] != nullptr ? cudaMemsetAsync(a.sel_gu[g], 0xFF, 2 * pairs * 4, stream) : cudaSuccess;
+      if (e == cudaSuccess && a.sel_down[g] != nullptr) e = cudaMemsetAsync(a.sel_down[g], 0xFF, pairs * 4, stream);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
   return norm ? launch_kernel(moe_route_fused<true>, grid, kRouteThreads, smem, stream, a, vec4)
               : launch_kernel(moe_route_fused<false>, grid, kRouteThreads, smem, stream, a, vec4);
 }
