@@ -58,37 +58,43 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
   p.g = g;
   p.beta = beta;
   const TensorView v = delta_net_conv_heads(conv, 2 * key_dim, dv, nv);
-  const auto dump_prep = [&] {
-    call.dump("deltanet.beta", beta);
-    call.dump("deltanet.g", g);
-    call.dump("deltanet.conv", conv);
-  };
 
   // Delta rule on the SSM state; o [n, nv, dv].
   DS_ASSIGN_OR_RETURN(TensorView o, S.f32({dv, nv, n}));
   TensorView ssm_state = call.state.ssm_state(call.il);
 
   // y = RMSNorm(o; ssm_norm) * silu(z), per v-head over dv; then ssm_out.
-#if DS_HAVE_CUDA
   // With the block's input in int8 form (CUDA, one token) the output norm writes y's int8 activations
   // for ssm_out as well, inside the delta-rule kernel where the shapes allow, and on GPUs with
   // thread-block clusters the prologue runs in that kernel too (delta_net_step_q8).
-  if (call.x_q8.data != nullptr && cuda::norm_q8_applies(dv)) {
+  [[maybe_unused]] bool q8_out = false;
+  bool fused_step = false;
+#if DS_HAVE_CUDA
+  q8_out = call.x_q8.data != nullptr && cuda::norm_q8_applies(dv);
+  fused_step = q8_out && cuda::delta_net_step_q8_applies(p, ssm_state, o);
+#endif
+  const auto dump_prep = [&] {
+    call.dump("deltanet.beta", beta);
+    call.dump("deltanet.g", g);
+    call.dump("deltanet.conv", conv);
+  };
+  if (!fused_step) {
+    DS_TRY(delta_net_prep(ctx, p));
+    dump_prep();
+  }
+#if DS_HAVE_CUDA
+  if (q8_out) {
     DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(dv, nv * n) + 3) / 4}));
     DS_ASSIGN_OR_RETURN(TensorView y, S.f32({dv, nv, n}));
     const TensorView z3 = reshape(z, {dv, nv, n});
-    if (cuda::delta_net_step_q8_applies(p, ssm_state, o)) {
+    if (fused_step) {
       DS_TRY(cuda::delta_net_step_q8(ctx, p, ssm_state, o, w.norm, z3, c.rms_eps, y, o_q8));
       dump_prep();
       call.dump("deltanet.o", o);
     } else if (cuda::delta_net_gated_q8_applies(q, v, ssm_state, o)) {
-      DS_TRY(delta_net_prep(ctx, p));
-      dump_prep();
       DS_TRY(cuda::delta_net_gated_q8(ctx, q, k, v, g, beta, ssm_state, o, w.norm, z3, c.rms_eps, y, o_q8));
       call.dump("deltanet.o", o);
     } else {
-      DS_TRY(delta_net_prep(ctx, p));
-      dump_prep();
       DS_TRY(delta_net(ctx, q, k, v, g, beta, ssm_state, o));
       call.dump("deltanet.o", o);
       DS_TRY(cuda::rms_norm_gated_q8(ctx, o, w.norm, z3, c.rms_eps, y, o_q8));
@@ -97,8 +103,6 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
     return cuda::matmul_q8(ctx, w.wout, reshape(y, {c.value_dim(), n}), o_q8, out);
   }
 #endif
-  DS_TRY(delta_net_prep(ctx, p));
-  dump_prep();
   DS_TRY(delta_net(ctx, q, k, v, g, beta, ssm_state, o));
   call.dump("deltanet.o", o);
   DS_TRY(rms_norm_gated(ctx, o, w.norm, reshape(z, {dv, nv, n}), c.rms_eps, o));

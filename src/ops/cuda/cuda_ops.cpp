@@ -113,6 +113,15 @@ DeltaNetPrepArgs prep_args(const DeltaNetPrep& p) {
                           p.mixed.ne[0], p.q.ne[0], p.q.ne[1], p.alpha.ne[0], static_cast<int>(p.conv_w.ne[0]),
                           p.eps};
 }
+// The step kernel's conditions that its launch arguments do not carry: one token, conv channels exactly
+// q, k and v, an output norm row the q8 store takes. (delta_net_step_q8_fits checks the rest, the fused
+// recurrence's shapes included.)
+bool step_q8_shape(const DeltaNetPrep& p, const TensorView& out) {
+  const int64_t dv = out.ne[0], nv = out.ne[1];
+  return p.mixed.ne[1] == 1 && p.mixed.ne[0] == 2 * p.q.ne[0] * p.q.ne[1] + nv * dv && p.q.ne[1] > 0 &&
+         norm_q8_fits(dv);
+}
+
 // The output norm operands of the fused DeltaNet kernels (y and the q8 activations of out's rows),
 // after checking y and the q8 buffer.
 Result<DeltaNetNormQ8> gated_norm_args(const char* op, const TensorView& out, const TensorView& w,
@@ -243,11 +252,8 @@ Status delta_net_gated_q8(const OpContext& ctx, const TensorView& q, const Tenso
 }
 
 bool delta_net_step_q8_applies(const DeltaNetPrep& p, const TensorView& state, const TensorView& out) {
-  const int64_t dv = out.ne[0], nv = out.ne[1];
-  if (p.mixed.ne[1] != 1 || p.mixed.ne[0] != 2 * p.q.ne[0] * p.q.ne[1] + nv * dv || p.q.ne[1] <= 0) return false;
-  // delta_net_step_q8_fits includes the fused recurrence's shapes (delta_net_norm_q8_fused).
-  return norm_q8_fits(dv) && delta_net_step_q8_fits(prep_args(p), dn_args(p.q, p.k, step_v(p, out), p.g, p.beta,
-                                                                          state, out));
+  return step_q8_shape(p, out) &&
+         delta_net_step_q8_fits(prep_args(p), dn_args(p.q, p.k, step_v(p, out), p.g, p.beta, state, out));
 }
 
 Status delta_net_step_q8(const OpContext& ctx, const DeltaNetPrep& p, const TensorView& state, const TensorView& out,
@@ -265,14 +271,15 @@ Status delta_net_step_q8(const OpContext& ctx, const DeltaNetPrep& p, const Tens
   DS_TRY(rms_norm_gated_check(ctx, out, w, z, y).with_context(op));
   DS_TRY(check_device_memory(op, {&p.mixed, &p.conv_w, &p.alpha, &p.b, &p.dt_bias, &p.ssm_a, &p.conv_state, &p.conv,
                                   &p.q, &p.k, &p.g, &p.beta, &state, &out, &w, &z, &y, &act}));
-  if (!delta_net_step_q8_applies(p, state, out)) {
+  const DeltaNetPrepArgs pa = prep_args(p);
+  const DeltaNetArgs da = dn_args(p.q, p.k, v, p.g, p.beta, state, out);
+  if (!step_q8_shape(p, out) || !delta_net_step_q8_fits(pa, da)) {
     return unsupported("{}: mixed {} q {} out {}: not a shape of the fused kernel on this device", op,
                        p.mixed.shape_string(), p.q.shape_string(), out.shape_string());
   }
   DS_ASSIGN_OR_RETURN(const DeltaNetNormQ8 nq, gated_norm_args(op, out, w, z, eps, y, act));
   DeviceGuard guard(ctx.device.index);
-  DS_CUDA_TRY(delta_net_step_q8_launch(prep_args(p), dn_args(p.q, p.k, v, p.g, p.beta, state, out), nq,
-                                       stream_of(ctx)),
+  DS_CUDA_TRY(delta_net_step_q8_launch(pa, da, nq, stream_of(ctx)),
               "{} mixed {} q {} state {}", op, p.mixed.shape_string(), p.q.shape_string(), state.shape_string());
   return Status::ok();
 }

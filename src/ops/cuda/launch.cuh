@@ -92,19 +92,8 @@ inline cudaError_t launch_kernel_packed(const void* kernel, dim3 grid, dim3 bloc
 }
 
 // kernel<<<grid, block, smem, s>>>(args...) through launch_kernel_packed (arguments converted to the
-// kernel's parameter types first, as a triple-chevron launch does).
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                          Args&&... args) {
-  static_assert(sizeof...(Params) > 0 && sizeof...(Params) == sizeof...(Args), "one argument per parameter");
-  return [&](Params... coerced) {
-    void* packed[] = {static_cast<void*>(&coerced)...};
-    return launch_kernel_packed(reinterpret_cast<const void*>(kernel), grid, block, packed, smem, s);
-  }(std::forward<Args>(args)...);
-}
-
-// launch_kernel in thread-block clusters of `cluster` CTAs (each grid dimension a multiple of the
-// cluster's); only where cluster_launch_enabled().
+// kernel's parameter types first, as a triple-chevron launch does), in thread-block clusters of
+// `cluster` CTAs (each grid dimension a multiple of the cluster's; only where cluster_launch_enabled()).
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel_cluster(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
                                   cudaStream_t s, Args&&... args) {
@@ -113,6 +102,13 @@ cudaError_t launch_kernel_cluster(void (*kernel)(Params...), dim3 grid, dim3 clu
     void* packed[] = {static_cast<void*>(&coerced)...};
     return launch_kernel_packed(reinterpret_cast<const void*>(kernel), grid, block, packed, smem, s, cluster);
   }(std::forward<Args>(args)...);
+}
+
+// launch_kernel_cluster without clusters: the launch every ops/cuda kernel takes.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                          Args&&... args) {
+  return launch_kernel_cluster(kernel, grid, dim3(1, 1, 1), block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace ds::cuda
