@@ -1,7 +1,10 @@
 // moe_ffn_gathered (ops/cuda/cuda_ops.h) against the CPU reference moe_ffn and against the CUDA
-// moe_ffn (which groups tokens per expert on the host): split and fused gate/up stacks, q4_K, q8_0,
-// q6_K and f32 experts, 1..8 tokens, k = 8 of 64 experts and k = 2 of 4, unused slots (-1, and ids
-// >= n_expert, which only the gathered path accepts) whose weights are NaN, so reading one shows.
+// moe_ffn: split and fused gate/up stacks, q4_K, q8_0, q6_K and f32 experts, 1..8 tokens, k = 8 of 64
+// experts and k = 2 of 4, unused slots (-1, and ids >= n_expert, which the CPU op refuses) whose
+// weights are NaN, so reading one shows.
+// moe_ffn_grouped (prefill batches) against a float64 reference on BF16 operands and the CPU op: every
+// type it takes, runs of several tiles, k and row tails, the 35B-A3B's expert shape; the CUDA moe_ffn
+// op gives its bits again.
 // moe_block_decode (the whole MoE block of a decode step) against a float64 reference on the device's
 // int8 activations and against the CPU op chain (router matmul, moe_route, moe_ffn, shared expert):
 // k = 8 of 256 at the real 35B-A3B shape, k = 2 of 4 with 32 tokens (64 slots), shared-expert types
@@ -54,14 +57,18 @@ namespace {
 //    is heavy-tailed (a product of two sums), so the int8 step of a block (its largest |h| / 127) is
 //    large against most of its elements: about 1e-2 of the largest output was measured on these data;
 //    f32 experts run F32 kernels: kTolF32Experts;
-//  - against the CUDA moe_ffn: both quantize x the same way, but the grouped path's products may run
-//    another q8 kernel version (v5) than the gathered ones (v4), whose F32 sums differ in order, so an
-//    h code can again land on the other side of a rounding boundary: kTolQ8Reference.
+//  - against the CUDA moe_ffn: with F32 experts both run F32 products: kTolQ8Reference; with quantized
+//    experts the CUDA moe_ffn runs BF16 tensor-core products (moe_ffn_grouped): kTolExact;
+//  - moe_ffn_grouped against a float64 reference that rounds x, h and the weights to BF16 as the device
+//    does: kTolBf16Reference. What remains is F32 summation order, except that an h on the other side of a
+//    BF16 rounding boundary (the device's h differs from the float64 one by ~1e-7 relative) moves one
+//    term by 2^-8 of itself, ~1e-4 of the largest output per flip on these data.
 constexpr double kTolQ8Reference = 5e-3;
+constexpr double kTolBf16Reference = 2e-3;
 constexpr double kTolExact = 6e-2;
 constexpr double kTolF32Experts = 1e-4;
 
-// Random rows of type t (k elements each): floats for F32, random bytes with fp16 scales in
+// Random rows of type t (k elements each): floats for F32, F16 and BF16, random bytes with fp16 scales in
 // [0.002, 0.02) for quantized types, so every code pattern occurs.
 std::vector<uint8_t> random_rows(DType t, int64_t n_rows, int64_t k, std::mt19937& rng) {
   const int64_t rb = dtype_row_bytes(t, k);
@@ -71,6 +78,14 @@ std::vector<uint8_t> random_rows(DType t, int64_t n_rows, int64_t k, std::mt1993
     for (int64_t i = 0; i < n_rows * k; ++i) {
       const float f = uni(rng);
       std::memcpy(w.data() + 4 * i, &f, 4);
+    }
+    return w;
+  }
+  if (t == DType::F16 || t == DType::BF16) {
+    for (int64_t i = 0; i < n_rows * k; ++i) {
+      const float f = uni(rng);
+      const uint16_t h = t == DType::F16 ? f32_to_fp16(f) : f32_to_bf16(f);
+      std::memcpy(w.data() + 2 * i, &h, 2);
     }
     return w;
   }
@@ -104,19 +119,32 @@ void q8_round_trip(std::vector<double>& v) {
   }
 }
 
+// How a projection's activations reach the device's products: exact, int8 blocks (the q8 kernels) or
+// BF16 (the grouped tensor-core products).
+enum class Act { kExact, kQ8, kBf16 };
+
+void bf16_round_trip(std::vector<double>& v) {
+  for (double& e : v) e = bf16_to_f32(f32_to_bf16(static_cast<float>(e)));
+}
+
+void act_round_trip(Act a, std::vector<double>& v) {
+  if (a == Act::kQ8) q8_round_trip(v);
+  if (a == Act::kBf16) bf16_round_trip(v);
+}
+
 // y = sum over used slots of w * down(silu(gate x) * up x) in float64 on dequantized weights
-// ([X][rows][cols]); q8_gate / q8_up / q8_down: that projection sees int8-quantized activations.
+// ([X][rows][cols]), each projection's activations rounded as `act_*` says.
 std::vector<float> moe_reference(const std::vector<float>& gate, const std::vector<float>& up,
                                  const std::vector<float>& down, const std::vector<float>& x,
                                  const std::vector<int32_t>& ids, const std::vector<float>& wts, int64_t E, int64_t F,
-                                 int64_t X, int64_t k, int64_t n_tokens, bool q8_gate, bool q8_up, bool q8_down) {
+                                 int64_t X, int64_t k, int64_t n_tokens, Act act_gate, Act act_up, Act act_down) {
   std::vector<float> y(static_cast<size_t>(E * n_tokens), 0.0f);
   std::vector<double> acc(static_cast<size_t>(E));
   for (int64_t t = 0; t < n_tokens; ++t) {
-    std::vector<double> xe(x.begin() + t * E, x.begin() + (t + 1) * E), xq = xe;
-    q8_round_trip(xq);
-    const std::vector<double>& xg = q8_gate ? xq : xe;
-    const std::vector<double>& xu = q8_up ? xq : xe;
+    const std::vector<double> xe(x.begin() + t * E, x.begin() + (t + 1) * E);
+    std::vector<double> xg = xe, xu = xe;
+    act_round_trip(act_gate, xg);
+    act_round_trip(act_up, xu);
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = ids[static_cast<size_t>(t * k + j)];
@@ -130,7 +158,7 @@ std::vector<float> moe_reference(const std::vector<float>& gate, const std::vect
         }
         h[static_cast<size_t>(r)] = g / (1.0 + std::exp(-g)) * u;
       }
-      if (q8_down) q8_round_trip(h);
+      act_round_trip(act_down, h);
       const double wt = wts[static_cast<size_t>(t * k + j)];
       for (int64_t c = 0; c < E; ++c) {
         double o = 0.0;
@@ -247,7 +275,8 @@ class CudaMoeTest : public test::CudaTest {
     const DType up_type = c.fused ? c.gate : c.up;
     const std::vector<float> ref_q8 =
         moe_reference(gate_f, up_f, dequantized(c.down, down_b, E * X, F), x.v, ids, wts, E, F, X, k, n_tokens,
-                      c.gate != DType::F32, up_type != DType::F32, c.down != DType::F32);
+                      c.gate != DType::F32 ? Act::kQ8 : Act::kExact, up_type != DType::F32 ? Act::kQ8 : Act::kExact,
+                      c.down != DType::F32 ? Act::kQ8 : Act::kExact);
     EXPECT_LE(test::rel_err(got, ref_q8), all_f32 ? kTolF32Experts : kTolQ8Reference)
         << where << " (vs float64 reference on int8 activations)";
     for (size_t i = 0; i < got.size(); ++i) {
@@ -261,7 +290,9 @@ class CudaMoeTest : public test::CudaTest {
     const TensorView dy2 = up(out2.t, out2.v.data(), 4 * E * n_tokens);
     const Status s2 = moe_ffn(ctx_, dx, ed, dids, dwts, dy2);
     ASSERT_TRUE(s2.is_ok()) << where << ": " << s2.to_string();
-    EXPECT_LE(test::rel_err(got, down(dy2, E * n_tokens)), kTolQ8Reference) << where << " (vs CUDA moe_ffn)";
+    // The CUDA moe_ffn runs quantized experts as grouped BF16 products (moe_ffn_grouped), F32 ones as F32.
+    EXPECT_LE(test::rel_err(got, down(dy2, E * n_tokens)), all_f32 ? kTolQ8Reference : kTolExact)
+        << where << " (vs CUDA moe_ffn)";
     bufs_.clear();
   }
 
@@ -303,6 +334,173 @@ TEST_F(CudaMoeTest, F32Experts) {
 TEST_F(CudaMoeTest, OutOfRangeIdsAreUnusedSlots) {
   run({DType::Q4_K, DType::Q4_K, DType::Q4_K, false, 256, 256, 64, 8}, 3, true);
   run({DType::F32, DType::F32, DType::F32, true, 64, 32, 4, 2}, 5, true);
+}
+
+// moe_ffn_grouped (prefill batches): against the float64 reference on BF16 operands, the CPU reference
+// op, and the CUDA moe_ffn op (which must take the grouped path and give the same bits: the pairs'
+// order inside an expert's run changes from run to run, no output bit may).
+class CudaMoeGroupedTest : public test::CudaTest {
+ protected:
+  // hot: slot 0 of token t routes to expert t % 3, so those experts get runs of several tiles.
+  void run(const MoeCase& c, int64_t n_tokens, bool hot, bool out_of_range_ids) {
+    const std::string where = describe(c, n_tokens) + (hot ? " hot" : "");
+    const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert, k = c.k;
+    std::vector<uint8_t> gate_b, up_b, gu_b, down_b;
+    MoeExperts eh;
+    if (c.fused) {
+      gu_b = random_rows(c.gate, 2 * F * X, E, rng_);
+      eh.gate_up = TensorView::contiguous(gu_b.data(), c.gate, {E, 2 * F, X});
+    } else {
+      gate_b = random_rows(c.gate, F * X, E, rng_);
+      up_b = random_rows(c.up, F * X, E, rng_);
+      eh.gate = TensorView::contiguous(gate_b.data(), c.gate, {E, F, X});
+      eh.up = TensorView::contiguous(up_b.data(), c.up, {E, F, X});
+    }
+    down_b = random_rows(c.down, E * X, F, rng_);
+    eh.down = TensorView::contiguous(down_b.data(), c.down, {F, E, X});
+    test::Host x({E, n_tokens});
+    x.random(rng_, -1.0f, 1.0f);
+    // k distinct experts per token; every 7th slot unused (-1), slot 2 past the last expert with
+    // out_of_range_ids; unused slots weigh NaN.
+    std::vector<int32_t> ids(static_cast<size_t>(n_tokens * k)), ids_ref(ids.size());
+    std::vector<float> wts(ids.size()), wts_ref(ids.size());
+    std::uniform_real_distribution<float> wd(0.1f, 1.0f);
+    std::vector<int32_t> perm(static_cast<size_t>(X));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      if (hot) std::swap(perm[0], *std::find(perm.begin(), perm.end(), static_cast<int32_t>(t % 3)));
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t s = static_cast<size_t>(t * k + j);
+        ids[s] = perm[static_cast<size_t>(j)];
+        wts[s] = wd(rng_);
+        if (s % 7 == 5) ids[s] = -1;
+        if (out_of_range_ids && s == 2) ids[s] = static_cast<int32_t>(X + 1);
+        const bool used = ids[s] >= 0 && ids[s] < X;
+        if (!used) wts[s] = std::numeric_limits<float>::quiet_NaN();
+        ids_ref[s] = used ? ids[s] : 0;
+        wts_ref[s] = used ? wts[s] : 0.0f;
+      }
+    }
+    test::Host ref({E, n_tokens});
+    ASSERT_TRUE(moe_ffn(test::ref_ctx(), x.t, eh, TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens}),
+                        TensorView::contiguous(wts_ref.data(), DType::F32, {k, n_tokens}), ref.t)
+                    .is_ok())
+        << where;
+    // Weights as the device sees them: dequantized, rounded to BF16.
+    auto bf16_weights = [](DType t, const std::vector<uint8_t>& b, int64_t rows, int64_t cols) {
+      std::vector<float> f = dequantized(t, b, rows, cols);
+      for (float& v : f) v = bf16_to_f32(f32_to_bf16(v));
+      return f;
+    };
+    std::vector<float> gate_f, up_f;
+    if (c.fused) {
+      const std::vector<float> all = bf16_weights(c.gate, gu_b, 2 * F * X, E);
+      gate_f.resize(static_cast<size_t>(F * X * E));
+      up_f.resize(gate_f.size());
+      for (int64_t e = 0; e < X; ++e) {
+        std::copy_n(all.begin() + (2 * e * F) * E, F * E, gate_f.begin() + e * F * E);
+        std::copy_n(all.begin() + (2 * e * F + F) * E, F * E, up_f.begin() + e * F * E);
+      }
+    } else {
+      gate_f = bf16_weights(c.gate, gate_b, F * X, E);
+      up_f = bf16_weights(c.up, up_b, F * X, E);
+    }
+    const std::vector<float> ref_bf16 = moe_reference(gate_f, up_f, bf16_weights(c.down, down_b, E * X, F), x.v, ids,
+                                                      wts, E, F, X, k, n_tokens, Act::kBf16, Act::kBf16, Act::kBf16);
+
+    MoeExperts ed;
+    if (c.fused) {
+      ed.gate_up = up(eh.gate_up, gu_b.data(), static_cast<int64_t>(gu_b.size()));
+    } else {
+      ed.gate = up(eh.gate, gate_b.data(), static_cast<int64_t>(gate_b.size()));
+      ed.up = up(eh.up, up_b.data(), static_cast<int64_t>(up_b.size()));
+    }
+    ed.down = up(eh.down, down_b.data(), static_cast<int64_t>(down_b.size()));
+    const TensorView dx = up(x.t, x.v.data(), 4 * E * n_tokens);
+    const TensorView dids =
+        up(TensorView::contiguous(ids.data(), DType::I32, {k, n_tokens}), ids.data(), 4 * k * n_tokens);
+    const TensorView dwts =
+        up(TensorView::contiguous(wts.data(), DType::F32, {k, n_tokens}), wts.data(), 4 * k * n_tokens);
+    ASSERT_TRUE(cuda::moe_ffn_grouped_takes(dx, ed)) << where;
+    test::Host out({E, n_tokens});  // NaN
+    const TensorView dy = up(out.t, out.v.data(), 4 * E * n_tokens);
+    const Status s = cuda::moe_ffn_grouped(ctx_, dx, ed, dids, dwts, dy);
+    ASSERT_TRUE(s.is_ok()) << where << ": " << s.to_string();
+    const std::vector<float> got = down(dy, E * n_tokens);
+    EXPECT_LE(test::rel_err(got, ref_bf16), kTolBf16Reference) << where << " (vs float64 reference on BF16)";
+    EXPECT_LE(test::rel_err(got, ref.v), kTolExact) << where << " (vs CPU reference op)";
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!std::isfinite(got[i])) {
+        ADD_FAILURE() << where << ": y[token " << i / E << ", " << i % E << "] = " << got[i];
+        break;
+      }
+    }
+    test::Host out2({E, n_tokens});
+    const TensorView dy2 = up(out2.t, out2.v.data(), 4 * E * n_tokens);
+    const Status s2 = moe_ffn(ctx_, dx, ed, dids, dwts, dy2);
+    ASSERT_TRUE(s2.is_ok()) << where << ": " << s2.to_string();
+    const std::vector<float> got2 = down(dy2, E * n_tokens);
+    EXPECT_EQ(std::memcmp(got.data(), got2.data(), 4 * got.size()), 0) << where << " (moe_ffn op, second run)";
+    bufs_.clear();
+  }
+
+  std::mt19937 rng_{987};
+};
+
+TEST_F(CudaMoeGroupedTest, QuantizedExpertsManyTokens) {
+  for (bool fused : {false, true}) {
+    const MoeCase q4k{DType::Q4_K, DType::Q4_K, DType::Q6_K, fused, 512, 256, 16, 4};
+    run(q4k, 9, false, false);
+    run(q4k, 70, true, false);  // experts 0-2: runs of 2-3 tiles
+  }
+}
+
+TEST_F(CudaMoeGroupedTest, EveryTypeAndTails) {
+  // n_ff 96: the down product's k ends inside a 64-element step and the gate/up rows inside a CTA's 128.
+  run({DType::Q8_0, DType::Q4_0, DType::Q5_0, false, 256, 96, 8, 2}, 45, true, false);
+  run({DType::Q5_K, DType::Q5_K, DType::Q4_K, true, 256, 256, 8, 3}, 40, false, false);
+  run({DType::F16, DType::BF16, DType::F16, false, 40, 24, 4, 2}, 50, true, false);
+  run({DType::BF16, DType::BF16, DType::Q8_0, true, 64, 160, 4, 2}, 33, false, false);
+}
+
+TEST_F(CudaMoeGroupedTest, UnusedAndOutOfRangeSlots) {
+  run({DType::Q4_K, DType::Q4_K, DType::Q4_K, true, 256, 256, 8, 4}, 20, true, true);
+}
+
+// The 35B-A3B's expert shapes (n_embd 2048, n_ff 512, fused gate/up Q4_K, down Q6_K), 16 of its 256
+// experts so the float64 reference stays small.
+TEST_F(CudaMoeGroupedTest, RealExpertShape) {
+  run({DType::Q4_K, DType::Q4_K, DType::Q6_K, true, 2048, 512, 16, 8}, 33, true, false);
+}
+
+TEST(CudaMoeGrouped, FloatExpertsAndBadArgumentsAreRefused) {
+  const int64_t E = 64, F = 32, X = 16, k = 2, n_tokens = 4;
+  OpContext ctx;
+  ctx.device = Device{DeviceKind::kCuda, 0};
+  alignas(16) static uint8_t fake[16], fake_y[16];
+  const Device d = ctx.device;
+  MoeExperts e;
+  e.gate_up = TensorView::contiguous(fake, DType::Q8_0, {E, 2 * F, X}, d);
+  e.down = TensorView::contiguous(fake, DType::Q8_0, {F, E, X}, d);
+  const TensorView x = TensorView::contiguous(fake, DType::F32, {E, n_tokens}, d);
+  const TensorView y = TensorView::contiguous(fake_y, DType::F32, {E, n_tokens}, d);
+  const TensorView ids = TensorView::contiguous(fake, DType::I32, {k, n_tokens}, d);
+  const TensorView w = TensorView::contiguous(fake, DType::F32, {k, n_tokens}, d);
+  EXPECT_TRUE(cuda::moe_ffn_grouped_takes(x, e));
+  MoeExperts e_f32 = e;
+  e_f32.down = TensorView::contiguous(fake, DType::F32, {F, E, X}, d);
+  EXPECT_FALSE(cuda::moe_ffn_grouped_takes(x, e_f32));
+  const TensorView x_odd = TensorView::contiguous(fake + 4, DType::F32, {E, n_tokens}, d);
+  EXPECT_FALSE(cuda::moe_ffn_grouped_takes(x_odd, e));  // not 16-byte aligned
+  Status s = cuda::moe_ffn_grouped(ctx, x, e_f32, ids, w, y);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+  const TensorView ids_bad = TensorView::contiguous(fake, DType::I32, {k + 1, n_tokens}, d);
+  s = cuda::moe_ffn_grouped(ctx, x, e, ids_bad, w, y);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  OpContext cpu;
+  s = cuda::moe_ffn_grouped(cpu, x, e, ids, w, y);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
 }
 
 // Argument checks happen before any device work: runs without a device (the pointers are never used).

@@ -3,8 +3,8 @@
 // (token, expert) pairs run the whole MoE block, with the residual add and norm before it, in
 // moe_block_decode_add_norm (moe_ffn_forward_add_norm; its router kernel computes the norm) or, for
 // types it does not take, moe_ffn_gathered; both read the routing from device memory (no host round
-// trip, so a decode step stays capturable as a graph). Larger batches group tokens per expert on the
-// host (moe_ffn) so each expert's weights are read once.
+// trip, so a decode step stays capturable as a graph). Larger batches run moe_ffn, which on CUDA groups
+// the tokens per expert on the device (moe_ffn_grouped), so each expert's weights are read once per tile.
 #include "model/model_internal.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"

@@ -8,7 +8,9 @@
 //   x [n_tokens, E] F32; y [n_tokens, E] F32 (overwritten, must not alias x)
 //   experts: gate/up {E, F, n_expert} and down {F, E, n_expert}; or gate_up {E, 2F, n_expert} (first F
 //   rows gate) with gate/up empty (null data). Tokens are gathered per expert so each expert's
-//   weights are read once per call, whatever the number of tokens routed to it.
+//   weights are read once per call, whatever the number of tokens routed to it (on CUDA, once per 32
+//   of its tokens). The CPU refuses ids outside [0, n_expert); on CUDA, where ids stay on the device,
+//   such slots are unused (they add nothing), except with F32 experts, which refuse ids >= n_expert.
 #pragma once
 
 #include "core/status.h"

@@ -1,7 +1,9 @@
-// Host entry of moe_ffn_gathered (ops/cuda/cuda_ops.h): the expert FFN of a decode step without a host
-// round trip. Checks the moe_ffn contract, then enqueues, all asynchronous on the context's stream:
-// quantize x (q8 projections) -> gate and up of every slot -> SwiGLU (fused with the q8 quantization
-// of h when the down projection is q8) -> down of every slot -> y = weighted sum of the slots.
+// Host entries of moe_ffn_gathered and moe_ffn_grouped (ops/cuda/cuda_ops.h): the expert FFN without a
+// host round trip. Each checks the moe_ffn contract, then enqueues, all asynchronous on the context's
+// stream. Gathered (a decode step): quantize x (q8 projections) -> gate and up of every slot -> SwiGLU
+// (fused with the q8 quantization of h when the down projection is q8) -> down of every slot -> y =
+// weighted sum of the slots. Grouped (a prefill batch): the plan (pairs sorted per expert, tiles) ->
+// gate and up of every tile -> down of every tile, SwiGLU in its activation loads -> the weighted sum.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choice: the scratch is one block from the device's caching allocator, returned on exit:
 // no cudaMalloc once the cache is warm and no synchronization, so a step can be captured into a CUDA
@@ -159,6 +161,126 @@ Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExpe
   DS_CUDA_TRY(moe_combine_launch(d, d_ids, weights.as<float>(), n_tokens, k, n_embd, static_cast<int>(n_expert),
                                  y.as<float>(), s),
               "{}: combine: {}", kOp, shapes());
+  return Status::ok();
+}
+
+namespace {
+
+// Projection rows [row0, row0 + n_rows) of every expert of stack t, for the grouped product.
+MoeGroupedLaunch grouped(const TensorView& t, int64_t row0, int64_t n_rows) {
+  MoeGroupedLaunch p;
+  p.w = static_cast<const uint8_t*>(t.data) + row0 * t.nb[1];
+  p.w_stride = t.nb[1];
+  p.w_expert_stride = t.nb[2];
+  p.n_rows = n_rows;
+  p.k = t.ne[0];
+  return p;
+}
+
+bool grouped_stack_fits(const TensorView& t) {
+  return t.data != nullptr && moe_grouped_fits(t.dtype, t.data, t.nb[1], t.nb[2], t.ne[0]);
+}
+
+}  // namespace
+
+bool moe_ffn_grouped_takes(const TensorView& x, const MoeExperts& experts) {
+  const bool fused = experts.gate_up.data != nullptr;
+  const bool stacks = fused ? grouped_stack_fits(experts.gate_up)
+                            : grouped_stack_fits(experts.gate) && grouped_stack_fits(experts.up);
+  return stacks && grouped_stack_fits(experts.down) && experts.down.ne[2] <= kMoeGroupMaxExperts &&
+         reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && x.ne[0] % 8 == 0;
+}
+
+Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
+                       const TensorView& weights, const TensorView& y) {
+  constexpr const char* kGroupedOp = "moe_ffn_grouped";
+  if (ctx.device.kind != DeviceKind::kCuda) {
+    return invalid_argument("{}: context device {} is not a CUDA device", kGroupedOp, ctx.device.to_string());
+  }
+  DS_TRY(check_moe_io(kGroupedOp, ctx, x, ids, weights, y, ids.ne[0]));
+  DS_TRY(check_moe_experts(kGroupedOp, ctx, experts, x.ne[0]));
+  const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
+  const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];
+  const bool fused = experts.gate_up.data != nullptr;
+  if (!moe_ffn_grouped_takes(x, experts)) {
+    return unsupported("{}: gate/up {} {} down {} {} x {}: types or alignment the grouped products do not take",
+                       kGroupedOp, dtype_name(fused ? experts.gate_up.dtype : experts.gate.dtype),
+                       (fused ? experts.gate_up : experts.gate).shape_string(), dtype_name(experts.down.dtype),
+                       experts.down.shape_string(), x.shape_string());
+  }
+  const int64_t n_slots = n_tokens * k;
+  if (n_slots > INT32_MAX) return invalid_argument("{}: {} tokens x {} slots", kGroupedOp, n_tokens, k);
+  if (n_tokens == 0 || n_embd == 0) return Status::ok();
+  const int dev = ctx.device.index;
+  DS_TRY(device_status(dev));
+  DeviceGuard guard(dev);
+  const auto s = static_cast<cudaStream_t>(ctx.cuda_stream);
+  if (k == 0 || n_ff == 0) {
+    DS_CUDA_TRY(cudaMemsetAsync(y.data, 0, static_cast<size_t>(4 * n_embd * n_tokens), s), "{} y {}", kGroupedOp,
+                y.shape_string());
+    return Status::ok();
+  }
+
+  // Scratch, 16-byte aligned pieces: order [slots] | tiles [max_tiles] | n_tiles | gu [slots, 2 n_ff] by place
+  // (gate then up) | d [slots, n_embd] by slot.
+  const int64_t max_tiles = moe_group_max_tiles(n_slots, n_expert);
+  const int64_t order_bytes = align16(4 * n_slots), tiles_bytes = 16 * max_tiles, count_bytes = 16;
+  const int64_t gu_bytes = align16(4 * n_slots * 2 * n_ff), d_bytes = 4 * n_slots * n_embd;
+  DS_ASSIGN_OR_RETURN(CudaBuffer scratch,
+                      CudaBuffer::allocate(dev, order_bytes + tiles_bytes + count_bytes + gu_bytes + d_bytes));
+  auto* base = static_cast<uint8_t*>(scratch.data());
+  auto* order = reinterpret_cast<int32_t*>(base);
+  auto* tiles = reinterpret_cast<int4*>(base + order_bytes);
+  auto* n_tiles = reinterpret_cast<int*>(base + order_bytes + tiles_bytes);
+  auto* gu = reinterpret_cast<float*>(base + order_bytes + tiles_bytes + count_bytes);
+  auto* d = reinterpret_cast<float*>(base + order_bytes + tiles_bytes + count_bytes + gu_bytes);
+
+  const auto shapes = [&] {
+    return fmt::format("x {} ids {} gate {} down {}", x.shape_string(), ids.shape_string(),
+                       (fused ? experts.gate_up : experts.gate).shape_string(), experts.down.shape_string());
+  };
+  DS_CUDA_TRY(moe_group_plan_launch(ids.as<int32_t>(), static_cast<int>(n_slots), static_cast<int>(n_expert), order,
+                                    tiles, n_tiles, s),
+              "{}: plan: {}", kGroupedOp, shapes());
+  const auto with_plan = [&](MoeGroupedLaunch p) {
+    p.order = order;
+    p.tiles = tiles;
+    p.n_tiles = n_tiles;
+    p.max_tiles = max_tiles;
+    return p;
+  };
+  // gu[place] = [gate x | up x] of the pair's token.
+  const auto gate_up = [&](MoeGroupedLaunch p, DType t, int64_t col0) -> Status {
+    p = with_plan(p);
+    p.a = x.as<float>();
+    p.a_stride = n_embd;
+    p.x_div = static_cast<int>(k);
+    p.y = gu + col0;
+    p.y_stride = 2 * n_ff;
+    DS_CUDA_TRY(moe_grouped_product_launch(t, p, false, s), "{}: {} products: {}", kGroupedOp,
+                col0 == 0 ? "gate" : "up", shapes());
+    return Status::ok();
+  };
+  if (fused) {
+    DS_TRY(gate_up(grouped(experts.gate_up, 0, 2 * n_ff), experts.gate_up.dtype, 0));
+  } else {
+    DS_TRY(gate_up(grouped(experts.gate, 0, n_ff), experts.gate.dtype, 0));
+    DS_TRY(gate_up(grouped(experts.up, 0, n_ff), experts.up.dtype, n_ff));
+  }
+  // d[slot] = down (silu(gate x) * up x).
+  MoeGroupedLaunch down = with_plan(grouped(experts.down, 0, n_embd));
+  down.a = gu;
+  down.a_stride = 2 * n_ff;
+  down.a_up = n_ff;
+  down.y = d;
+  down.y_stride = n_embd;
+  down.y_by_slot = true;
+  DS_CUDA_TRY(moe_grouped_product_launch(experts.down.dtype, down, true, s), "{}: down products: {}", kGroupedOp,
+              shapes());
+  DS_CUDA_TRY(moe_combine_launch(d, ids.as<int32_t>(), weights.as<float>(), n_tokens, k, n_embd,
+                                 static_cast<int>(n_expert), y.as<float>(), s),
+              "{}: combine: {}", kGroupedOp, shapes());
+  // The scratch returns to the cache here; later work on this stream is ordered after the launches.
   return Status::ok();
 }
 

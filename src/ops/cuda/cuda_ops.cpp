@@ -2,9 +2,9 @@
 // shapes, dtypes and devices; these check what only the CUDA path needs (ids in range, kernel limits),
 // launch on the context's stream and turn CUDA errors into a Status naming the op and shapes.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
-// Non-obvious choice: get_rows and moe_ffn copy their small index tensors to the host (a stream
-// synchronization): get_rows to report a bad id as a Status, moe_ffn to group tokens per expert so each
-// expert's weights are read once. Everything else is asynchronous.
+// Non-obvious choice: get_rows copies its small index tensor to the host (a stream synchronization) to
+// report a bad id as a Status; so does moe_ffn for F32 experts only, to group tokens per expert on the
+// host. Everything else is asynchronous (moe_ffn groups on the device: moe_ffn_grouped).
 #if DS_HAVE_CUDA
 
 #include "ops/cuda/cuda_ops.h"
@@ -454,6 +454,8 @@ Status moe_ffn(const OpContext& ctx, const TensorView& x, const MoeExperts& expe
                const TensorView& weights, const TensorView& y) {
   DS_TRY(device_status(ctx.device.index));
   DS_TRY(check_device_memory("moe_ffn", {&x, &ids, &weights, &y}));
+  if (moe_ffn_grouped_takes(x, experts)) return moe_ffn_grouped(ctx, x, experts, ids, weights, y);
+  // F32 experts (or unaligned stacks): grouped on the host, F32 products per expert.
   DeviceGuard guard(ctx.device.index);
   const int dev = ctx.device.index;
   const cudaStream_t s = stream_of(ctx);

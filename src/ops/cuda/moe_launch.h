@@ -1,5 +1,6 @@
-// Launchers of the gathered MoE kernels (ops/cuda/moe_gathered.cu, ops/cuda/moe_block.cu), for the host
-// entries moe_ffn_gathered (ops/cuda/cuda_moe.cpp) and moe_block_decode (ops/cuda/cuda_moe_block.cpp).
+// Launchers of the MoE kernels (ops/cuda/moe_gathered.cu, moe_block.cu, moe_grouped.cu), for the host
+// entries moe_ffn_gathered and moe_ffn_grouped (ops/cuda/cuda_moe.cpp) and moe_block_decode
+// (ops/cuda/cuda_moe_block.cpp).
 // Needs the CUDA runtime headers: include only under DS_HAVE_CUDA. Launchers return cudaError_t; the
 // host entry names the op and shapes.
 // Non-obvious choice: a projection runs as one launch over all (token, slot) pairs, grid.y = slot, and
@@ -129,5 +130,46 @@ struct MoeDownCombineLaunch {
 // (n_ff <= 1024, whole blocks), k + 1 <= 16 pairs, rings within the 48 KB of shared memory.
 bool moe_down_combine_fits(DType t, int64_t n_ff, int k);
 cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cudaStream_t stream);
+
+// ---- moe_ffn_grouped (ops/cuda/moe_grouped.cu): many pairs, grouped per expert on the device ----
+// A pair is a (token, slot) with an expert id in [0, n_expert); its place is its index in the runs of
+// pairs that moe_group_plan lays out expert after expert. A tile is up to kMoeGroupM pairs of one run:
+// {expert, first place, pairs, 0}.
+constexpr int kMoeGroupM = 32;
+constexpr int kMoeGroupMaxExperts = 4096;  // the plan's per-expert counters live in shared memory
+// The most tiles a routing of n_slots slots over n_expert experts can produce.
+int64_t moe_group_max_tiles(int64_t n_slots, int64_t n_expert);
+// order[place] = slot, tiles[0 .. *n_tiles) (max_tiles entries allocated), from ids [n_slots] (device);
+// one CTA. 1 <= n_expert <= kMoeGroupMaxExperts.
+cudaError_t moe_group_plan_launch(const int32_t* ids, int n_slots, int n_expert, int32_t* order, int4* tiles,
+                                  int* n_tiles, cudaStream_t stream);
+
+// One projection of every tile of a plan: y[out row, 0 .. n_rows) = (rows of expert e) * (activation row),
+// on the tensor cores (activations and weights rounded to BF16, F32 sums).
+struct MoeGroupedLaunch {
+  const void* w = nullptr;      // expert 0, first row of this projection
+  int64_t w_stride = 0;         // bytes between rows
+  int64_t w_expert_stride = 0;  // bytes between experts
+  int64_t n_rows = 0;
+  int64_t k = 0;                // multiple of 8 and of the type's block
+  // Activation rows (F32, 16-byte aligned, a_stride a multiple of 4): with swiglu, row `place` holds g at
+  // [0, k) and u at [a_up, a_up + k) and the product reads silu(g) * u; otherwise the product reads row
+  // slot / x_div (the pair's token).
+  const float* a = nullptr;
+  int64_t a_stride = 0;         // elements between rows
+  int64_t a_up = 0;             // elements, swiglu only (multiple of 4)
+  int x_div = 1;
+  const int32_t* order = nullptr;  // the plan (device)
+  const int4* tiles = nullptr;
+  const int* n_tiles = nullptr;
+  int64_t max_tiles = 0;           // grid size: moe_group_max_tiles
+  float* y = nullptr;
+  int64_t y_stride = 0;         // elements between output rows
+  bool y_by_slot = false;       // output row = the pair's slot (else its place)
+};
+// Whether the grouped product takes weights of type t at w with these strides (bytes) and row length k:
+// F16, BF16 and the quantized types (F32 weights keep F32 products elsewhere), rows aligned for decode8.
+bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert_stride, int64_t k);
+cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, bool swiglu, cudaStream_t stream);
 
 }  // namespace ds::cuda

@@ -1,0 +1,252 @@
+// Kernels and launchers of the grouped MoE path (moe_launch.h): the expert FFN of a prefill batch with
+// the pairs grouped per expert on the device. moe_group_plan sorts the (token, slot) pairs by expert and
+// cuts each expert's run into tiles of kMoeGroupM pairs; moe_grouped_product multiplies a tile's
+// activation rows with kGroupN rows of its expert on the tensor cores (BF16 operands, F32 sums, as the
+// dense prefill GEMM), dequantizing the weights into shared memory step by step.
+// Non-obvious choice: the product's grid is sized for the most tiles any routing can produce (pairs /
+// kMoeGroupM + experts) and CTAs past the plan's count exit at once, so the routing never reaches the
+// host: a prefill chunk's MoE layers run without a synchronization and in a handful of launches.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "ops/cuda/launch.cuh"
+#include "ops/cuda/moe_launch.h"
+#include "ops/cuda/quant_decode.cuh"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kPlanThreads = 1024;
+constexpr int kGroupN = 128;                // weight rows per CTA (4 warps of 32)
+constexpr int kGroupK = 64;                 // elements of k per step
+constexpr int kGroupThreads = 128;
+constexpr int kGroupPitch = kGroupK + 8;    // bf16 per shared row: 144 bytes, conflict-free fragment reads
+constexpr int kGroupUnits = kGroupK / 8;    // 8-element units per row and step
+static_assert(kMoeGroupM == 32, "the warp tile below covers 32 pairs (two m16 tiles)");
+
+// Counts the valid pairs per expert, then lays the experts' runs out back to back in expert order:
+// order[run(e) ...] = the slots routed to e (in no particular order within a run: every output row
+// depends only on its own activation row, so the order changes no bit), tiles = one entry per
+// kMoeGroupM pairs of a run. Slots whose id is outside [0, n_expert) are in no run.
+__global__ void __launch_bounds__(kPlanThreads) moe_group_plan(const int32_t* ids, int n_slots, int n_expert,
+                                                               int32_t* order, int4* tiles, int* n_tiles) {
+  extern __shared__ int plan_smem[];
+  int* count = plan_smem;           // [n_expert]
+  int* next = plan_smem + n_expert;  // [n_expert]: the next free place in each run
+  kern::dependency_wait();
+  for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+    const int e = ids[s];
+    if (e >= 0 && e < n_expert) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // one warp scans: lane l takes a contiguous share of the experts
+    const int lane = threadIdx.x, per = (n_expert + 31) / 32;
+    const int e0 = min(n_expert, lane * per), e1 = min(n_expert, e0 + per);
+    int pairs = 0, n_t = 0;
+    for (int e = e0; e < e1; ++e) {
+      pairs += count[e];
+      n_t += (count[e] + kMoeGroupM - 1) / kMoeGroupM;
+    }
+    int pairs_incl = pairs, tiles_incl = n_t;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xFFFFFFFFu, pairs_incl, o), b = __shfl_up_sync(0xFFFFFFFFu, tiles_incl, o);
+      if (lane >= o) {
+        pairs_incl += a;
+        tiles_incl += b;
+      }
+    }
+    int begin = pairs_incl - pairs, t = tiles_incl - n_t;
+    for (int e = e0; e < e1; ++e) {
+      const int c = count[e];
+      next[e] = begin;
+      for (int b = 0; b < c; b += kMoeGroupM) tiles[t++] = make_int4(e, begin + b, min(kMoeGroupM, c - b), 0);
+      begin += c;
+    }
+    if (lane == 31) *n_tiles = tiles_incl;
+  }
+  __syncthreads();
+  for (int s = threadIdx.x; s < n_slots; s += blockDim.x) {
+    const int e = ids[s];
+    if (e >= 0 && e < n_expert) order[atomicAdd(&next[e], 1)] = s;
+  }
+  kern::allow_dependents();
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void store_bf16x8(uint16_t* dst, const float v[8]) {
+  *reinterpret_cast<uint4*>(dst) =
+      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+}
+
+__device__ __forceinline__ void load_f32x8(const float* p, float v[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// d += a (16 x 16, row-major) * b (16 x 8, column-major), BF16 in, F32 accumulate.
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// One tile of one expert times rows [n0, n0 + kGroupN) of its weights (grid: x = tile, y = row block).
+// Activation row m of the tile: kSwiglu ? silu(a[p]) * a[p + a_up] (p = the pair's place in the runs)
+// : a[order[p] / x_div] (the pair's token). Output row: y_by_slot ? the pair's slot : its place.
+// Warp w computes the tile's 32 rows x 32 weight rows [32 w, 32 w + 32) of the block: two m16 by four n8
+// tensor-core tiles per 16 elements of k.
+template <DType T, bool kSwiglu>
+__global__ void __launch_bounds__(kGroupThreads) moe_grouped_product(MoeGroupedLaunch p) {
+  __shared__ __align__(16) uint16_t as[kMoeGroupM * kGroupPitch];
+  __shared__ __align__(16) uint16_t bs[kGroupN * kGroupPitch];
+  __shared__ int64_t src_row[kMoeGroupM], dst_row[kMoeGroupM];
+  kern::dependency_wait();
+  if (static_cast<int>(blockIdx.x) >= *p.n_tiles) return;
+  const int4 tile = p.tiles[blockIdx.x];
+  const int e = tile.x, begin = tile.y, count = tile.z;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kGroupN;
+  if (threadIdx.x < kMoeGroupM) {
+    int64_t src = -1, dst = -1;
+    if (static_cast<int>(threadIdx.x) < count) {
+      const int place = begin + static_cast<int>(threadIdx.x), slot = p.order[place];
+      src = kSwiglu ? place : slot / p.x_div;
+      dst = p.y_by_slot ? slot : place;
+    }
+    src_row[threadIdx.x] = src;
+    dst_row[threadIdx.x] = dst;
+  }
+  __syncthreads();
+  const uint8_t* w = static_cast<const uint8_t*>(p.w) + static_cast<int64_t>(e) * p.w_expert_stride;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane >> 2, c = lane & 3;
+  float acc[2][4][4] = {};
+  for (int64_t k0 = 0; k0 < p.k; k0 += kGroupK) {
+    for (int i = threadIdx.x; i < kMoeGroupM * kGroupUnits; i += kGroupThreads) {
+      const int m = i / kGroupUnits, u = i % kGroupUnits;
+      const int64_t kk = k0 + 8 * u, r = src_row[m];
+      float v[8] = {};
+      if (r >= 0 && kk < p.k) {
+        load_f32x8(p.a + r * p.a_stride + kk, v);
+        if constexpr (kSwiglu) {
+          float up[8];
+          load_f32x8(p.a + r * p.a_stride + p.a_up + kk, up);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * up[j];
+        }
+      }
+      store_bf16x8(as + m * kGroupPitch + 8 * u, v);
+    }
+    for (int i = threadIdx.x; i < kGroupN * kGroupUnits; i += kGroupThreads) {
+      const int n = i / kGroupUnits, u = i % kGroupUnits;
+      const int64_t row = n0 + n, kk = k0 + 8 * u;
+      float v[8] = {};
+      if (row < p.n_rows && kk < p.k) qdec::decode8<T>(w + row * p.w_stride, kk, v);
+      store_bf16x8(bs + n * kGroupPitch + 8 * u, v);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < kGroupK; ks += 16) {
+      uint32_t a[2][4], b[4][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const uint16_t* pa = as + (16 * mt + g) * kGroupPitch + ks + 2 * c;
+        a[mt][0] = lds32(pa);
+        a[mt][1] = lds32(pa + 8 * kGroupPitch);
+        a[mt][2] = lds32(pa + 8);
+        a[mt][3] = lds32(pa + 8 * kGroupPitch + 8);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const uint16_t* pb = bs + (32 * warp + 8 * nt + g) * kGroupPitch + ks + 2 * c;
+        b[nt][0] = lds32(pb);
+        b[nt][1] = lds32(pb + 8);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) mma_bf16(acc[mt][nt], a[mt], b[nt]);
+      }
+    }
+    __syncthreads();
+  }
+  // Accumulator j of tile (mt, nt): pair row 16 mt + g + 8 (j / 2), weight row 32 warp + 8 nt + 2 c + j % 2.
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t dst = dst_row[16 * mt + g + 8 * half];
+      if (dst < 0) continue;
+      float* yr = p.y + dst * p.y_stride;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int64_t col = n0 + 32 * warp + 8 * nt + 2 * c;
+        if (col < p.n_rows) yr[col] = acc[mt][nt][2 * half];
+        if (col + 1 < p.n_rows) yr[col + 1] = acc[mt][nt][2 * half + 1];
+      }
+    }
+  }
+}
+
+template <DType T>
+cudaError_t launch_grouped(const MoeGroupedLaunch& p, bool swiglu, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.max_tiles), static_cast<unsigned>((p.n_rows + kGroupN - 1) / kGroupN));
+  return swiglu ? launch_kernel(moe_grouped_product<T, true>, grid, kGroupThreads, 0, stream, p)
+                : launch_kernel(moe_grouped_product<T, false>, grid, kGroupThreads, 0, stream, p);
+}
+
+}  // namespace
+
+int64_t moe_group_max_tiles(int64_t n_slots, int64_t n_expert) {
+  return (n_slots + kMoeGroupM - 1) / kMoeGroupM + std::min(n_slots, n_expert);
+}
+
+cudaError_t moe_group_plan_launch(const int32_t* ids, int n_slots, int n_expert, int32_t* order, int4* tiles,
+                                  int* n_tiles, cudaStream_t stream) {
+  if (n_slots < 0 || n_expert < 1 || n_expert > kMoeGroupMaxExperts) return cudaErrorInvalidValue;
+  return launch_kernel(moe_group_plan, 1, kPlanThreads, 2 * sizeof(int) * static_cast<size_t>(n_expert), stream,
+                       ids, n_slots, n_expert, order, tiles, n_tiles);
+}
+
+bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert_stride, int64_t k) {
+  switch (t) {
+    case DType::F16: case DType::BF16: case DType::Q4_0: case DType::Q5_0: case DType::Q8_0:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: break;
+    default: return false;
+  }
+  const int64_t align = qdec::traits(t).row_align;
+  return k > 0 && k % 8 == 0 && k % qdec::traits(t).block_elems == 0 &&
+         reinterpret_cast<uintptr_t>(w) % align == 0 && w_stride % align == 0 && w_expert_stride % align == 0;
+}
+
+cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, bool swiglu, cudaStream_t stream) {
+  if (p.n_rows <= 0 || p.max_tiles <= 0) return cudaSuccess;
+  if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 1 || p.a_stride % 4 != 0 ||
+      (swiglu && p.a_up % 4 != 0) || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
+      (p.n_rows + kGroupN - 1) / kGroupN > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  switch (t) {
+    case DType::F16: return launch_grouped<DType::F16>(p, swiglu, stream);
+    case DType::BF16: return launch_grouped<DType::BF16>(p, swiglu, stream);
+    case DType::Q4_0: return launch_grouped<DType::Q4_0>(p, swiglu, stream);
+    case DType::Q5_0: return launch_grouped<DType::Q5_0>(p, swiglu, stream);
+    case DType::Q8_0: return launch_grouped<DType::Q8_0>(p, swiglu, stream);
+    case DType::Q4_K: return launch_grouped<DType::Q4_K>(p, swiglu, stream);
+    case DType::Q5_K: return launch_grouped<DType::Q5_K>(p, swiglu, stream);
+    case DType::Q6_K: return launch_grouped<DType::Q6_K>(p, swiglu, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace ds::cuda
