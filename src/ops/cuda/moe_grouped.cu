@@ -24,6 +24,7 @@ constexpr int kGroupThreads = 128;
 constexpr int kGroupPitch = kGroupK + 8;    // bf16 per shared row: 144 bytes, conflict-free fragment reads
 constexpr int kGroupUnits = kGroupK / 8;    // 8-element units per row and step
 static_assert(kMoeGroupM == 32, "the warp tile below covers 32 pairs (two m16 tiles)");
+static_assert(kGroupN == kGroupThreads, "one weight row per thread and step");
 
 // Counts the valid pairs per expert, then lays the experts' runs out back to back in expert order:
 // order[run(e) ...] = the slots routed to e (in no particular order within a run: every output row
@@ -92,6 +93,84 @@ __device__ __forceinline__ void load_f32x8(const float* p, float v[8]) {
 
 __device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// Elements [k0, k0 + kGroupK) of a weight row as BF16 at dst (zeros past k): the values decode8 gives,
+// rounded to nearest. K-quant rows take a step from one block, decoded with the block's header read once
+// (a 64-element step is half of two 32-element sub-blocks of a Q4_K / Q5_K block, or two 32-element
+// quarters of a Q6_K half); the other types run decode8 unit by unit.
+template <DType T>
+__device__ __forceinline__ void decode_step(const uint8_t* row, int64_t k0, int64_t k, uint16_t* dst) {
+  static_assert(kGroupK == 64, "a step is a quarter of a 256-element K-quant block");
+  if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+    constexpr int kBytes = T == DType::Q4_K ? 144 : 176;
+    constexpr int kQs = T == DType::Q4_K ? 16 : 48;
+    const uint8_t* blk = row + (k0 >> 8) * kBytes;
+    const int c = static_cast<int>(k0 & 255) >> 6;
+    const uint32_t dd = *reinterpret_cast<const uint32_t*>(blk);
+    int sc0, m0, sc1, m1;
+    qdec::k_scale_min(2 * c, blk + 4, &sc0, &m0);
+    qdec::k_scale_min(2 * c + 1, blk + 4, &sc1, &m1);
+    const float dh = qdec::h2f(dd & 0xFFFF), mh = qdec::h2f(dd >> 16);
+    const float d[2] = {dh * sc0, dh * sc1}, dm[2] = {mh * m0, mh * m1};
+    const uint4 qa = *reinterpret_cast<const uint4*>(blk + kQs + 32 * c);
+    const uint4 qb = *reinterpret_cast<const uint4*>(blk + kQs + 32 * c + 16);
+    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    uint32_t qh[8] = {};
+    if constexpr (T == DType::Q5_K) {
+      const uint4 ha = *reinterpret_cast<const uint4*>(blk + 16), hb = *reinterpret_cast<const uint4*>(blk + 32);
+      const uint32_t hw[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qh[i] = hw[i];
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // low nibbles: elements 0..31 of the step; high: 32..63
+#pragma unroll
+      for (int wi = 0; wi < 8; wi += 2) {
+        uint32_t b[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          b[j] = (q[wi + j] >> (4 * half)) & 0x0F0F0F0Fu;
+          if constexpr (T == DType::Q5_K) b[j] |= ((qh[wi + j] >> (2 * c + half)) & 0x01010101u) << 4;
+        }
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = d[half] * qdec::byte_to_float(b[i >> 2], i & 3, 0.0f) - dm[half];
+        store_bf16x8(dst + 32 * half + 4 * wi, v);
+      }
+    }
+  } else if constexpr (T == DType::Q6_K) {
+    const uint8_t* blk = row + (k0 >> 8) * 210;
+    const int j0 = static_cast<int>(k0 & 255), h = j0 >> 7, qa = (j0 >> 5) & 3;  // quarters qa, qa + 1
+    const int lshift = 4 * (qa >> 1);
+    const float dh = qdec::h2f(qdec::ld16(blk + 208));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int quarter = qa + half;
+      const uint8_t* ql = blk + 64 * h + 32 * (quarter & 1);
+      const uint8_t* qhp = blk + 128 + 32 * h;
+#pragma unroll
+      for (int l0 = 0; l0 < 32; l0 += 8) {
+        const float d = dh * static_cast<float>(static_cast<int8_t>(blk[192 + 8 * h + (l0 >> 4) + 2 * quarter]));
+        const uint32_t b[2] = {
+            ((qdec::ld32_a2(ql + l0) >> lshift) & 0x0F0F0F0Fu) |
+                (((qdec::ld32_a2(qhp + l0) >> (2 * quarter)) & 0x03030303u) << 4),
+            ((qdec::ld32_a2(ql + l0 + 4) >> lshift) & 0x0F0F0F0Fu) |
+                (((qdec::ld32_a2(qhp + l0 + 4) >> (2 * quarter)) & 0x03030303u) << 4)};
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = d * qdec::byte_to_float(b[i >> 2], i & 3, -32.0f);
+        store_bf16x8(dst + 32 * half + l0, v);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < kGroupUnits; ++u) {
+      float v[8] = {};
+      if (k0 + 8 * u < k) qdec::decode8<T>(row, k0 + 8 * u, v);
+      store_bf16x8(dst + 8 * u, v);
+    }
+  }
+}
+
 // d += a (16 x 16, row-major) * b (16 x 8, column-major), BF16 in, F32 accumulate.
 __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   asm volatile(
@@ -130,6 +209,8 @@ __global__ void __launch_bounds__(kGroupThreads) moe_grouped_product(MoeGroupedL
   const uint8_t* w = static_cast<const uint8_t*>(p.w) + static_cast<int64_t>(e) * p.w_expert_stride;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane >> 2, c = lane & 3;
+  const int64_t my_row = n0 + threadIdx.x;
+  const uint8_t* w_row = my_row < p.n_rows ? w + my_row * p.w_stride : nullptr;
   float acc[2][4][4] = {};
   for (int64_t k0 = 0; k0 < p.k; k0 += kGroupK) {
     for (int i = threadIdx.x; i < kMoeGroupM * kGroupUnits; i += kGroupThreads) {
@@ -147,12 +228,14 @@ __global__ void __launch_bounds__(kGroupThreads) moe_grouped_product(MoeGroupedL
       }
       store_bf16x8(as + m * kGroupPitch + 8 * u, v);
     }
-    for (int i = threadIdx.x; i < kGroupN * kGroupUnits; i += kGroupThreads) {
-      const int n = i / kGroupUnits, u = i % kGroupUnits;
-      const int64_t row = n0 + n, kk = k0 + 8 * u;
-      float v[8] = {};
-      if (row < p.n_rows && kk < p.k) qdec::decode8<T>(w + row * p.w_stride, kk, v);
-      store_bf16x8(bs + n * kGroupPitch + 8 * u, v);
+    // Thread n decodes weight row n0 + n (whole-block row lengths for K-quants: the step is complete).
+    if (w_row != nullptr) {
+      decode_step<T>(w_row, k0, p.k, bs + threadIdx.x * kGroupPitch);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kGroupUnits; ++u) {
+        *reinterpret_cast<uint4*>(bs + threadIdx.x * kGroupPitch + 8 * u) = make_uint4(0, 0, 0, 0);
+      }
     }
     __syncthreads();
 #pragma unroll
