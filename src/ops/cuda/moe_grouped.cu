@@ -21,8 +21,11 @@ constexpr int kPlanThreads = 1024;
 constexpr int kGroupN = 128;                // weight rows per CTA (4 warps of 32)
 constexpr int kGroupK = 64;                 // elements of k per step
 constexpr int kGroupThreads = 128;
+constexpr int kGroupMinCtas = 4;          // per SM: at most 128 registers a thread
 constexpr int kGroupPitch = kGroupK + 8;    // bf16 per shared row: 144 bytes, conflict-free fragment reads
 constexpr int kGroupUnits = kGroupK / 8;    // 8-element units per row and step
+constexpr int kAUnits = kMoeGroupM * kGroupUnits / kGroupThreads;  // activation units per thread and step
+static_assert(kAUnits * kGroupThreads == kMoeGroupM * kGroupUnits, "whole activation units per thread");
 static_assert(kMoeGroupM == 32, "the warp tile below covers 32 pairs (two m16 tiles)");
 static_assert(kGroupN == kGroupThreads, "one weight row per thread and step");
 
@@ -86,41 +89,99 @@ __device__ __forceinline__ void store_bf16x8(uint16_t* dst, const float v[8]) {
       make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
 }
 
-__device__ __forceinline__ void load_f32x8(const float* p, float v[8]) {
-  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+// Four 8 x 8 BF16 matrices from shared memory: lanes 8 j .. 8 j + 7 give the row addresses of matrix j
+// (16-byte aligned), r[j] is this lane's pair of matrix j (row lane / 4, elements 2 (lane % 4), +1).
+__device__ __forceinline__ void ldmatrix_x4(const uint16_t* row, uint32_t r[4]) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
-__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-// Elements [k0, k0 + kGroupK) of a weight row as BF16 at dst (zeros past k): the values decode8 gives,
-// rounded to nearest. K-quant rows take a step from one block, decoded with the block's header read once
-// (a 64-element step is half of two 32-element sub-blocks of a Q4_K / Q5_K block, or two 32-element
-// quarters of a Q6_K half); the other types run decode8 unit by unit.
+// A weight row's step in two halves, so the next step's loads fly during this step's tensor-core work:
+// step_load reads the bytes of elements [k0, k0 + kGroupK) into registers, step_decode writes them as
+// BF16 at dst (the values decode8 gives, rounded to nearest; zeros past k). A K-quant step lies in one
+// block (half of two 32-element sub-blocks of a Q4_K / Q5_K block, two 32-element quarters of a Q6_K
+// half) and reads the block's header once; the other types load in step_decode, unit by unit.
 template <DType T>
-__device__ __forceinline__ void decode_step(const uint8_t* row, int64_t k0, int64_t k, uint16_t* dst) {
+struct StepRaw {};
+template <>
+struct StepRaw<DType::Q4_K> {
+  uint32_t dd, sc[3];
+  uint4 q[2];
+};
+template <>
+struct StepRaw<DType::Q5_K> {
+  uint32_t dd, sc[3];
+  uint4 q[2], qh[2];
+};
+template <>
+struct StepRaw<DType::Q6_K> {
+  uint32_t ql[16], qh[8], sc;
+  uint16_t d;
+};
+
+template <DType T>
+__device__ __forceinline__ void step_load(const uint8_t* row, int64_t k0, StepRaw<T>& r) {
   static_assert(kGroupK == 64, "a step is a quarter of a 256-element K-quant block");
   if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
     constexpr int kBytes = T == DType::Q4_K ? 144 : 176;
     constexpr int kQs = T == DType::Q4_K ? 16 : 48;
     const uint8_t* blk = row + (k0 >> 8) * kBytes;
     const int c = static_cast<int>(k0 & 255) >> 6;
-    const uint32_t dd = *reinterpret_cast<const uint32_t*>(blk);
-    int sc0, m0, sc1, m1;
-    qdec::k_scale_min(2 * c, blk + 4, &sc0, &m0);
-    qdec::k_scale_min(2 * c + 1, blk + 4, &sc1, &m1);
-    const float dh = qdec::h2f(dd & 0xFFFF), mh = qdec::h2f(dd >> 16);
-    const float d[2] = {dh * sc0, dh * sc1}, dm[2] = {mh * m0, mh * m1};
-    const uint4 qa = *reinterpret_cast<const uint4*>(blk + kQs + 32 * c);
-    const uint4 qb = *reinterpret_cast<const uint4*>(blk + kQs + 32 * c + 16);
-    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-    uint32_t qh[8] = {};
-    if constexpr (T == DType::Q5_K) {
-      const uint4 ha = *reinterpret_cast<const uint4*>(blk + 16), hb = *reinterpret_cast<const uint4*>(blk + 32);
-      const uint32_t hw[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
+    r.dd = *reinterpret_cast<const uint32_t*>(blk);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) qh[i] = hw[i];
+    for (int i = 0; i < 3; ++i) r.sc[i] = *reinterpret_cast<const uint32_t*>(blk + 4 + 4 * i);
+    r.q[0] = *reinterpret_cast<const uint4*>(blk + kQs + 32 * c);
+    r.q[1] = *reinterpret_cast<const uint4*>(blk + kQs + 32 * c + 16);
+    if constexpr (T == DType::Q5_K) {
+      r.qh[0] = *reinterpret_cast<const uint4*>(blk + 16);
+      r.qh[1] = *reinterpret_cast<const uint4*>(blk + 32);
     }
+  } else if constexpr (T == DType::Q6_K) {
+    const uint8_t* blk = row + (k0 >> 8) * 210;
+    const int j0 = static_cast<int>(k0 & 255), h = j0 >> 7, qa = (j0 >> 5) & 3;
+    // Blocks of 210 bytes are 2-byte aligned: aligned words, realigned by a funnel shift.
+    const uintptr_t at = reinterpret_cast<uintptr_t>(blk + 64 * h);
+    const auto* wl = reinterpret_cast<const uint32_t*>(at & ~uintptr_t{3});
+    const unsigned sh = 8u * static_cast<unsigned>(at & 3);
+    uint32_t raw[17];
+#pragma unroll
+    for (int i = 0; i < 17; ++i) raw[i] = wl[i];  // one word past the 64 bytes: still inside the block
+#pragma unroll
+    for (int i = 0; i < 16; ++i) r.ql[i] = __funnelshift_r(raw[i], raw[i + 1], sh);
+    const uintptr_t ath = reinterpret_cast<uintptr_t>(blk + 128 + 32 * h);
+    const auto* wh = reinterpret_cast<const uint32_t*>(ath & ~uintptr_t{3});
+    const unsigned shh = 8u * static_cast<unsigned>(ath & 3);
+    uint32_t rawh[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) rawh[i] = wh[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.qh[i] = __funnelshift_r(rawh[i], rawh[i + 1], shh);
+    r.sc = qdec::ld32_a2(blk + 192 + 8 * h + 2 * qa);  // the int8 scales of 16-element groups 2qa .. 2qa+3
+    r.d = qdec::ld16(blk + 208);
+  } else {
+    (void)row, (void)k0, (void)r;
+  }
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <DType T>
+__device__ __forceinline__ void step_decode(const StepRaw<T>& r, const uint8_t* row, int64_t k0, int64_t k,
+                                            uint16_t* dst) {
+  if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+    const int c = static_cast<int>(k0 & 255) >> 6;
+    uint8_t scales[12];
+#pragma unroll
+    for (int i = 0; i < 12; ++i) scales[i] = static_cast<uint8_t>(r.sc[i / 4] >> (8 * (i % 4)));
+    int sc0, m0, sc1, m1;
+    qdec::k_scale_min(2 * c, scales, &sc0, &m0);
+    qdec::k_scale_min(2 * c + 1, scales, &sc1, &m1);
+    const float dh = qdec::h2f(r.dd & 0xFFFF), mh = qdec::h2f(r.dd >> 16);
+    const float d[2] = {dh * sc0, dh * sc1}, dm[2] = {mh * m0, mh * m1};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // low nibbles: elements 0..31 of the step; high: 32..63
 #pragma unroll
@@ -128,8 +189,10 @@ __device__ __forceinline__ void decode_step(const uint8_t* row, int64_t k0, int6
         uint32_t b[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          b[j] = (q[wi + j] >> (4 * half)) & 0x0F0F0F0Fu;
-          if constexpr (T == DType::Q5_K) b[j] |= ((qh[wi + j] >> (2 * c + half)) & 0x01010101u) << 4;
+          b[j] = (word_of(r.q[(wi + j) / 4], (wi + j) % 4) >> (4 * half)) & 0x0F0F0F0Fu;
+          if constexpr (T == DType::Q5_K) {
+            b[j] |= ((word_of(r.qh[(wi + j) / 4], (wi + j) % 4) >> (2 * c + half)) & 0x01010101u) << 4;
+          }
         }
         float v[8];
 #pragma unroll
@@ -138,23 +201,22 @@ __device__ __forceinline__ void decode_step(const uint8_t* row, int64_t k0, int6
       }
     }
   } else if constexpr (T == DType::Q6_K) {
-    const uint8_t* blk = row + (k0 >> 8) * 210;
-    const int j0 = static_cast<int>(k0 & 255), h = j0 >> 7, qa = (j0 >> 5) & 3;  // quarters qa, qa + 1
+    const int qa = static_cast<int>(k0 >> 5) & 3;  // quarters qa, qa + 1 of the half
     const int lshift = 4 * (qa >> 1);
-    const float dh = qdec::h2f(qdec::ld16(blk + 208));
+    const float dh = qdec::h2f(r.d);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int quarter = qa + half;
-      const uint8_t* ql = blk + 64 * h + 32 * (quarter & 1);
-      const uint8_t* qhp = blk + 128 + 32 * h;
 #pragma unroll
       for (int l0 = 0; l0 < 32; l0 += 8) {
-        const float d = dh * static_cast<float>(static_cast<int8_t>(blk[192 + 8 * h + (l0 >> 4) + 2 * quarter]));
-        const uint32_t b[2] = {
-            ((qdec::ld32_a2(ql + l0) >> lshift) & 0x0F0F0F0Fu) |
-                (((qdec::ld32_a2(qhp + l0) >> (2 * quarter)) & 0x03030303u) << 4),
-            ((qdec::ld32_a2(ql + l0 + 4) >> lshift) & 0x0F0F0F0Fu) |
-                (((qdec::ld32_a2(qhp + l0 + 4) >> (2 * quarter)) & 0x03030303u) << 4)};
+        const int sc_i = (l0 >> 4) + 2 * half;
+        const float d = dh * static_cast<float>(static_cast<int8_t>(r.sc >> (8 * sc_i)));
+        uint32_t b[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          b[j] = ((r.ql[8 * half + l0 / 4 + j] >> lshift) & 0x0F0F0F0Fu) |
+                 (((r.qh[l0 / 4 + j] >> (2 * quarter)) & 0x03030303u) << 4);
+        }
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = d * qdec::byte_to_float(b[i >> 2], i & 3, -32.0f);
@@ -162,6 +224,7 @@ __device__ __forceinline__ void decode_step(const uint8_t* row, int64_t k0, int6
       }
     }
   } else {
+    (void)r;
 #pragma unroll
     for (int u = 0; u < kGroupUnits; ++u) {
       float v[8] = {};
@@ -170,6 +233,13 @@ __device__ __forceinline__ void decode_step(const uint8_t* row, int64_t k0, int6
     }
   }
 }
+
+// A thread's activation units of a step (kAUnits of 8 elements), loaded a step ahead like the weights.
+template <bool kSwiglu>
+struct ActRaw {
+  float4 g[kAUnits][2];
+  float4 u[kSwiglu ? kAUnits : 1][2];
+};
 
 // d += a (16 x 16, row-major) * b (16 x 8, column-major), BF16 in, F32 accumulate.
 __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -186,7 +256,7 @@ __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const 
 // Warp w computes the tile's 32 rows x 32 weight rows [32 w, 32 w + 32) of the block: two m16 by four n8
 // tensor-core tiles per 16 elements of k.
 template <DType T, bool kSwiglu>
-__global__ void __launch_bounds__(kGroupThreads) moe_grouped_product(MoeGroupedLaunch p) {
+__global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_product(MoeGroupedLaunch p) {
   __shared__ __align__(16) uint16_t as[kMoeGroupM * kGroupPitch];
   __shared__ __align__(16) uint16_t bs[kGroupN * kGroupPitch];
   __shared__ int64_t src_row[kMoeGroupM], dst_row[kMoeGroupM];
@@ -212,25 +282,46 @@ __global__ void __launch_bounds__(kGroupThreads) moe_grouped_product(MoeGroupedL
   const int64_t my_row = n0 + threadIdx.x;
   const uint8_t* w_row = my_row < p.n_rows ? w + my_row * p.w_stride : nullptr;
   float acc[2][4][4] = {};
-  for (int64_t k0 = 0; k0 < p.k; k0 += kGroupK) {
-    for (int i = threadIdx.x; i < kMoeGroupM * kGroupUnits; i += kGroupThreads) {
-      const int m = i / kGroupUnits, u = i % kGroupUnits;
-      const int64_t kk = k0 + 8 * u, r = src_row[m];
-      float v[8] = {};
-      if (r >= 0 && kk < p.k) {
-        load_f32x8(p.a + r * p.a_stride + kk, v);
-        if constexpr (kSwiglu) {
-          float up[8];
-          load_f32x8(p.a + r * p.a_stride + p.a_up + kk, up);
+  const auto act_load = [&](int64_t k0, ActRaw<kSwiglu>& ar) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * up[j];
+    for (int it = 0; it < kAUnits; ++it) {
+      const int i = static_cast<int>(threadIdx.x) + it * kGroupThreads;
+      const int64_t kk = k0 + 8 * (i % kGroupUnits), r = src_row[i / kGroupUnits];
+      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      ar.g[it][0] = ar.g[it][1] = zero;
+      if constexpr (kSwiglu) ar.u[it][0] = ar.u[it][1] = zero;
+      if (r >= 0 && kk < p.k) {
+        const float* src = p.a + r * p.a_stride + kk;
+        ar.g[it][0] = *reinterpret_cast<const float4*>(src);
+        ar.g[it][1] = *reinterpret_cast<const float4*>(src + 4);
+        if constexpr (kSwiglu) {
+          ar.u[it][0] = *reinterpret_cast<const float4*>(src + p.a_up);
+          ar.u[it][1] = *reinterpret_cast<const float4*>(src + p.a_up + 4);
         }
       }
-      store_bf16x8(as + m * kGroupPitch + 8 * u, v);
+    }
+  };
+  ActRaw<kSwiglu> ar;
+  StepRaw<T> br;
+  act_load(0, ar);
+  if (w_row != nullptr) step_load<T>(w_row, 0, br);
+  for (int64_t k0 = 0; k0 < p.k; k0 += kGroupK) {
+#pragma unroll
+    for (int it = 0; it < kAUnits; ++it) {
+      const int i = static_cast<int>(threadIdx.x) + it * kGroupThreads;
+      float v[8] = {ar.g[it][0].x, ar.g[it][0].y, ar.g[it][0].z, ar.g[it][0].w,
+                    ar.g[it][1].x, ar.g[it][1].y, ar.g[it][1].z, ar.g[it][1].w};
+      if constexpr (kSwiglu) {
+        const float up[8] = {ar.u[it][0].x, ar.u[it][0].y, ar.u[it][0].z, ar.u[it][0].w,
+                             ar.u[it][1].x, ar.u[it][1].y, ar.u[it][1].z, ar.u[it][1].w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * up[j];
+      }
+      store_bf16x8(as + (i / kGroupUnits) * kGroupPitch + 8 * (i % kGroupUnits), v);
     }
     // Thread n decodes weight row n0 + n (whole-block row lengths for K-quants: the step is complete).
     if (w_row != nullptr) {
-      decode_step<T>(w_row, k0, p.k, bs + threadIdx.x * kGroupPitch);
+      step_decode<T>(br, w_row, k0, p.k, bs + threadIdx.x * kGroupPitch);
     } else {
 #pragma unroll
       for (int u = 0; u < kGroupUnits; ++u) {
@@ -238,22 +329,28 @@ __global__ void __launch_bounds__(kGroupThreads) moe_grouped_product(MoeGroupedL
       }
     }
     __syncthreads();
+    if (k0 + kGroupK < p.k) {  // the next step's loads fly during this step's tensor-core work
+      act_load(k0 + kGroupK, ar);
+      if (w_row != nullptr) step_load<T>(w_row, k0 + kGroupK, br);
+    }
 #pragma unroll
     for (int ks = 0; ks < kGroupK; ks += 16) {
+      // Fragments by ldmatrix (four 8 x 8 matrices an instruction; lane l gives one 16-byte row):
+      // a[mt] = rows 16 mt + (l & 15), elements ks + 8 (l >> 4); b[nt], b[nt + 1] = weight rows
+      // 32 warp + 8 (nt + (l >> 4)) + (l & 7), elements ks + 8 ((l >> 3) & 1).
       uint32_t a[2][4], b[4][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const uint16_t* pa = as + (16 * mt + g) * kGroupPitch + ks + 2 * c;
-        a[mt][0] = lds32(pa);
-        a[mt][1] = lds32(pa + 8 * kGroupPitch);
-        a[mt][2] = lds32(pa + 8);
-        a[mt][3] = lds32(pa + 8 * kGroupPitch + 8);
+        ldmatrix_x4(as + (16 * mt + (lane & 15)) * kGroupPitch + ks + 8 * (lane >> 4), a[mt]);
       }
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const uint16_t* pb = bs + (32 * warp + 8 * nt + g) * kGroupPitch + ks + 2 * c;
-        b[nt][0] = lds32(pb);
-        b[nt][1] = lds32(pb + 8);
+      for (int nt = 0; nt < 4; nt += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(bs + (32 * warp + 8 * (nt + (lane >> 4)) + (lane & 7)) * kGroupPitch + ks + 8 * ((lane >> 3) & 1), r);
+        b[nt][0] = r[0];
+        b[nt][1] = r[1];
+        b[nt + 1][0] = r[2];
+        b[nt + 1][1] = r[3];
       }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
