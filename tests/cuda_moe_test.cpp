@@ -189,114 +189,181 @@ std::string describe(const MoeCase& c, int64_t n_tokens) {
                      c.k, n_tokens);
 }
 
-class CudaMoeTest : public test::CudaTest {
+// Which slots a case leaves unused: slot s when s % unused_period == unused_phase (id -1), and
+// out_of_range_slot (>= 0) with an id past the last expert; with hot, slot 0 of token t routes to expert
+// t % 3, so those experts get runs of several tiles in the grouped path.
+struct MoeRouting {
+  int64_t unused_period = 5, unused_phase = 3;
+  int64_t out_of_range_slot = -1;
+  bool hot = false;
+};
+
+// A case's random data: the expert stacks (host bytes and views), x, and a routing of k distinct experts
+// per token whose unused slots weigh NaN (so reading one shows); ids_ref / wts_ref are the same routing
+// for the CPU op, which has no unused slots (expert 0 with weight 0).
+struct MoeData {
+  std::vector<uint8_t> gate_b, up_b, gu_b, down_b;
+  MoeExperts host;
+  test::Host x = test::Host({1});
+  std::vector<int32_t> ids, ids_ref;
+  std::vector<float> wts, wts_ref;
+};
+
+class CudaMoeCaseTest : public test::CudaTest {
  protected:
+  explicit CudaMoeCaseTest(uint32_t seed) : rng_(seed) {}
 
-  // One case: gathered vs the CPU reference, and (unless ids hold values >= n_expert) vs the CUDA moe_ffn.
-  void run(const MoeCase& c, int64_t n_tokens, bool out_of_range_ids) {
-    const std::string where = describe(c, n_tokens);
+  MoeData make_data(const MoeCase& c, int64_t n_tokens, const MoeRouting& r) {
     const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert, k = c.k;
-    std::vector<uint8_t> gate_b, up_b, gu_b, down_b;
-    MoeExperts eh;
+    MoeData d;
     if (c.fused) {
-      gu_b = random_rows(c.gate, 2 * F * X, E, rng_);
-      eh.gate_up = TensorView::contiguous(gu_b.data(), c.gate, {E, 2 * F, X});
+      d.gu_b = random_rows(c.gate, 2 * F * X, E, rng_);
+      d.host.gate_up = TensorView::contiguous(d.gu_b.data(), c.gate, {E, 2 * F, X});
     } else {
-      gate_b = random_rows(c.gate, F * X, E, rng_);
-      up_b = random_rows(c.up, F * X, E, rng_);
-      eh.gate = TensorView::contiguous(gate_b.data(), c.gate, {E, F, X});
-      eh.up = TensorView::contiguous(up_b.data(), c.up, {E, F, X});
+      d.gate_b = random_rows(c.gate, F * X, E, rng_);
+      d.up_b = random_rows(c.up, F * X, E, rng_);
+      d.host.gate = TensorView::contiguous(d.gate_b.data(), c.gate, {E, F, X});
+      d.host.up = TensorView::contiguous(d.up_b.data(), c.up, {E, F, X});
     }
-    down_b = random_rows(c.down, E * X, F, rng_);
-    eh.down = TensorView::contiguous(down_b.data(), c.down, {F, E, X});
-
-    test::Host x({E, n_tokens});
-    x.random(rng_, -1.0f, 1.0f);
-    // Routing: k distinct experts per token; every 5th slot (from the 4th) unused; with
-    // out_of_range_ids, slot 1 gets an id past the last expert. Unused slots weigh NaN.
-    std::vector<int32_t> ids(static_cast<size_t>(n_tokens * k)), ids_ref(ids.size());
-    std::vector<float> wts(ids.size()), wts_ref(ids.size());
+    d.down_b = random_rows(c.down, E * X, F, rng_);
+    d.host.down = TensorView::contiguous(d.down_b.data(), c.down, {F, E, X});
+    d.x = test::Host({E, n_tokens});
+    d.x.random(rng_, -1.0f, 1.0f);
+    d.ids.resize(static_cast<size_t>(n_tokens * k));
+    d.ids_ref.resize(d.ids.size());
+    d.wts.resize(d.ids.size());
+    d.wts_ref.resize(d.ids.size());
     std::uniform_real_distribution<float> wd(0.1f, 1.0f);
     std::vector<int32_t> perm(static_cast<size_t>(X));
     for (int64_t t = 0; t < n_tokens; ++t) {
       std::iota(perm.begin(), perm.end(), 0);
       std::shuffle(perm.begin(), perm.end(), rng_);
+      if (r.hot) std::swap(perm[0], *std::find(perm.begin(), perm.end(), static_cast<int32_t>(t % 3)));
       for (int64_t j = 0; j < k; ++j) {
         const size_t s = static_cast<size_t>(t * k + j);
-        ids[s] = perm[static_cast<size_t>(j)];
-        wts[s] = wd(rng_);
-        if (s % 5 == 3) ids[s] = -1;
-        if (out_of_range_ids && s == 1) ids[s] = static_cast<int32_t>(X + 3);
-        const bool used = ids[s] >= 0 && ids[s] < X;
-        if (!used) wts[s] = std::numeric_limits<float>::quiet_NaN();
-        ids_ref[s] = used ? ids[s] : 0;  // the CPU op has no unused slots: expert 0 with weight 0
-        wts_ref[s] = used ? wts[s] : 0.0f;
+        d.ids[s] = perm[static_cast<size_t>(j)];
+        d.wts[s] = wd(rng_);
+        if (static_cast<int64_t>(s) % r.unused_period == r.unused_phase) d.ids[s] = -1;
+        if (static_cast<int64_t>(s) == r.out_of_range_slot) d.ids[s] = static_cast<int32_t>(X + 3);
+        const bool used = d.ids[s] >= 0 && d.ids[s] < X;
+        if (!used) d.wts[s] = std::numeric_limits<float>::quiet_NaN();
+        d.ids_ref[s] = used ? d.ids[s] : 0;
+        d.wts_ref[s] = used ? d.wts[s] : 0.0f;
       }
     }
-    const TensorView ids_t = TensorView::contiguous(ids.data(), DType::I32, {k, n_tokens});
-    const TensorView ids_ref_t = TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens});
-    const TensorView wts_t = TensorView::contiguous(wts.data(), DType::F32, {k, n_tokens});
-    const TensorView wts_ref_t = TensorView::contiguous(wts_ref.data(), DType::F32, {k, n_tokens});
-    test::Host ref({E, n_tokens});
-    ASSERT_TRUE(moe_ffn(test::ref_ctx(), x.t, eh, ids_ref_t, wts_ref_t, ref.t).is_ok()) << where;
+    return d;
+  }
 
-    MoeExperts ed;
+  // The CPU reference op on the case (exact activations).
+  std::vector<float> cpu_reference(const MoeCase& c, MoeData& d) {
+    const int64_t k = c.k, n_tokens = d.x.t.ne[1];
+    test::Host ref({c.n_embd, n_tokens});
+    const TensorView ids_ref = TensorView::contiguous(d.ids_ref.data(), DType::I32, {k, n_tokens});
+    const TensorView wts_ref = TensorView::contiguous(d.wts_ref.data(), DType::F32, {k, n_tokens});
+    const Status s = moe_ffn(test::ref_ctx(), d.x.t, d.host, ids_ref, wts_ref, ref.t);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    return ref.v;
+  }
+
+  // Dequantized gate and up rows [X][F][E] (split from a fused stack) and down rows [X][E][F], each
+  // value rounded to BF16 with bf16.
+  void expert_floats(const MoeCase& c, const MoeData& d, bool bf16, std::vector<float>* gate_f,
+                     std::vector<float>* up_f, std::vector<float>* down_f) {
+    const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert;
+    auto floats = [bf16](DType t, const std::vector<uint8_t>& b, int64_t rows, int64_t cols) {
+      std::vector<float> f = dequantized(t, b, rows, cols);
+      if (bf16) {
+        for (float& v : f) v = bf16_to_f32(f32_to_bf16(v));
+      }
+      return f;
+    };
     if (c.fused) {
-      ed.gate_up = up(eh.gate_up, gu_b.data(), static_cast<int64_t>(gu_b.size()));
+      const std::vector<float> all = floats(c.gate, d.gu_b, 2 * F * X, E);
+      gate_f->resize(static_cast<size_t>(F * X * E));
+      up_f->resize(gate_f->size());
+      for (int64_t e = 0; e < X; ++e) {
+        std::copy_n(all.begin() + (2 * e * F) * E, F * E, gate_f->begin() + e * F * E);
+        std::copy_n(all.begin() + (2 * e * F + F) * E, F * E, up_f->begin() + e * F * E);
+      }
     } else {
-      ed.gate = up(eh.gate, gate_b.data(), static_cast<int64_t>(gate_b.size()));
-      ed.up = up(eh.up, up_b.data(), static_cast<int64_t>(up_b.size()));
+      *gate_f = floats(c.gate, d.gate_b, F * X, E);
+      *up_f = floats(c.up, d.up_b, F * X, E);
     }
-    ed.down = up(eh.down, down_b.data(), static_cast<int64_t>(down_b.size()));
-    const TensorView dx = up(x.t, x.v.data(), 4 * E * n_tokens);
-    const TensorView dids = up(ids_t, ids.data(), 4 * k * n_tokens);
-    const TensorView dwts = up(wts_t, wts.data(), 4 * k * n_tokens);
+    *down_f = floats(c.down, d.down_b, E * X, F);
+  }
+
+  // The stacks, x, ids and weights on the device.
+  struct DeviceCase {
+    MoeExperts experts;
+    TensorView x, ids, wts;
+  };
+  DeviceCase upload(const MoeCase& c, MoeData& d) {
+    const int64_t k = c.k, n_tokens = d.x.t.ne[1];
+    DeviceCase dc;
+    if (c.fused) {
+      dc.experts.gate_up = up(d.host.gate_up, d.gu_b.data(), static_cast<int64_t>(d.gu_b.size()));
+    } else {
+      dc.experts.gate = up(d.host.gate, d.gate_b.data(), static_cast<int64_t>(d.gate_b.size()));
+      dc.experts.up = up(d.host.up, d.up_b.data(), static_cast<int64_t>(d.up_b.size()));
+    }
+    dc.experts.down = up(d.host.down, d.down_b.data(), static_cast<int64_t>(d.down_b.size()));
+    dc.x = up(d.x);
+    dc.ids = up(TensorView::contiguous(d.ids.data(), DType::I32, {k, n_tokens}), d.ids.data(), 4 * k * n_tokens);
+    dc.wts = up(TensorView::contiguous(d.wts.data(), DType::F32, {k, n_tokens}), d.wts.data(), 4 * k * n_tokens);
+    return dc;
+  }
+
+  static void expect_finite(const std::vector<float>& y, int64_t E, const std::string& where) {
+    for (size_t i = 0; i < y.size(); ++i) {
+      if (!std::isfinite(y[i])) {
+        ADD_FAILURE() << where << ": y[token " << i / E << ", " << i % E << "] = " << y[i];
+        return;
+      }
+    }
+  }
+
+  std::mt19937 rng_;
+};
+
+class CudaMoeTest : public CudaMoeCaseTest {
+ protected:
+  CudaMoeTest() : CudaMoeCaseTest(4321) {}
+
+  // One case: gathered vs the CPU reference, and (unless ids hold values >= n_expert) vs the CUDA moe_ffn.
+  void run(const MoeCase& c, int64_t n_tokens, bool out_of_range_ids) {
+    const std::string where = describe(c, n_tokens);
+    const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert, k = c.k;
+    MoeData d = make_data(c, n_tokens, MoeRouting{5, 3, out_of_range_ids ? 1 : -1, false});
+    const std::vector<float> ref = cpu_reference(c, d);
+    const DeviceCase dc = upload(c, d);
     test::Host out({E, n_tokens});  // NaN
-    const TensorView dy = up(out.t, out.v.data(), 4 * E * n_tokens);
-    const Status s = cuda::moe_ffn_gathered(ctx_, dx, ed, dids, dwts, dy);
+    const TensorView dy = up(out);
+    const Status s = cuda::moe_ffn_gathered(ctx_, dc.x, dc.experts, dc.ids, dc.wts, dy);
     ASSERT_TRUE(s.is_ok()) << where << ": " << s.to_string();
     const std::vector<float> got = down(dy, E * n_tokens);
     const bool all_f32 = c.gate == DType::F32 && (c.fused || c.up == DType::F32) && c.down == DType::F32;
-    EXPECT_LE(test::rel_err(got, ref.v), all_f32 ? kTolF32Experts : kTolExact) << where << " (vs CPU reference op)";
+    EXPECT_LE(test::rel_err(got, ref), all_f32 ? kTolF32Experts : kTolExact) << where << " (vs CPU reference op)";
     // The float64 reference with the device's int8 activations (unused slots: weight NaN, skipped).
-    std::vector<float> gate_f, up_f;
-    if (c.fused) {
-      const std::vector<float> all = dequantized(c.gate, gu_b, 2 * F * X, E);
-      gate_f.resize(static_cast<size_t>(F * X * E));
-      up_f.resize(gate_f.size());
-      for (int64_t e = 0; e < X; ++e) {
-        std::copy_n(all.begin() + (2 * e * F) * E, F * E, gate_f.begin() + e * F * E);
-        std::copy_n(all.begin() + (2 * e * F + F) * E, F * E, up_f.begin() + e * F * E);
-      }
-    } else {
-      gate_f = dequantized(c.gate, gate_b, F * X, E);
-      up_f = dequantized(c.up, up_b, F * X, E);
-    }
+    std::vector<float> gate_f, up_f, down_f;
+    expert_floats(c, d, false, &gate_f, &up_f, &down_f);
     const DType up_type = c.fused ? c.gate : c.up;
     const std::vector<float> ref_q8 =
-        moe_reference(gate_f, up_f, dequantized(c.down, down_b, E * X, F), x.v, ids, wts, E, F, X, k, n_tokens,
+        moe_reference(gate_f, up_f, down_f, d.x.v, d.ids, d.wts, E, F, X, k, n_tokens,
                       c.gate != DType::F32 ? Act::kQ8 : Act::kExact, up_type != DType::F32 ? Act::kQ8 : Act::kExact,
                       c.down != DType::F32 ? Act::kQ8 : Act::kExact);
     EXPECT_LE(test::rel_err(got, ref_q8), all_f32 ? kTolF32Experts : kTolQ8Reference)
         << where << " (vs float64 reference on int8 activations)";
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (!std::isfinite(got[i])) {
-        ADD_FAILURE() << where << ": y[token " << i / E << ", " << i % E << "] = " << got[i];
-        break;
-      }
-    }
+    expect_finite(got, E, where);
     if (out_of_range_ids) return;
     test::Host out2({E, n_tokens});
-    const TensorView dy2 = up(out2.t, out2.v.data(), 4 * E * n_tokens);
-    const Status s2 = moe_ffn(ctx_, dx, ed, dids, dwts, dy2);
+    const TensorView dy2 = up(out2);
+    const Status s2 = moe_ffn(ctx_, dc.x, dc.experts, dc.ids, dc.wts, dy2);
     ASSERT_TRUE(s2.is_ok()) << where << ": " << s2.to_string();
     // The CUDA moe_ffn runs quantized experts as grouped BF16 products (moe_ffn_grouped), F32 ones as F32.
     EXPECT_LE(test::rel_err(got, down(dy2, E * n_tokens)), all_f32 ? kTolQ8Reference : kTolExact)
         << where << " (vs CUDA moe_ffn)";
     bufs_.clear();
   }
-
-  std::mt19937 rng_{4321};
 };
 
 TEST_F(CudaMoeTest, QuantizedExpertsEightOfSixtyFour) {
@@ -339,113 +406,41 @@ TEST_F(CudaMoeTest, OutOfRangeIdsAreUnusedSlots) {
 // moe_ffn_grouped (prefill batches): against the float64 reference on BF16 operands, the CPU reference
 // op, and the CUDA moe_ffn op (which must take the grouped path and give the same bits: the pairs'
 // order inside an expert's run changes from run to run, no output bit may).
-class CudaMoeGroupedTest : public test::CudaTest {
+// moe_ffn_grouped (prefill batches): against the float64 reference on BF16 operands, the CPU reference
+// op, and the CUDA moe_ffn op (which must take the grouped path and give the same bits: the pairs'
+// order inside an expert's run changes from run to run, no output bit may).
+class CudaMoeGroupedTest : public CudaMoeCaseTest {
  protected:
-  // hot: slot 0 of token t routes to expert t % 3, so those experts get runs of several tiles.
+  CudaMoeGroupedTest() : CudaMoeCaseTest(987) {}
+
+  // Every 7th slot (from the 6th) unused; with out_of_range_ids, slot 2 past the last expert.
   void run(const MoeCase& c, int64_t n_tokens, bool hot, bool out_of_range_ids) {
     const std::string where = describe(c, n_tokens) + (hot ? " hot" : "");
     const int64_t E = c.n_embd, F = c.n_ff, X = c.n_expert, k = c.k;
-    std::vector<uint8_t> gate_b, up_b, gu_b, down_b;
-    MoeExperts eh;
-    if (c.fused) {
-      gu_b = random_rows(c.gate, 2 * F * X, E, rng_);
-      eh.gate_up = TensorView::contiguous(gu_b.data(), c.gate, {E, 2 * F, X});
-    } else {
-      gate_b = random_rows(c.gate, F * X, E, rng_);
-      up_b = random_rows(c.up, F * X, E, rng_);
-      eh.gate = TensorView::contiguous(gate_b.data(), c.gate, {E, F, X});
-      eh.up = TensorView::contiguous(up_b.data(), c.up, {E, F, X});
-    }
-    down_b = random_rows(c.down, E * X, F, rng_);
-    eh.down = TensorView::contiguous(down_b.data(), c.down, {F, E, X});
-    test::Host x({E, n_tokens});
-    x.random(rng_, -1.0f, 1.0f);
-    // k distinct experts per token; every 7th slot unused (-1), slot 2 past the last expert with
-    // out_of_range_ids; unused slots weigh NaN.
-    std::vector<int32_t> ids(static_cast<size_t>(n_tokens * k)), ids_ref(ids.size());
-    std::vector<float> wts(ids.size()), wts_ref(ids.size());
-    std::uniform_real_distribution<float> wd(0.1f, 1.0f);
-    std::vector<int32_t> perm(static_cast<size_t>(X));
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng_);
-      if (hot) std::swap(perm[0], *std::find(perm.begin(), perm.end(), static_cast<int32_t>(t % 3)));
-      for (int64_t j = 0; j < k; ++j) {
-        const size_t s = static_cast<size_t>(t * k + j);
-        ids[s] = perm[static_cast<size_t>(j)];
-        wts[s] = wd(rng_);
-        if (s % 7 == 5) ids[s] = -1;
-        if (out_of_range_ids && s == 2) ids[s] = static_cast<int32_t>(X + 1);
-        const bool used = ids[s] >= 0 && ids[s] < X;
-        if (!used) wts[s] = std::numeric_limits<float>::quiet_NaN();
-        ids_ref[s] = used ? ids[s] : 0;
-        wts_ref[s] = used ? wts[s] : 0.0f;
-      }
-    }
-    test::Host ref({E, n_tokens});
-    ASSERT_TRUE(moe_ffn(test::ref_ctx(), x.t, eh, TensorView::contiguous(ids_ref.data(), DType::I32, {k, n_tokens}),
-                        TensorView::contiguous(wts_ref.data(), DType::F32, {k, n_tokens}), ref.t)
-                    .is_ok())
-        << where;
-    // Weights as the device sees them: dequantized, rounded to BF16.
-    auto bf16_weights = [](DType t, const std::vector<uint8_t>& b, int64_t rows, int64_t cols) {
-      std::vector<float> f = dequantized(t, b, rows, cols);
-      for (float& v : f) v = bf16_to_f32(f32_to_bf16(v));
-      return f;
-    };
-    std::vector<float> gate_f, up_f;
-    if (c.fused) {
-      const std::vector<float> all = bf16_weights(c.gate, gu_b, 2 * F * X, E);
-      gate_f.resize(static_cast<size_t>(F * X * E));
-      up_f.resize(gate_f.size());
-      for (int64_t e = 0; e < X; ++e) {
-        std::copy_n(all.begin() + (2 * e * F) * E, F * E, gate_f.begin() + e * F * E);
-        std::copy_n(all.begin() + (2 * e * F + F) * E, F * E, up_f.begin() + e * F * E);
-      }
-    } else {
-      gate_f = bf16_weights(c.gate, gate_b, F * X, E);
-      up_f = bf16_weights(c.up, up_b, F * X, E);
-    }
-    const std::vector<float> ref_bf16 = moe_reference(gate_f, up_f, bf16_weights(c.down, down_b, E * X, F), x.v, ids,
-                                                      wts, E, F, X, k, n_tokens, Act::kBf16, Act::kBf16, Act::kBf16);
-
-    MoeExperts ed;
-    if (c.fused) {
-      ed.gate_up = up(eh.gate_up, gu_b.data(), static_cast<int64_t>(gu_b.size()));
-    } else {
-      ed.gate = up(eh.gate, gate_b.data(), static_cast<int64_t>(gate_b.size()));
-      ed.up = up(eh.up, up_b.data(), static_cast<int64_t>(up_b.size()));
-    }
-    ed.down = up(eh.down, down_b.data(), static_cast<int64_t>(down_b.size()));
-    const TensorView dx = up(x.t, x.v.data(), 4 * E * n_tokens);
-    const TensorView dids =
-        up(TensorView::contiguous(ids.data(), DType::I32, {k, n_tokens}), ids.data(), 4 * k * n_tokens);
-    const TensorView dwts =
-        up(TensorView::contiguous(wts.data(), DType::F32, {k, n_tokens}), wts.data(), 4 * k * n_tokens);
-    ASSERT_TRUE(cuda::moe_ffn_grouped_takes(dx, ed)) << where;
+    MoeData d = make_data(c, n_tokens, MoeRouting{7, 5, out_of_range_ids ? 2 : -1, hot});
+    const std::vector<float> ref = cpu_reference(c, d);
+    std::vector<float> gate_f, up_f, down_f;
+    expert_floats(c, d, true, &gate_f, &up_f, &down_f);  // the weights as the device sees them
+    const std::vector<float> ref_bf16 = moe_reference(gate_f, up_f, down_f, d.x.v, d.ids, d.wts, E, F, X, k, n_tokens,
+                                                      Act::kBf16, Act::kBf16, Act::kBf16);
+    const DeviceCase dc = upload(c, d);
+    ASSERT_TRUE(cuda::moe_ffn_grouped_takes(dc.x, dc.experts)) << where;
     test::Host out({E, n_tokens});  // NaN
-    const TensorView dy = up(out.t, out.v.data(), 4 * E * n_tokens);
-    const Status s = cuda::moe_ffn_grouped(ctx_, dx, ed, dids, dwts, dy);
+    const TensorView dy = up(out);
+    const Status s = cuda::moe_ffn_grouped(ctx_, dc.x, dc.experts, dc.ids, dc.wts, dy);
     ASSERT_TRUE(s.is_ok()) << where << ": " << s.to_string();
     const std::vector<float> got = down(dy, E * n_tokens);
     EXPECT_LE(test::rel_err(got, ref_bf16), kTolBf16Reference) << where << " (vs float64 reference on BF16)";
-    EXPECT_LE(test::rel_err(got, ref.v), kTolExact) << where << " (vs CPU reference op)";
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (!std::isfinite(got[i])) {
-        ADD_FAILURE() << where << ": y[token " << i / E << ", " << i % E << "] = " << got[i];
-        break;
-      }
-    }
+    EXPECT_LE(test::rel_err(got, ref), kTolExact) << where << " (vs CPU reference op)";
+    expect_finite(got, E, where);
     test::Host out2({E, n_tokens});
-    const TensorView dy2 = up(out2.t, out2.v.data(), 4 * E * n_tokens);
-    const Status s2 = moe_ffn(ctx_, dx, ed, dids, dwts, dy2);
+    const TensorView dy2 = up(out2);
+    const Status s2 = moe_ffn(ctx_, dc.x, dc.experts, dc.ids, dc.wts, dy2);
     ASSERT_TRUE(s2.is_ok()) << where << ": " << s2.to_string();
     const std::vector<float> got2 = down(dy2, E * n_tokens);
     EXPECT_EQ(std::memcmp(got.data(), got2.data(), 4 * got.size()), 0) << where << " (moe_ffn op, second run)";
     bufs_.clear();
   }
-
-  std::mt19937 rng_{987};
 };
 
 TEST_F(CudaMoeGroupedTest, QuantizedExpertsManyTokens) {

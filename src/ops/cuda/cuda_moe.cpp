@@ -61,15 +61,21 @@ MatvecKernel pick(DType t, MoeMatvecLaunch m, const float* x_stand_in) {
 
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// What both entries check first: a CUDA context and moe_ffn's contract.
+Status check_entry(const char* op, const OpContext& ctx, const TensorView& x, const MoeExperts& experts,
+                   const TensorView& ids, const TensorView& weights, const TensorView& y) {
+  if (ctx.device.kind != DeviceKind::kCuda) {
+    return invalid_argument("{}: context device {} is not a CUDA device", op, ctx.device.to_string());
+  }
+  DS_TRY(check_moe_io(op, ctx, x, ids, weights, y, ids.ne[0]));
+  return check_moe_experts(op, ctx, experts, x.ne[0]);
+}
+
 }  // namespace
 
 Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
                         const TensorView& weights, const TensorView& y) {
-  if (ctx.device.kind != DeviceKind::kCuda) {
-    return invalid_argument("{}: context device {} is not a CUDA device", kOp, ctx.device.to_string());
-  }
-  DS_TRY(check_moe_io(kOp, ctx, x, ids, weights, y, ids.ne[0]));
-  DS_TRY(check_moe_experts(kOp, ctx, experts, x.ne[0]));
+  DS_TRY(check_entry(kOp, ctx, x, experts, ids, weights, y));
   const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
   const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];
   const bool fused = experts.gate_up.data != nullptr;
@@ -194,11 +200,7 @@ bool moe_ffn_grouped_takes(const TensorView& x, const MoeExperts& experts) {
 Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
                        const TensorView& weights, const TensorView& y) {
   constexpr const char* kGroupedOp = "moe_ffn_grouped";
-  if (ctx.device.kind != DeviceKind::kCuda) {
-    return invalid_argument("{}: context device {} is not a CUDA device", kGroupedOp, ctx.device.to_string());
-  }
-  DS_TRY(check_moe_io(kGroupedOp, ctx, x, ids, weights, y, ids.ne[0]));
-  DS_TRY(check_moe_experts(kGroupedOp, ctx, experts, x.ne[0]));
+  DS_TRY(check_entry(kGroupedOp, ctx, x, experts, ids, weights, y));
   const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
   const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];
   const bool fused = experts.gate_up.data != nullptr;

@@ -346,7 +346,8 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
 #pragma unroll
       for (int nt = 0; nt < 4; nt += 2) {
         uint32_t r[4];
-        ldmatrix_x4(bs + (32 * warp + 8 * (nt + (lane >> 4)) + (lane & 7)) * kGroupPitch + ks + 8 * ((lane >> 3) & 1), r);
+        const int n = 32 * warp + 8 * (nt + (lane >> 4)) + (lane & 7);
+        ldmatrix_x4(bs + n * kGroupPitch + ks + 8 * ((lane >> 3) & 1), r);
         b[nt][0] = r[0];
         b[nt][1] = r[1];
         b[nt + 1][0] = r[2];
