@@ -31,6 +31,7 @@
 #include "ops/cuda/activation.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/norm_warp.cuh"
 #include "ops/cuda/rope.cuh"
 
@@ -134,9 +135,10 @@ __device__ void write_rows(const KParams& p, const float* sO, const float* sM, c
 
 // ---- tensor-core path (F16 KV) ----
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using kern::ldsm_x4;
+using kern::ldsm_x4_trans;
+using kern::mma_16816_f16;
+using kern::smem_addr;
 
 // 16 bytes global -> shared, bypassing L1.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -146,27 +148,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c[16x8] += a[16x16] * b[16x8]; fragments as in the PTX ISA (m16n8k16, f16 inputs, f32 accumulate):
-// lane = 4 * gid + tig; c0,c1 = (row gid, cols 2 tig, 2 tig + 1), c2,c3 = (row gid + 8, same cols).
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
@@ -312,8 +293,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t b[4];
         ldsm_x4(b, k_addr + (np * 16 * SK + ks * 16) * 2);
-        mma_16816(S[2 * np], a, b[0], b[1]);
-        mma_16816(S[2 * np + 1], a, b[2], b[3]);
+        mma_16816_f16(S[2 * np], a, b[0], b[1]);
+        mma_16816_f16(S[2 * np + 1], a, b[2], b[3]);
       }
     }
 
@@ -371,8 +352,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t b[4];
         ldsm_x4_trans(b, v_addr + (kk * 16 * SK + dp * 16) * 2);
-        mma_16816(O[2 * dp], a, b[0], b[1]);
-        mma_16816(O[2 * dp + 1], a, b[2], b[3]);
+        mma_16816_f16(O[2 * dp], a, b[0], b[1]);
+        mma_16816_f16(O[2 * dp + 1], a, b[2], b[3]);
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/quant_decode.cuh"
 
 namespace ds::cuda::kern {
@@ -216,10 +217,7 @@ __global__ void dequant_bf16(const uint8_t* w, int64_t w_stride, int64_t n_rows,
     const int64_t r = i / units_per_row, e = (i % units_per_row) * 8;
     float v[8];
     qdec::decode8<T>(w + r * w_stride, e, v);
-    __nv_bfloat162 p[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) p[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-    *reinterpret_cast<uint4*>(out + r * k + e) = *reinterpret_cast<const uint4*>(p);
+    store_bf16x8(out + r * k + e, v);
   } else {
     if (i >= k * n_rows) return;
     const int64_t r = i / k, e = i % k;

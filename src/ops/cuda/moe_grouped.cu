@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe_launch.h"
 #include "ops/cuda/quant_decode.cuh"
 
@@ -77,25 +78,6 @@ __global__ void __launch_bounds__(kPlanThreads) moe_group_plan(const int32_t* id
     if (e >= 0 && e < n_expert) order[atomicAdd(&next[e], 1)] = s;
   }
   kern::allow_dependents();
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ void store_bf16x8(uint16_t* dst, const float v[8]) {
-  *reinterpret_cast<uint4*>(dst) =
-      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-}
-
-// Four 8 x 8 BF16 matrices from shared memory: lanes 8 j .. 8 j + 7 give the row addresses of matrix j
-// (16-byte aligned), r[j] is this lane's pair of matrix j (row lane / 4, elements 2 (lane % 4), +1).
-__device__ __forceinline__ void ldmatrix_x4(const uint16_t* row, uint32_t r[4]) {
-  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // A weight row's step in two halves, so the next step's loads fly during this step's tensor-core work:
@@ -197,7 +179,7 @@ __device__ __forceinline__ void step_decode(const StepRaw<T>& r, const uint8_t* 
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = d[half] * qdec::byte_to_float(b[i >> 2], i & 3, 0.0f) - dm[half];
-        store_bf16x8(dst + 32 * half + 4 * wi, v);
+        kern::store_bf16x8(dst + 32 * half + 4 * wi, v);
       }
     }
   } else if constexpr (T == DType::Q6_K) {
@@ -220,7 +202,7 @@ __device__ __forceinline__ void step_decode(const StepRaw<T>& r, const uint8_t* 
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = d * qdec::byte_to_float(b[i >> 2], i & 3, -32.0f);
-        store_bf16x8(dst + 32 * half + l0, v);
+        kern::store_bf16x8(dst + 32 * half + l0, v);
       }
     }
   } else {
@@ -229,7 +211,7 @@ __device__ __forceinline__ void step_decode(const StepRaw<T>& r, const uint8_t* 
     for (int u = 0; u < kGroupUnits; ++u) {
       float v[8] = {};
       if (k0 + 8 * u < k) qdec::decode8<T>(row, k0 + 8 * u, v);
-      store_bf16x8(dst + 8 * u, v);
+      kern::store_bf16x8(dst + 8 * u, v);
     }
   }
 }
@@ -240,15 +222,6 @@ struct ActRaw {
   float4 g[kAUnits][2];
   float4 u[kSwiglu ? kAUnits : 1][2];
 };
-
-// d += a (16 x 16, row-major) * b (16 x 8, column-major), BF16 in, F32 accumulate.
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // One tile of one expert times rows [n0, n0 + kGroupN) of its weights (grid: x = tile, y = row block).
 // Activation row m of the tile: kSwiglu ? silu(a[p]) * a[p + a_up] (p = the pair's place in the runs)
@@ -317,7 +290,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * up[j];
       }
-      store_bf16x8(as + (i / kGroupUnits) * kGroupPitch + 8 * (i % kGroupUnits), v);
+      kern::store_bf16x8(as + (i / kGroupUnits) * kGroupPitch + 8 * (i % kGroupUnits), v);
     }
     // Thread n decodes weight row n0 + n (whole-block row lengths for K-quants: the step is complete).
     if (w_row != nullptr) {
@@ -338,25 +311,22 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
       // Fragments by ldmatrix (four 8 x 8 matrices an instruction; lane l gives one 16-byte row):
       // a[mt] = rows 16 mt + (l & 15), elements ks + 8 (l >> 4); b[nt], b[nt + 1] = weight rows
       // 32 warp + 8 (nt + (l >> 4)) + (l & 7), elements ks + 8 ((l >> 3) & 1).
-      uint32_t a[2][4], b[4][2];
+      uint32_t a[2][4], b[2][4];  // b[j]: n8 tiles 2 j (registers 0, 1) and 2 j + 1 (2, 3)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        ldmatrix_x4(as + (16 * mt + (lane & 15)) * kGroupPitch + ks + 8 * (lane >> 4), a[mt]);
+        kern::ldsm_x4(a[mt], kern::smem_addr(as + (16 * mt + (lane & 15)) * kGroupPitch + ks + 8 * (lane >> 4)));
       }
 #pragma unroll
-      for (int nt = 0; nt < 4; nt += 2) {
-        uint32_t r[4];
-        const int n = 32 * warp + 8 * (nt + (lane >> 4)) + (lane & 7);
-        ldmatrix_x4(bs + n * kGroupPitch + ks + 8 * ((lane >> 3) & 1), r);
-        b[nt][0] = r[0];
-        b[nt][1] = r[1];
-        b[nt + 1][0] = r[2];
-        b[nt + 1][1] = r[3];
+      for (int j = 0; j < 2; ++j) {
+        const int n = 32 * warp + 8 * (2 * j + (lane >> 4)) + (lane & 7);
+        kern::ldsm_x4(b[j], kern::smem_addr(bs + n * kGroupPitch + ks + 8 * ((lane >> 3) & 1)));
       }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) mma_bf16(acc[mt][nt], a[mt], b[nt]);
+        for (int nt = 0; nt < 4; ++nt) {
+          kern::mma_16816_bf16(acc[mt][nt], a[mt], b[nt / 2][2 * (nt % 2)], b[nt / 2][2 * (nt % 2) + 1]);
+        }
       }
     }
     __syncthreads();
@@ -400,11 +370,8 @@ cudaError_t moe_group_plan_launch(const int32_t* ids, int n_slots, int n_expert,
 }
 
 bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert_stride, int64_t k) {
-  switch (t) {
-    case DType::F16: case DType::BF16: case DType::Q4_0: case DType::Q5_0: case DType::Q8_0:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: break;
-    default: return false;
-  }
+  // decode8's types (qdec::traits) but F32.
+  if (t == DType::F32 || qdec::traits(t).block_elems == 0) return false;
   const int64_t align = qdec::traits(t).row_align;
   return k > 0 && k % 8 == 0 && k % qdec::traits(t).block_elems == 0 &&
          reinterpret_cast<uintptr_t>(w) % align == 0 && w_stride % align == 0 && w_expert_stride % align == 0;
