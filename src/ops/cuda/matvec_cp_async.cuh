@@ -14,6 +14,10 @@ namespace ds::cuda::kern {
 __device__ __forceinline__ void cp_async16_s(uint32_t smem, uintptr_t gmem, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
 }
+// The same for a whole 16-byte piece.
+__device__ __forceinline__ void cp_async16_full(uint32_t smem, uintptr_t gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
+}
 // Closes the group of this thread's copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.

@@ -179,9 +179,12 @@ __device__ __forceinline__ uintptr_t q8_chunk_src(uintptr_t w_base, int64_t w_st
   return w_base + row * w_stride + static_cast<int64_t>(c) * q8_chunk_bytes(T);
 }
 // q8_chunk_src mod 16, where the staged copy of the chunk starts in its shared-memory row: only the low
-// bits count, so 32-bit arithmetic gives it (once per row and step on the dot path).
+// bits count, so 32-bit arithmetic gives it (once per row and step on the dot path). Always 0 for the
+// types whose blocks are 16-byte multiples (Q4_K, Q5_K): their launches need 16-byte aligned weights and
+// strides.
 template <DType T>
 __device__ __forceinline__ uint32_t q8_chunk_phase(uintptr_t w_base, int64_t w_stride, int64_t row, int c) {
+  if constexpr (qdec::q8_aligned16(T)) return 0u;
   return (static_cast<uint32_t>(w_base) + static_cast<uint32_t>(row) * static_cast<uint32_t>(w_stride) +
           static_cast<uint32_t>(c) * static_cast<uint32_t>(q8_chunk_bytes(T))) & 15u;
 }
@@ -189,30 +192,53 @@ __device__ __forceinline__ uint32_t q8_chunk_phase(uintptr_t w_base, int64_t w_s
 // One warp copies chunk c of rows [r0, r0 + kRows) (those below n_rows) into `stage` ([kRows] rows of
 // kRowBytes): the 16-byte pieces from the aligned-down start to the end of the chunk; a piece past
 // w_hi (the end of the tensor) is zero-filled, not read. Needs a cp_async_commit after it.
-// Non-obvious choice: lean address arithmetic. This runs at the top of every step of every warp, before
-// the step's wait, and written plainly (64-bit sizes per piece, the end-of-tensor clamp per piece, the
-// shared address converted per piece) it was about 300 instructions for the 8 copies of a Q4_K step, more
-// than the step's decoding; now chunk sizes are 32-bit, the row address advances by the stride, and the
-// shared address is converted once per call.
+// Non-obvious choice: lean address arithmetic. This runs at the top of every step of every warp, and
+// the products are bound by the instructions they issue per weight byte, not by the bytes alone
+// (kernels/chain_bench.cu). Written plainly (64-bit sizes and the end-of-tensor clamp per piece, a
+// branch per row) it was about 200 of the 480 instructions of a one-token Q4_K step; now whether every
+// row is present and no piece reaches past w_hi is decided once per call, and only a warp for which
+// that fails (the last rows of a tensor) takes the path with the per-row and per-piece tests.
 template <DType T, int kRows>
 __device__ __forceinline__ void q8_issue_chunk(uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
                                                uintptr_t w_hi, const MatvecQ8Args& a, int64_t r0, int c, int lane) {
   using S = Q8Smem<T, kRows>;
   constexpr qdec::TypeTraits tr = S::tr;
   const int kn = static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - static_cast<int64_t>(c) * kQ8ChunkElems));
-  const int cb = kn / tr.block_elems * tr.block_bytes;
+  const uint32_t cb = static_cast<uint32_t>(kn / tr.block_elems * tr.block_bytes);
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kRows), a.n_rows - r0));
   const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[0][0])) + 16u * static_cast<uint32_t>(lane);
-  uintptr_t src = q8_chunk_src<T>(w_base, a.w_stride, r0, c);
+  const uintptr_t src0 = q8_chunk_src<T>(w_base, a.w_stride, r0, c);
+  const uintptr_t stride = static_cast<uintptr_t>(a.w_stride);
+  // The pieces of the last row present end at the chunk's end rounded up to 16 bytes; earlier rows end
+  // earlier, so when that is inside the tensor no piece needs the clamp.
+  const bool clamp = ((src0 + static_cast<uintptr_t>(rows - 1) * stride + cb + 15u) & ~uintptr_t{15}) > w_hi;
+  if (rows == kRows && !clamp) {  // every row present, every piece whole: no per-piece test but its count
+    uintptr_t src = src0;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r, src += static_cast<uintptr_t>(a.w_stride)) {
-    if (r0 + r >= a.n_rows) break;
-    const uintptr_t first = src & ~uintptr_t{15};
-    const int n16 = static_cast<int>((static_cast<uint32_t>(src & 15) + static_cast<uint32_t>(cb) + 15u) / 16u);
+    for (int r = 0; r < kRows; ++r, src += stride) {
+      const uint32_t phase = qdec::q8_aligned16(T) ? 0u : static_cast<uint32_t>(src & 15u);
+      const uint32_t n16 = (phase + cb + 15u) >> 4;
+      const uintptr_t first = src - phase + 16u * static_cast<uint32_t>(lane);
+#pragma unroll
+      for (int j = 0; j < S::kPiecesPerLane; ++j) {
+        if (static_cast<uint32_t>(lane + 32 * j) < n16) {
+          cp_async16_full(s0 + static_cast<uint32_t>(r * S::kRowBytes + 512 * j), first + 512u * j);
+        }
+      }
+    }
+    return;
+  }
+  uintptr_t src = src0;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r, src += stride) {
+    if (r >= rows) break;
+    const uint32_t phase = qdec::q8_aligned16(T) ? 0u : static_cast<uint32_t>(src & 15u);
+    const uint32_t n16 = (phase + cb + 15u) >> 4;
+    const uintptr_t first = src - phase + 16u * static_cast<uint32_t>(lane);
 #pragma unroll
     for (int j = 0; j < S::kPiecesPerLane; ++j) {
-      const int pc = lane + 32 * j;
-      if (pc < n16) {
-        const uintptr_t g = first + 16 * static_cast<uintptr_t>(pc);
+      if (static_cast<uint32_t>(lane + 32 * j) < n16) {
+        const uintptr_t g = first + 512u * j;
         const uint32_t bytes = g + 16 <= w_hi ? 16u : static_cast<uint32_t>(w_hi - g);
         cp_async16_s(s0 + static_cast<uint32_t>(r * S::kRowBytes + 512 * j), g, bytes);
       }
@@ -220,19 +246,58 @@ __device__ __forceinline__ void q8_issue_chunk(uint8_t (*stage)[Q8Smem<T, kRows>
   }
 }
 
+// Q4_K's and Q6_K's codes are unsigned bytes (qdec::Q8Unit): dp4a of unsigned by signed bytes.
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// The sums of an activation block's codes over elements 0-15 and 16-31 (Q6_K's offset term).
+__device__ __forceinline__ int2 q8_half_sums(const int (&xv)[8]) {
+  int s0 = 0, s1 = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s0 = __dp4a(0x01010101, xv[i], s0);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s1 = __dp4a(0x01010101, xv[4 + i], s1);
+  return make_int2(s0, s1);
+}
+
 // acc plus the product of one decoded weight unit with one activation block: its 32 codes as 8 words
-// of 4 int8 (xv) and (d, d * sum of the codes) (ds).
+// of 4 int8 (xv), their half sums (xs, q8_half_sums; read by Q6_K only) and (d, d * sum of the codes)
+// (ds).
 template <DType T>
-__device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (&xv)[8], float2 ds, float acc) {
+__device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (&xv)[8], int2 xs, float2 ds,
+                                             float acc) {
   constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q4_0 || T == DType::Q5_0;
   int d0 = 0, d1 = 0;
+  if constexpr (T == DType::Q4_K || T == DType::Q6_K) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) d0 = __dp4a(static_cast<int>(wu.q[i]), xv[i], d0);
+    for (int i = 0; i < 4; ++i) d0 = dp4a_us(wu.q[i], xv[i], d0);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) d1 = __dp4a(static_cast<int>(wu.q[4 + i]), xv[4 + i], d1);
-  const int isum = T == DType::Q6_K ? wu.sc0 * d0 + wu.sc1 * d1 : d0 + d1;
+    for (int i = 0; i < 4; ++i) d1 = dp4a_us(wu.q[4 + i], xv[4 + i], d1);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d0 = __dp4a(static_cast<int>(wu.q[i]), xv[i], d0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d1 = __dp4a(static_cast<int>(wu.q[4 + i]), xv[4 + i], d1);
+  }
+  int isum;
+  if constexpr (T == DType::Q6_K) {
+    isum = wu.sc0 * (d0 - 32 * xs.x) + wu.sc1 * (d1 - 32 * xs.y);  // the codes are stored plus 32
+  } else if constexpr (T == DType::Q4_K) {
+    isum = (d0 + d1) >> wu.shift;  // every term is a multiple of 2^shift: exact
+  } else {
+    isum = d0 + d1;
+  }
   const float s = fmaf(wu.dw, ds.x * static_cast<float>(isum), acc);
   return kMin ? fmaf(wu.mw, ds.y, s) : s;
+}
+
+// The same, computing the half sums itself (for callers that dot each activation block once).
+template <DType T>
+__device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (&xv)[8], float2 ds, float acc) {
+  return q8_unit_dot<T>(wu, xv, T == DType::Q6_K ? q8_half_sums(xv) : make_int2(0, 0), ds, acc);
 }
 
 // Adds to acc[r][t] the products of chunk c of the staged rows r0 + r with activation rows t: each lane
@@ -258,8 +323,9 @@ __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kR
       const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
       const float2 ds = __ldg(xds + t * (a.k / kQ8Block) + gu);
       const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      const int2 xs = T == DType::Q6_K ? q8_half_sums(xv) : make_int2(0, 0);  // once for the kRows rows
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r][t] = q8_unit_dot<T>(wu[r], xv, ds, acc[r][t]);
+      for (int r = 0; r < kRows; ++r) acc[r][t] = q8_unit_dot<T>(wu[r], xv, xs, ds, acc[r][t]);
     }
   }
 }

@@ -209,10 +209,12 @@ __device__ __forceinline__ float decode1(const uint8_t* row, int64_t k) {
 // dot(row unit, x block) = dw * d_x * isum + mw * s_x, with isum = dot(codes, q_x) (Q6_K: sc0 * dot
 // of elements 0-15 + sc1 * dot of 16-31), d_x the activation block's scale and s_x = d_x * sum(q_x).
 struct Q8Unit {
-  uint32_t q[8];  // codes of elements 4i .. 4i+3 in the bytes of q[i] (int8; unsigned types are < 128)
+  uint32_t q[8];  // codes of elements 4i .. 4i+3 in the bytes of q[i] (int8; unsigned types are < 128);
+                  // Q4_K: unsigned bytes, the codes times 2^shift; Q6_K: unsigned bytes, the codes plus 32
   float dw;       // multiplies d_x * isum
   float mw;       // multiplies s_x: the min (Q4_K, Q5_K) or offset (Q4_0 -8 d, Q5_0 -16 d) term; else 0
   int sc0, sc1;   // Q6_K sub-block scales; 1 otherwise
+  int shift;      // Q4_K: the dot of q with the activations is isum * 2^shift (0 or 4); else 0
 };
 
 // Types with an int8-activation unit decoder, and the ones whose blocks are 16-byte multiples.
@@ -248,14 +250,17 @@ __device__ __forceinline__ void decode_unit_q8(const uint8_t* row, int u, Q8Unit
   o.sc0 = 1;
   o.sc1 = 1;
   o.mw = 0.0f;
+  o.shift = 0;
   if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
     constexpr int kBytes = T == DType::Q4_K ? 144 : 176;
     constexpr int kQs = T == DType::Q4_K ? 16 : 48;
     const uint8_t* p = row + (u >> 3) * kBytes;
     const int j = u & 7, c = j >> 1, half = j & 1, jj = j & 3;
     const uint4 h = *reinterpret_cast<const uint4*>(p);  // d, dmin, scales[12]
-    // The 6-bit scale and min of sub-block j (see k_scale_min): bytes jj of scales[0..3], [4..7], [8..11].
-    const uint32_t b1 = (h.y >> (8 * jj)) & 0xFFu, b2 = (h.z >> (8 * jj)) & 0xFFu, b3 = (h.w >> (8 * jj)) & 0xFFu;
+    // The 6-bit scale and min of sub-block j (see k_scale_min): bytes jj of scales[0..3], [4..7], [8..11],
+    // each moved to byte 0 by one byte permute.
+    const uint32_t sel = 0x4440u | static_cast<uint32_t>(jj);
+    const uint32_t b1 = __byte_perm(h.y, 0u, sel), b2 = __byte_perm(h.z, 0u, sel), b3 = __byte_perm(h.w, 0u, sel);
     const uint32_t sc = j < 4 ? (b1 & 63u) : ((b3 & 0xFu) | ((b1 >> 6) << 4));
     const uint32_t m = j < 4 ? (b2 & 63u) : ((b3 >> 4) | ((b2 >> 6) << 4));
     o.dw = h2f(static_cast<uint16_t>(h.x & 0xFFFFu)) * static_cast<float>(sc);
@@ -263,8 +268,17 @@ __device__ __forceinline__ void decode_unit_q8(const uint8_t* row, int u, Q8Unit
     const uint4* qs = reinterpret_cast<const uint4*>(p + kQs + 32 * c);  // 32 bytes: sub-blocks 2c, 2c+1
     const uint4 q0 = qs[0], q1 = qs[1];
     const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    if constexpr (T == DType::Q4_K) {
+      // The high nibbles stay in place (16 times the code, an unsigned byte): one mask per word, and the
+      // dot is shifted back once (q8_unit_dot).
+      const uint32_t mask = 0x0F0F0F0Fu << (4 * half);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o.q[i] = (w[i] >> (4 * half)) & 0x0F0F0F0Fu;
+      for (int i = 0; i < 8; ++i) o.q[i] = w[i] & mask;
+      o.shift = 4 * half;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o.q[i] = (w[i] >> (4 * half)) & 0x0F0F0F0Fu;
+    }
     if constexpr (T == DType::Q5_K) {
       const uint4* qh = reinterpret_cast<const uint4*>(p + 16);  // bit j of qh[l]: 5th bit of element l
       const uint4 h0 = qh[0], h1 = qh[1];
@@ -278,11 +292,13 @@ __device__ __forceinline__ void decode_unit_q8(const uint8_t* row, int u, Q8Unit
     uint32_t lo[8], hi[8];
     words_a2<8>(p + 64 * hh + 32 * (quarter & 1), lo);
     words_a2<8>(p + 128 + 32 * hh, hi);
-    const int ls = 4 * (quarter >> 1), hs = 2 * quarter;
+    // The 2 high bits of each code sit at bits hs, hs + 1 of each byte of hi; a rotation by 4 - hs
+    // (mod 32) puts them at bits 4, 5, and whatever wraps around is masked off.
+    const int ls = 4 * (quarter >> 1);
+    const uint32_t rot = static_cast<uint32_t>(4 - 2 * quarter) & 31u;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const uint32_t c = ((lo[i] >> ls) & 0x0F0F0F0Fu) | (((hi[i] >> hs) & 0x03030303u) << 4);  // 0..63
-      o.q[i] = (c + 0x60606060u) ^ 0x80808080u;  // c - 32 per byte as int8 (c + 0x60 never carries)
+      o.q[i] = ((lo[i] >> ls) & 0x0F0F0F0Fu) | (__funnelshift_l(hi[i], hi[i], rot) & 0x30303030u);  // c, 0..63
     }
     const uint32_t s = ld16(p + 192 + 8 * hh + 2 * quarter);  // scales of elements 0-15 and 16-31
     o.sc0 = static_cast<int8_t>(s & 0xFFu);
