@@ -444,7 +444,10 @@ void run_chain_variant(const char* label, std::vector<Product>& prods, Item* d_i
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int layers = argc > 1 ? std::atoi(argv[1]) : 8;
+  // scripts/gpu-check passes a .tsv path as the first argument: only a positive number counts as layers.
+  const bool numeric = argc > 1 && std::atoi(argv[1]) > 0;
+  const int layers = numeric ? std::atoi(argv[1]) : 8;
+  const char* dump = numeric && argc > 2 ? argv[2] : nullptr;
   int dev = 0;
   CK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
@@ -521,8 +524,12 @@ int main(int argc, char** argv) {
   std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", "prod (v4 cap 4, v5p)", ms_prod, bytes / ms_prod / 1e6,
               100.0 * bytes / ms_prod / 1e6 / bw);
 
-  if (argc > 2) {  // the production outputs, for a bit-for-bit comparison between builds
-    FILE* f = std::fopen(argv[2], "wb");
+  if (dump != nullptr) {  // the production outputs, for a bit-for-bit comparison between builds
+    FILE* f = std::fopen(dump, "wb");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", dump);
+      return 1;
+    }
     for (auto& p : prods) {
       std::vector<float> y(p.rows);
       CK(cudaMemcpy(y.data(), p.y[0], p.rows * 4, cudaMemcpyDeviceToHost));
@@ -530,6 +537,7 @@ int main(int argc, char** argv) {
     }
     std::fclose(f);
   }
+  bool failed = false;
   auto check = [&](const std::string& label) {
     int bad = 0;
     for (auto& p : prods) {
@@ -549,6 +557,7 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("check %s: %s\n", label.c_str(), bad == 0 ? "ok" : "FAILED");
+    failed = failed || bad != 0;
   };
 
   auto reset = [&] {
@@ -605,5 +614,5 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("byte limit at the flat rate: %.3f ms\n", bytes / bw / 1e6);
-  return 0;
+  return failed ? 1 : 0;
 }
