@@ -34,20 +34,13 @@
 
 #include "core/half.h"
 #include "ops/cuda/attention_launch.h"
+#include "workbench.cuh"
 
 using namespace ds;
 using ds::cuda::AttnPagedArgs;
 using ds::cuda::AttnPath;
 using ds::cuda::AttnPlan;
 
-#define CK(call)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 namespace {
 

@@ -37,6 +37,7 @@
 #include "core/half.h"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/matvec_q8v5.cuh"
+#include "workbench.cuh"
 
 // The launch policy the production library defines (ops/cuda/pdl.h): PDL on, no filter.
 namespace ds::cuda {
@@ -47,14 +48,6 @@ bool kernel_filtered(const void*) { return false; }
 using namespace ds;
 namespace kern = ds::cuda::kern;
 
-#define CK(call)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 namespace {
 
@@ -388,22 +381,6 @@ float time_graph(cudaStream_t s, const std::function<void()>& body, int reps) {
   return t[t.size() / 2];
 }
 
-__global__ void flat_read(const uint4* __restrict__ p, int64_t n, unsigned* sink) {
-  uint32_t acc = 0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * 4;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * 4 + threadIdx.x; base < n; base += stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = base + static_cast<int64_t>(j) * blockDim.x;
-      v[j] = i < n ? __ldg(p + i) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-  }
-  if (acc == 0x12345678u) *sink = acc;
-}
-
 template <int kWarps, int kStages>
 void run_chain_variant(const char* label, std::vector<Product>& prods, Item* d_items_split, Item* d_items_all, unsigned* counter, int part_cap, cudaStream_t s,
                        int reps, double bytes, double bw, const std::function<void(const std::string&)>& check) {
@@ -510,16 +487,17 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(d_all, items.data(), items.size() * sizeof(Item), cudaMemcpyHostToDevice));
 
   const int reps = 20;
-  const float ms_prod = time_graph(s, [&] {
-    for (auto& p : prods) {
-      const Act& a = p.k == 5120 ? act5120 : p.k == 6144 ? act6144 : act17408;
-      const kern::MatvecQ8Args args = kern::q8_args(p.w, row_bytes(p.t, p.k), a.q, p.k, 1, p.y[0], p.rows, p.rows, 1);
-      if (p.t == DType::Q6_K) {
-        launch_prod<DType::Q6_K>(args, s);
-      } else {
-        launch_prod<DType::Q4_K>(args, s);
-      }
+  auto launch_production = [&](const Product& p) {
+    const Act& a = p.k == 5120 ? act5120 : p.k == 6144 ? act6144 : act17408;
+    const kern::MatvecQ8Args args = kern::q8_args(p.w, row_bytes(p.t, p.k), a.q, p.k, 1, p.y[0], p.rows, p.rows, 1);
+    if (p.t == DType::Q6_K) {
+      launch_prod<DType::Q6_K>(args, s);
+    } else {
+      launch_prod<DType::Q4_K>(args, s);
     }
+  };
+  const float ms_prod = time_graph(s, [&] {
+    for (const auto& p : prods) launch_production(p);
   }, reps);
   std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", "prod (v4 cap 4, v5p)", ms_prod, bytes / ms_prod / 1e6,
               100.0 * bytes / ms_prod / 1e6 / bw);
@@ -593,16 +571,7 @@ int main(int argc, char** argv) {
         }
         if (idx.empty()) continue;
         const float mp = time_graph(s, [&] {
-          for (size_t i : idx) {
-            Product& p = prods[i];
-            const Act& a = p.k == 5120 ? act5120 : p.k == 6144 ? act6144 : act17408;
-            const kern::MatvecQ8Args args = kern::q8_args(p.w, row_bytes(p.t, p.k), a.q, p.k, 1, p.y[0], p.rows, p.rows, 1);
-            if (p.t == DType::Q6_K) {
-              launch_prod<DType::Q6_K>(args, s);
-            } else {
-              launch_prod<DType::Q4_K>(args, s);
-            }
-          }
+          for (size_t i : idx) launch_production(prods[i]);
         }, reps);
         const float ms = time_graph(s, [&] {
           for (size_t i : idx) launch_pdl(kernel, dim3(g_sms), dim3(32 * kW), smem, s, d_split + i, 1, counter, part_cap);

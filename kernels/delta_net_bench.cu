@@ -26,15 +26,8 @@
 #include <vector>
 
 #include "ops/cuda/delta_net.cu"  // the production kernels and launchers, in this translation unit
+#include "workbench.cuh"
 
-#define CK(call)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 namespace {
 
@@ -155,7 +148,7 @@ void launch(Version ver, const DeltaNetArgs& a, float* scratch) {
   } else {
     const int threads = int(std::min<int64_t>(1024, (a.dv + 31) / 32 * 32));
     ds::cuda::dn_generic_kernel<<<unsigned(a.nv), threads, 2 * a.dk * sizeof(float), g_stream>>>(
-        a.q, a.k, a.v, a.g, a.beta, a.state, a.out, a.dk, a.nk, a.dv, a.nv, a.n_tokens);
+        a.q, a.k, a.v, a.g, a.beta, a.state, a.out, a.dk, a.nk, a.dv, a.nv, a.n_tokens, a.dv, a.nv * a.dv);
     CK(cudaGetLastError());
   }
 }
@@ -231,7 +224,8 @@ void bench_prefill(std::mt19937& rng) {
   });
   const float scan_ms = median_ms(11, [&] {
     ds::cuda::dn_scan_kernel<kDk><<<dim3(kDv / 32, kNv), ds::cuda::kScanThreads, scan_smem, g_stream>>>(
-        w.q, w.k, w.v, d.scratch, w.state, w.out, kNk, kNv, kDv, int(w.n_tokens), 1.f / std::sqrt(float(kDk)));
+        w.q, w.k, w.v, d.scratch, w.state, w.out, kNk, kNv, kDv, int(w.n_tokens), 1.f / std::sqrt(float(kDk)),
+        int64_t{kDv}, int64_t{kNv} * kDv);
   });
   CK(cudaGetLastError());
   std::printf("  one window of %lld tokens: prep %.1f us (%u x %lld CTAs, %zu B smem), scan %.1f us (%lld CTAs, %zu B smem)\n",

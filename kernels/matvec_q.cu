@@ -59,18 +59,11 @@
 #include "ops/cuda/matvec_q8v5.cuh"
 #include "matvec_q8v7.cuh"
 #include "quant/quant.h"
+#include "workbench.cuh"
 
 using namespace ds;
 using ds::cuda::kern::MatvecArgs;
 
-#define CK(call)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 #define CB(call)                                                                         \
   do {                                                                                   \
     cublasStatus_t s_ = (call);                                                          \

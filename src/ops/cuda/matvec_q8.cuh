@@ -189,6 +189,34 @@ __device__ __forceinline__ uint32_t q8_chunk_phase(uintptr_t w_base, int64_t w_s
           static_cast<uint32_t>(c) * static_cast<uint32_t>(q8_chunk_bytes(T))) & 15u;
 }
 
+// The copies of q8_issue_chunk for rows [0, rows) starting at src (row stride `stride`), cb bytes of each
+// from its aligned-down start, into shared rows from s0 (this lane's offset included). kClamp: rows may
+// be fewer than kRows and a piece may reach past w_hi (zero-filled there); without it neither happens.
+template <DType T, int kRows, bool kClamp>
+__device__ __forceinline__ void q8_issue_rows(uint32_t s0, uintptr_t src, uintptr_t stride, uint32_t cb, int rows,
+                                              uintptr_t w_hi, int lane) {
+  using S = Q8Smem<T, kRows>;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r, src += stride) {
+    if (kClamp && r >= rows) break;
+    const uint32_t phase = qdec::q8_aligned16(T) ? 0u : static_cast<uint32_t>(src & 15u);
+    const uint32_t n16 = (phase + cb + 15u) >> 4;
+    const uintptr_t first = src - phase + 16u * static_cast<uint32_t>(lane);
+#pragma unroll
+    for (int j = 0; j < S::kPiecesPerLane; ++j) {
+      if (static_cast<uint32_t>(lane + 32 * j) < n16) {
+        const uintptr_t g = first + 512u * j;
+        const uint32_t sa = s0 + static_cast<uint32_t>(r * S::kRowBytes + 512 * j);
+        if constexpr (kClamp) {
+          cp_async16_s(sa, g, g + 16 <= w_hi ? 16u : static_cast<uint32_t>(w_hi - g));
+        } else {
+          cp_async16_full(sa, g);
+        }
+      }
+    }
+  }
+}
+
 // One warp copies chunk c of rows [r0, r0 + kRows) (those below n_rows) into `stage` ([kRows] rows of
 // kRowBytes): the 16-byte pieces from the aligned-down start to the end of the chunk; a piece past
 // w_hi (the end of the tensor) is zero-filled, not read. Needs a cp_async_commit after it.
@@ -201,8 +229,7 @@ __device__ __forceinline__ uint32_t q8_chunk_phase(uintptr_t w_base, int64_t w_s
 template <DType T, int kRows>
 __device__ __forceinline__ void q8_issue_chunk(uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
                                                uintptr_t w_hi, const MatvecQ8Args& a, int64_t r0, int c, int lane) {
-  using S = Q8Smem<T, kRows>;
-  constexpr qdec::TypeTraits tr = S::tr;
+  constexpr qdec::TypeTraits tr = Q8Smem<T, kRows>::tr;
   const int kn = static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - static_cast<int64_t>(c) * kQ8ChunkElems));
   const uint32_t cb = static_cast<uint32_t>(kn / tr.block_elems * tr.block_bytes);
   const int rows = static_cast<int>(min(static_cast<int64_t>(kRows), a.n_rows - r0));
@@ -212,37 +239,10 @@ __device__ __forceinline__ void q8_issue_chunk(uint8_t (*stage)[Q8Smem<T, kRows>
   // The pieces of the last row present end at the chunk's end rounded up to 16 bytes; earlier rows end
   // earlier, so when that is inside the tensor no piece needs the clamp.
   const bool clamp = ((src0 + static_cast<uintptr_t>(rows - 1) * stride + cb + 15u) & ~uintptr_t{15}) > w_hi;
-  if (rows == kRows && !clamp) {  // every row present, every piece whole: no per-piece test but its count
-    uintptr_t src = src0;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r, src += stride) {
-      const uint32_t phase = qdec::q8_aligned16(T) ? 0u : static_cast<uint32_t>(src & 15u);
-      const uint32_t n16 = (phase + cb + 15u) >> 4;
-      const uintptr_t first = src - phase + 16u * static_cast<uint32_t>(lane);
-#pragma unroll
-      for (int j = 0; j < S::kPiecesPerLane; ++j) {
-        if (static_cast<uint32_t>(lane + 32 * j) < n16) {
-          cp_async16_full(s0 + static_cast<uint32_t>(r * S::kRowBytes + 512 * j), first + 512u * j);
-        }
-      }
-    }
-    return;
-  }
-  uintptr_t src = src0;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r, src += stride) {
-    if (r >= rows) break;
-    const uint32_t phase = qdec::q8_aligned16(T) ? 0u : static_cast<uint32_t>(src & 15u);
-    const uint32_t n16 = (phase + cb + 15u) >> 4;
-    const uintptr_t first = src - phase + 16u * static_cast<uint32_t>(lane);
-#pragma unroll
-    for (int j = 0; j < S::kPiecesPerLane; ++j) {
-      if (static_cast<uint32_t>(lane + 32 * j) < n16) {
-        const uintptr_t g = first + 512u * j;
-        const uint32_t bytes = g + 16 <= w_hi ? 16u : static_cast<uint32_t>(w_hi - g);
-        cp_async16_s(s0 + static_cast<uint32_t>(r * S::kRowBytes + 512 * j), g, bytes);
-      }
-    }
+  if (rows == kRows && !clamp) {
+    q8_issue_rows<T, kRows, false>(s0, src0, stride, cb, rows, w_hi, lane);
+  } else {
+    q8_issue_rows<T, kRows, true>(s0, src0, stride, cb, rows, w_hi, lane);
   }
 }
 
