@@ -3,8 +3,8 @@
 // product sequence of `layers` 27B layers (DeltaNet qkv, z, output, FFN gate+up, FFN down; the qkv and
 // down weights alternate Q6_K / Q4_K by layer as in Q4_K_M), each form captured in a CUDA graph with
 // programmatic dependent launch and replayed:
-//   prod:        the production launches: v4 capped at 4 CTAs per SM, v5p for the Q4_K gate+up
-//                (matvec_q8_pick_version's choice at one token for these shapes);
+//   prod:        the production launcher (matvec_q8_product_launch: at one token, v4 capped at 4 CTAs
+//                per SM, and v5p for the Q4_K gate+up);
 //   split:       one launch per product of the CTA-balanced kernel below (one CTA of kWarps warps per
 //                SM: each CTA takes an equal contiguous share of the row groups, its warps an equal
 //                contiguous share of that share's (row group, 1024-element chunk) units, partial sums
@@ -17,10 +17,13 @@
 //   read, read-nobar, read+L2: chain's weight streaming without the decoding and the products.
 // Then per product kind, prod against split. Every form's outputs are checked against prod (1e-4 of the
 // product's largest |y|); the second argument writes prod's outputs, for a bit-for-bit comparison of
-// two builds of the kernels. Findings (H100, docs/perf-gpu.md): one launch for the whole sequence
+// two builds of the library. Findings (H100, docs/perf-gpu.md): one launch for the whole sequence
 // gains nothing over a launch per product; the barrier costs ~2.7 us a product and the decoding as
 // much again (read-nobar 90%, read 78%, chain-nobar 76-80%, chain 66-67% of the flat read); L2 pulls lose.
-// Build: nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc kernels/chain_bench.cu -o build-gpu/chain_bench
+// Build (after the CMake build in build-gpu; scripts/gpu-check builds it so):
+//   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
+//     kernels/chain_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
+//     -o build-gpu/chain_bench
 // Run:   build-gpu/chain_bench [layers] [file for the production outputs]
 #include <cuda_runtime.h>
 
@@ -35,19 +38,12 @@
 #include <vector>
 
 #include "core/half.h"
+#include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/matvec_q8.cuh"
-#include "ops/cuda/matvec_q8v5.cuh"
 #include "workbench.cuh"
-
-// The launch policy the production library defines (ops/cuda/pdl.h): PDL on, no filter.
-namespace ds::cuda {
-bool pdl_enabled() { return true; }
-bool kernel_filtered(const void*) { return false; }
-}  // namespace ds::cuda
 
 using namespace ds;
 namespace kern = ds::cuda::kern;
-
 
 namespace {
 
@@ -55,14 +51,8 @@ constexpr int kRows = kern::kQ8Rows;  // 4 weight rows per warp unit
 constexpr int kRowBytesMax = kern::q8_row_bytes(DType::Q6_K);
 
 struct Item {
-  const uint8_t* w;
-  int64_t w_stride;
-  const int8_t* xq;
-  const float2* xds;
-  float* y;
-  int64_t n_rows;
-  int64_t k;
-  int type;  // DType
+  kern::MatvecQ8Args a;  // one token (kern::q8_args)
+  int type;              // DType
 };
 
 // A warp's position in its sequence of (product, unit): unit u of product p covers row group g
@@ -76,10 +66,10 @@ struct Cursor {
 __device__ __forceinline__ void cursor_load(Cursor& c, const Item* items, int n, int warp, int n_warps) {
   while (c.p < n) {
     const Item& it = items[c.p];
-    const int groups = static_cast<int>((it.n_rows + kRows - 1) / kRows);
+    const int groups = static_cast<int>((it.a.n_rows + kRows - 1) / kRows);
     const int g0 = static_cast<int>(static_cast<int64_t>(groups) * blockIdx.x / gridDim.x);
     const int g1 = static_cast<int>(static_cast<int64_t>(groups) * (blockIdx.x + 1) / gridDim.x);
-    c.n_chunks = static_cast<int>((it.k + kern::kQ8ChunkElems - 1) / kern::kQ8ChunkElems);
+    c.n_chunks = static_cast<int>((it.a.k + kern::kQ8ChunkElems - 1) / kern::kQ8ChunkElems);
     const int units = (g1 - g0) * c.n_chunks;
     c.u = units * warp / n_warps;
     c.u1 = units * (warp + 1) / n_warps;
@@ -100,56 +90,40 @@ __device__ __forceinline__ void cursor_next(Cursor& c, const Item* items, int n,
   cursor_load(c, items, n, warp, n_warps);
 }
 
-__device__ __forceinline__ kern::MatvecQ8Args item_args(const Item& it) {
-  kern::MatvecQ8Args a{};
-  a.w = it.w;
-  a.w_stride = it.w_stride;
-  a.xq = it.xq;
-  a.xds = it.xds;
-  a.y = it.y;
-  a.y_stride = it.n_rows;
-  a.n_rows = it.n_rows;
-  a.k = it.k;
-  a.n_tokens = 1;
-  return a;
-}
-
 template <DType T>
-__device__ __forceinline__ void issue_t(uint8_t* stage, const Item& it, int64_t r0, int c, int lane) {
+__device__ __forceinline__ void issue_t(uint8_t* stage, const kern::MatvecQ8Args& a, int64_t r0, int c, int lane) {
   using Stage = uint8_t(*)[kern::Q8Smem<T, kRows>::kRowBytes];
-  const kern::MatvecQ8Args a = item_args(it);
-  const uintptr_t w_base = reinterpret_cast<uintptr_t>(it.w);
-  kern::q8_issue_chunk<T, kRows>(reinterpret_cast<Stage>(stage), w_base, kern::q8_weights_end<T>(w_base, a), a, r0,
-                                 c, lane);
+  const uintptr_t w_base = reinterpret_cast<uintptr_t>(a.w);
+  kern::q8_issue_chunk<T, kRows>(reinterpret_cast<Stage>(stage), w_base, kern::q8_weights_end<T>(w_base, a), a, r0, c,
+                                 lane);
 }
 
 template <DType T>
-__device__ __forceinline__ void dot_t(const uint8_t* stage, const Item& it, int64_t r0, int c, int lane,
+__device__ __forceinline__ void dot_t(const uint8_t* stage, const kern::MatvecQ8Args& a, int64_t r0, int c, int lane,
                                       float (&acc)[kRows][1]) {
   using Stage = const uint8_t(*)[kern::Q8Smem<T, kRows>::kRowBytes];
-  const kern::MatvecQ8Args a = item_args(it);
-  kern::q8_chunk_dot<T, 1, kRows>(reinterpret_cast<Stage>(stage), reinterpret_cast<uintptr_t>(it.w), a, it.xq,
-                                  it.xds, r0, c, lane, acc);
+  kern::q8_chunk_dot<T, 1, kRows>(reinterpret_cast<Stage>(stage), reinterpret_cast<uintptr_t>(a.w), a, a.xq,
+                                  static_cast<const float2*>(a.xds), r0, c, lane, acc);
 }
 
 __device__ __forceinline__ void issue_unit(uint8_t* stage, const Item& it, const Cursor& c, int lane) {
   const int64_t r0 = static_cast<int64_t>(c.g) * kRows;
   const int ch = c.ch;
   if (it.type == static_cast<int>(DType::Q6_K)) {
-    issue_t<DType::Q6_K>(stage, it, r0, ch, lane);
+    issue_t<DType::Q6_K>(stage, it.a, r0, ch, lane);
   } else {
-    issue_t<DType::Q4_K>(stage, it, r0, ch, lane);
+    issue_t<DType::Q4_K>(stage, it.a, r0, ch, lane);
   }
 }
 
 // Row `lane` of the unit at c pulled into L2 (16-byte aligned span around its chunk bytes).
 __device__ __forceinline__ void l2_prefetch_unit(const Item& it, const Cursor& c, int lane) {
   const int64_t row = static_cast<int64_t>(c.g) * kRows + lane;
-  if (row >= it.n_rows) return;
-  const bool q6 = it.type == static_cast<int>(DType::Q6_K);
-  const int cb = kern::kQ8ChunkElems / 256 * (q6 ? 210 : 144);
-  const int64_t left = (it.k - static_cast<int64_t>(c.ch) * kern::kQ8ChunkElems) / 256 * (q6 ? 210 : 144);
-  const uintptr_t src = reinterpret_cast<uintptr_t>(it.w) + row * it.w_stride + static_cast<int64_t>(c.ch) * cb;
+  if (row >= it.a.n_rows) return;
+  const int bb = ds::cuda::qdec::traits(static_cast<DType>(it.type)).block_bytes;
+  const int cb = kern::kQ8ChunkElems / 256 * bb;
+  const int64_t left = (it.a.k - static_cast<int64_t>(c.ch) * kern::kQ8ChunkElems) / 256 * bb;
+  const uintptr_t src = reinterpret_cast<uintptr_t>(it.a.w) + row * it.a.w_stride + static_cast<int64_t>(c.ch) * cb;
   const uintptr_t a0 = src & ~uintptr_t{15};
   const uint32_t bytes = static_cast<uint32_t>((src + (left < cb ? left : cb) - a0 + 15) & ~uintptr_t{15});
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a0), "r"(bytes) : "memory");
@@ -169,8 +143,8 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // the kL2Ahead units past its ring into L2 (cp.async.bulk.prefetch.L2), so the weights flow while its
 // CTA waits at the barrier.
 template <int kWarps, int kStages, bool kReadOnly = false, bool kNoBarrier = false, int kL2Ahead = 0>
-__global__ void __launch_bounds__(32 * kWarps, 1) chain_kernel(const Item* items, int n, unsigned* counter,
-                                                                 int part_cap) {
+__global__ void __launch_bounds__(32 * kWarps, 1)
+    chain_kernel(const Item* items, int n, unsigned* counter, int part_cap) {
   extern __shared__ __align__(16) uint8_t smem[];
   float* part = reinterpret_cast<float*>(smem + kWarps * kStages * kRows * kRowBytesMax);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -196,14 +170,14 @@ __global__ void __launch_bounds__(32 * kWarps, 1) chain_kernel(const Item* items
     while (done < cc.p && done < n) {  // every warp is past product `done`: combine its sums, then barrier
       __syncthreads();
       const Item& it = items[done];
-      const int64_t groups = (it.n_rows + kRows - 1) / kRows;
+      const int64_t groups = (it.a.n_rows + kRows - 1) / kRows;
       const int64_t g0 = groups * blockIdx.x / gridDim.x, g1 = groups * (blockIdx.x + 1) / gridDim.x;
-      const int nc = static_cast<int>((it.k + kern::kQ8ChunkElems - 1) / kern::kQ8ChunkElems);
+      const int nc = static_cast<int>((it.a.k + kern::kQ8ChunkElems - 1) / kern::kQ8ChunkElems);
       for (int64_t j = threadIdx.x; j < (g1 - g0) * kRows; j += blockDim.x) {
         const int64_t gl = j / kRows, row = (g0 + gl) * kRows + j % kRows;
         float s = 0.0f;
         for (int c = 0; c < nc; ++c) s += part[(gl * nc + c) * kRows + j % kRows];
-        if (row < it.n_rows) it.y[row] = s;
+        if (row < it.a.n_rows) it.a.y[row] = s;
       }
       __syncthreads();
       if (done + 1 < n) {
@@ -232,9 +206,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) chain_kernel(const Item* items
     if constexpr (kReadOnly) {  // the streaming alone: one word of the staged rows per lane
       acc[0][0] += __int_as_float(*reinterpret_cast<const int*>(stage_of(i) + 4 * lane) & 0x3F800000);
     } else if (it.type == static_cast<int>(DType::Q6_K)) {
-      dot_t<DType::Q6_K>(stage_of(i), it, r0, ch, lane, acc);
+      dot_t<DType::Q6_K>(stage_of(i), it.a, r0, ch, lane, acc);
     } else {
-      dot_t<DType::Q4_K>(stage_of(i), it, r0, ch, lane, acc);
+      dot_t<DType::Q4_K>(stage_of(i), it.a, r0, ch, lane, acc);
     }
     const bool flush = ch == cc.n_chunks - 1 || cc.u + 1 == cc.u1;
 #pragma unroll
@@ -257,8 +231,6 @@ __global__ void __launch_bounds__(32 * kWarps, 1) chain_kernel(const Item* items
 }
 
 // ---- host ----
-
-int row_bytes(DType t, int64_t k) { return static_cast<int>(k / 256 * (t == DType::Q6_K ? 210 : 144)); }
 
 struct Product {
   const char* name;
@@ -295,7 +267,7 @@ Act make_act(int64_t k, std::mt19937& rng) {
 }
 
 uint8_t* make_weights(DType t, int64_t rows, int64_t k, std::mt19937& rng) {
-  const int rb = row_bytes(t, k), bb = t == DType::Q6_K ? 210 : 144;
+  const int64_t rb = dtype_row_bytes(t, k), bb = dtype_block_bytes(t);
   std::vector<uint8_t> h(static_cast<size_t>(rows) * rb);
   for (size_t i = 0; i + 4 <= h.size(); i += 4) {
     const uint32_t v = rng();
@@ -318,39 +290,7 @@ uint8_t* make_weights(DType t, int64_t rows, int64_t k, std::mt19937& rng) {
   return w;
 }
 
-template <typename... P, typename... A>
-void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-
 int g_sms = 0;
-int64_t g_smem_per_sm = 0, g_reserved = 0;
-
-template <DType T>
-void launch_prod(const kern::MatvecQ8Args& a, cudaStream_t s) {
-  if constexpr (T == DType::Q4_K) {
-    if (a.n_rows >= 16384) {
-      const cudaError_t e = kern::q8v5_launch<T, 1, 2, 1>(a, 1, 1, true, s);
-      CK(e);
-      return;
-    }
-  }
-  constexpr int64_t kStatic = kern::q8_ring_bytes(T, kRows, kern::Q8Smem<T, kRows>::kStages);
-  int64_t pad = kern::occupancy_cap_pad(kStatic, g_smem_per_sm, g_reserved, 4);
-  if (kStatic + pad > kern::kQ8StaticSmem) pad = 0;
-  const unsigned grid = static_cast<unsigned>((a.n_rows + 15) / 16);
-  launch_pdl(kern::matvec_q8<T, 1>, dim3(grid), dim3(kern::kQ8Threads), static_cast<size_t>(pad), s, a);
-}
 
 float time_graph(cudaStream_t s, const std::function<void()>& body, int reps) {
   cudaGraph_t g;
@@ -382,30 +322,43 @@ float time_graph(cudaStream_t s, const std::function<void()>& body, int reps) {
 }
 
 template <int kWarps, int kStages>
-void run_chain_variant(const char* label, std::vector<Product>& prods, Item* d_items_split, Item* d_items_all, unsigned* counter, int part_cap, cudaStream_t s,
-                       int reps, double bytes, double bw, const std::function<void(const std::string&)>& check) {
+void run_chain_variant(const char* label, std::vector<Product>& prods, Item* d_items_split, Item* d_items_all,
+                       unsigned* counter, int part_cap, cudaStream_t s, int reps, double bytes, double bw,
+                       const std::function<void(const std::string&)>& check) {
   auto kernel = chain_kernel<kWarps, kStages>;
-  const size_t smem = static_cast<size_t>(kWarps) * kStages * kRows * kRowBytesMax + static_cast<size_t>(part_cap) * kRows * 4;
+  const size_t smem =
+      static_cast<size_t>(kWarps) * kStages * kRows * kRowBytesMax + static_cast<size_t>(part_cap) * kRows * 4;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int n = static_cast<int>(prods.size());
-  const float ms_split = time_graph(s, [&] {
-    for (int p = 0; p < n; ++p) launch_pdl(kernel, dim3(g_sms), dim3(32 * kWarps), smem, s, d_items_split + p, 1, counter, part_cap);
-  }, reps);
+  const float ms_split = time_graph(
+      s,
+      [&] {
+        for (int p = 0; p < n; ++p)
+          CK(ds::cuda::launch_kernel(kernel, dim3(g_sms), dim3(32 * kWarps), smem, s, d_items_split + p, 1, counter,
+                                     part_cap));
+      },
+      reps);
   std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", (std::string("split ") + label).c_str(), ms_split,
               bytes / ms_split / 1e6, 100.0 * bytes / ms_split / 1e6 / bw);
-  const float ms_chain = time_graph(s, [&] {
-    CK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
-    launch_pdl(kernel, dim3(g_sms), dim3(32 * kWarps), smem, s, d_items_all, n, counter, part_cap);
-  }, reps);
+  const float ms_chain = time_graph(
+      s,
+      [&] {
+        CK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
+        CK(ds::cuda::launch_kernel(kernel, dim3(g_sms), dim3(32 * kWarps), smem, s, d_items_all, n, counter, part_cap));
+      },
+      reps);
   std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", (std::string("chain ") + label).c_str(), ms_chain,
               bytes / ms_chain / 1e6, 100.0 * bytes / ms_chain / 1e6 / bw);
   check(std::string("chain ") + label);
   auto other = [&](auto rk, const char* what) {
     CK(cudaFuncSetAttribute(rk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const float ms_x = time_graph(s, [&] {
-      CK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
-      launch_pdl(rk, dim3(g_sms), dim3(32 * kWarps), smem, s, d_items_all, n, counter, part_cap);
-    }, reps);
+    const float ms_x = time_graph(
+        s,
+        [&] {
+          CK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
+          CK(ds::cuda::launch_kernel(rk, dim3(g_sms), dim3(32 * kWarps), smem, s, d_items_all, n, counter, part_cap));
+        },
+        reps);
     std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", (std::string(what) + " " + label).c_str(), ms_x,
                 bytes / ms_x / 1e6, 100.0 * bytes / ms_x / 1e6 / bw);
     if (std::string(what).rfind("read", 0) != 0) check(std::string(what) + " " + label);
@@ -430,8 +383,6 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
   g_sms = prop.multiProcessorCount;
-  g_smem_per_sm = prop.sharedMemPerMultiprocessor;
-  g_reserved = prop.reservedSharedMemPerBlock;
   std::printf("%s, %d SMs, %d layers\n", prop.name, g_sms, layers);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -445,14 +396,16 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&buf, n16 * 16));
     CK(cudaMalloc(&sink, 4));
     CK(cudaMemset(buf, 1, n16 * 16));
-    const float ms = time_graph(s, [&] { flat_read<<<g_sms * 4, 512, 0, s>>>(buf, n16, sink); }, 10);
+    const float ms = time_graph(
+        s, [&] { flat_read<<<g_sms * 4, 512, 0, s>>>(buf, n16, sink); }, 10);
     bw = static_cast<double>(n16) * 16 / ms / 1e6;
     std::printf("flat read: %.1f GB/s\n", bw);
     CK(cudaFree(buf));
   }
 
   std::mt19937 rng(42);
-  Act act5120 = make_act(5120, rng), act6144 = make_act(6144, rng), act17408 = make_act(17408, rng);
+  const Act act5120 = make_act(5120, rng), act6144 = make_act(6144, rng), act17408 = make_act(17408, rng);
+  auto act_for = [&](int64_t k) -> const Act& { return k == 5120 ? act5120 : k == 6144 ? act6144 : act17408; };
   std::vector<Product> prods;
   for (int l = 0; l < layers; ++l) {
     const DType big = l % 2 == 0 ? DType::Q6_K : DType::Q4_K;
@@ -468,9 +421,10 @@ int main(int argc, char** argv) {
   for (auto& p : prods) {
     p.w = make_weights(p.t, p.rows, p.k, rng);
     for (auto& y : p.y) CK(cudaMalloc(&y, p.rows * sizeof(float)));
-    bytes += static_cast<double>(p.rows) * row_bytes(p.t, p.k);
-    const Act& a = p.k == 5120 ? act5120 : p.k == 6144 ? act6144 : act17408;
-    items.push_back({p.w, row_bytes(p.t, p.k), a.q, a.ds, p.y[1], p.rows, p.k, static_cast<int>(p.t)});
+    bytes += static_cast<double>(p.rows) * dtype_row_bytes(p.t, p.k);
+    const Act& a = act_for(p.k);
+    items.push_back(
+        {kern::q8_args(p.w, dtype_row_bytes(p.t, p.k), a.q, p.k, 1, p.y[1], p.rows, p.rows, 1), static_cast<int>(p.t)});
     const int64_t groups = (p.rows + kRows - 1) / kRows;
     const int64_t units = (groups + g_sms - 1) / g_sms * ((p.k + 1023) / 1024);
     part_cap = std::max(part_cap, static_cast<int>(units));
@@ -483,23 +437,24 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&d_all, items.size() * sizeof(Item)));
   CK(cudaMalloc(&counter, sizeof(unsigned)));
   CK(cudaMemcpy(d_split, items.data(), items.size() * sizeof(Item), cudaMemcpyHostToDevice));
-  for (size_t i = 0; i < items.size(); ++i) items[i].y = prods[i].y[2];
+  for (size_t i = 0; i < items.size(); ++i) items[i].a.y = prods[i].y[2];
   CK(cudaMemcpy(d_all, items.data(), items.size() * sizeof(Item), cudaMemcpyHostToDevice));
 
   const int reps = 20;
-  auto launch_production = [&](const Product& p) {
-    const Act& a = p.k == 5120 ? act5120 : p.k == 6144 ? act6144 : act17408;
-    const kern::MatvecQ8Args args = kern::q8_args(p.w, row_bytes(p.t, p.k), a.q, p.k, 1, p.y[0], p.rows, p.rows, 1);
-    if (p.t == DType::Q6_K) {
-      launch_prod<DType::Q6_K>(args, s);
-    } else {
-      launch_prod<DType::Q4_K>(args, s);
-    }
+  auto launch_production = [&](const Product& p) {  // the version matvec_q8_pick_version picks
+    const Act& a = act_for(p.k);
+    ds::cuda::MatvecLaunch l{p.w, dtype_row_bytes(p.t, p.k), nullptr, p.k, p.y[0], p.rows, p.rows, p.k, 1};
+    l.act = a.q;
+    l.act_bytes = kern::q8_act_bytes(p.k, 1);
+    CK(ds::cuda::matvec_q8_product_launch(p.t, l, s));
   };
-  const float ms_prod = time_graph(s, [&] {
-    for (const auto& p : prods) launch_production(p);
-  }, reps);
-  std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", "prod (v4 cap 4, v5p)", ms_prod, bytes / ms_prod / 1e6,
+  const float ms_prod = time_graph(
+      s,
+      [&] {
+        for (const auto& p : prods) launch_production(p);
+      },
+      reps);
+  std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", "prod (production pick)", ms_prod, bytes / ms_prod / 1e6,
               100.0 * bytes / ms_prod / 1e6 / bw);
 
   if (dump != nullptr) {  // the production outputs, for a bit-for-bit comparison between builds
@@ -530,8 +485,9 @@ int main(int argc, char** argv) {
         e2 = std::max(e2, std::fabs(y2[r] - y0[r]));
       }
       if (!(e1 <= 1e-4f * ymax) || !(e2 <= 1e-4f * ymax) || !(ymax > 0.0f)) {
-        if (bad++ < 5) std::printf("FAIL %s %s %s: |y| %.3g, split err %.3g, chain err %.3g\n", label.c_str(), p.name,
-                                   p.t == DType::Q6_K ? "q6_K" : "q4_K", ymax, e1, e2);
+        if (bad++ < 5)
+          std::printf("FAIL %s %s %s: |y| %.3g, split err %.3g, chain err %.3g\n", label.c_str(), p.name,
+                      p.t == DType::Q6_K ? "q6_K" : "q4_K", ymax, e1, e2);
       }
     }
     std::printf("check %s: %s\n", label.c_str(), bad == 0 ? "ok" : "FAILED");
@@ -566,16 +522,24 @@ int main(int argc, char** argv) {
         for (size_t i = kind; i < prods.size(); i += 5) {
           if (prods[i].t == t) {
             idx.push_back(i);
-            kb += static_cast<double>(prods[i].rows) * row_bytes(t, prods[i].k);
+            kb += static_cast<double>(prods[i].rows) * dtype_row_bytes(t, prods[i].k);
           }
         }
         if (idx.empty()) continue;
-        const float mp = time_graph(s, [&] {
-          for (size_t i : idx) launch_production(prods[i]);
-        }, reps);
-        const float ms = time_graph(s, [&] {
-          for (size_t i : idx) launch_pdl(kernel, dim3(g_sms), dim3(32 * kW), smem, s, d_split + i, 1, counter, part_cap);
-        }, reps);
+        const float mp = time_graph(
+            s,
+            [&] {
+              for (size_t i : idx) launch_production(prods[i]);
+            },
+            reps);
+        const float ms = time_graph(
+            s,
+            [&] {
+              for (size_t i : idx)
+                CK(ds::cuda::launch_kernel(kernel, dim3(g_sms), dim3(32 * kW), smem, s, d_split + i, 1, counter,
+                                           part_cap));
+            },
+            reps);
         const double n = static_cast<double>(idx.size());
         std::printf("%-10s %-5s %10.2f %10.2f %7.1f%% %7.1f%%\n", prods[kind].name, tt == 0 ? "q4_K" : "q6_K",
                     1e3 * mp / n, 1e3 * ms / n, 100.0 * kb / mp / 1e6 / bw, 100.0 * kb / ms / 1e6 / bw);

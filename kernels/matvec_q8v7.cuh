@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kQ8v7Threads, 1) matvec_q8v7(MatvecQ8Args a, i
                 const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
                 const float2 ds = __ldg(xds + t * act_blocks + ab[i]);
                 const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                acc[t] = q8_unit_dot<T>(wu[i], xv, ds, acc[t]);
+                acc[t] = q8_unit_dot<T>(wu[i], xv, q8_half_sums<T>(xv), ds, acc[t]);
               }
             }
           }

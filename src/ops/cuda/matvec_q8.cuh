@@ -178,15 +178,18 @@ template <DType T>
 __device__ __forceinline__ uintptr_t q8_chunk_src(uintptr_t w_base, int64_t w_stride, int64_t row, int c) {
   return w_base + row * w_stride + static_cast<int64_t>(c) * q8_chunk_bytes(T);
 }
-// q8_chunk_src mod 16, where the staged copy of the chunk starts in its shared-memory row: only the low
-// bits count, so 32-bit arithmetic gives it (once per row and step on the dot path). Always 0 for the
-// types whose blocks are 16-byte multiples (Q4_K, Q5_K): their launches need 16-byte aligned weights and
-// strides.
+// A weight address mod 16 (from its low bits): where a staged copy of the bytes there starts in its
+// shared-memory row. Always 0 for the types whose blocks are 16-byte multiples (Q4_K, Q5_K): their
+// launches need 16-byte aligned weights and strides.
+template <DType T>
+__device__ __forceinline__ uint32_t q8_phase(uint32_t addr_low) {
+  return qdec::q8_aligned16(T) ? 0u : addr_low & 15u;
+}
+// The phase of q8_chunk_src, by 32-bit arithmetic (once per row and step on the dot path).
 template <DType T>
 __device__ __forceinline__ uint32_t q8_chunk_phase(uintptr_t w_base, int64_t w_stride, int64_t row, int c) {
-  if constexpr (qdec::q8_aligned16(T)) return 0u;
-  return (static_cast<uint32_t>(w_base) + static_cast<uint32_t>(row) * static_cast<uint32_t>(w_stride) +
-          static_cast<uint32_t>(c) * static_cast<uint32_t>(q8_chunk_bytes(T))) & 15u;
+  return q8_phase<T>(static_cast<uint32_t>(w_base) + static_cast<uint32_t>(row) * static_cast<uint32_t>(w_stride) +
+                     static_cast<uint32_t>(c) * static_cast<uint32_t>(q8_chunk_bytes(T)));
 }
 
 // The copies of q8_issue_chunk for rows [0, rows) starting at src (row stride `stride`), cb bytes of each
@@ -199,7 +202,7 @@ __device__ __forceinline__ void q8_issue_rows(uint32_t s0, uintptr_t src, uintpt
 #pragma unroll
   for (int r = 0; r < kRows; ++r, src += stride) {
     if (kClamp && r >= rows) break;
-    const uint32_t phase = qdec::q8_aligned16(T) ? 0u : static_cast<uint32_t>(src & 15u);
+    const uint32_t phase = q8_phase<T>(static_cast<uint32_t>(src));
     const uint32_t n16 = (phase + cb + 15u) >> 4;
     const uintptr_t first = src - phase + 16u * static_cast<uint32_t>(lane);
 #pragma unroll
@@ -253,8 +256,11 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
   return d;
 }
 
-// The sums of an activation block's codes over elements 0-15 and 16-31 (Q6_K's offset term).
+// What q8_unit_dot<T> reads of an activation block besides its codes: for Q6_K (its offset term) the
+// sums of the codes over elements 0-15 and 16-31; zeros, and no work, for the other types.
+template <DType T>
 __device__ __forceinline__ int2 q8_half_sums(const int (&xv)[8]) {
+  if constexpr (T != DType::Q6_K) return make_int2(0, 0);
   int s0 = 0, s1 = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) s0 = __dp4a(0x01010101, xv[i], s0);
@@ -264,8 +270,7 @@ __device__ __forceinline__ int2 q8_half_sums(const int (&xv)[8]) {
 }
 
 // acc plus the product of one decoded weight unit with one activation block: its 32 codes as 8 words
-// of 4 int8 (xv), their half sums (xs, q8_half_sums; read by Q6_K only) and (d, d * sum of the codes)
-// (ds).
+// of 4 int8 (xv), their half sums (xs, q8_half_sums<T>) and (d, d * sum of the codes) (ds).
 template <DType T>
 __device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (&xv)[8], int2 xs, float2 ds,
                                              float acc) {
@@ -294,12 +299,6 @@ __device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (
   return kMin ? fmaf(wu.mw, ds.y, s) : s;
 }
 
-// The same, computing the half sums itself (for callers that dot each activation block once).
-template <DType T>
-__device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (&xv)[8], float2 ds, float acc) {
-  return q8_unit_dot<T>(wu, xv, T == DType::Q6_K ? q8_half_sums(xv) : make_int2(0, 0), ds, acc);
-}
-
 // Adds to acc[r][t] the products of chunk c of the staged rows r0 + r with activation rows t: each lane
 // decodes its 32-element unit of every row and takes the dp4a dot with the activation block. Rows past
 // n_rows decode stale shared memory; their sums are never written.
@@ -323,7 +322,7 @@ __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kR
       const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
       const float2 ds = __ldg(xds + t * (a.k / kQ8Block) + gu);
       const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-      const int2 xs = T == DType::Q6_K ? q8_half_sums(xv) : make_int2(0, 0);  // once for the kRows rows
+      const int2 xs = q8_half_sums<T>(xv);  // once for the kRows rows
 #pragma unroll
       for (int r = 0; r < kRows; ++r) acc[r][t] = q8_unit_dot<T>(wu[r], xv, xs, ds, acc[r][t]);
     }
