@@ -40,6 +40,7 @@
 #include "core/half.h"
 #include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/matvec_q8.cuh"
+#include "quant/quant.h"
 #include "workbench.cuh"
 
 using namespace ds;
@@ -544,6 +545,72 @@ int main(int argc, char** argv) {
         std::printf("%-10s %-5s %10.2f %10.2f %7.1f%% %7.1f%%\n", prods[kind].name, tt == 0 ? "q4_K" : "q6_K",
                     1e3 * mp / n, 1e3 * ms / n, 100.0 * kb / mp / 1e6 / bw, 100.0 * kb / ms / 1e6 / bw);
       }
+    }
+  }
+  // The same chain with the Q6_K weights in the device layout Q6_K_G4 (what the model upload makes of
+  // them): the production pick on the regrouped bytes, whole chain and per kind. The one-token product
+  // decodes both layouts to the same codes and scales, so the outputs must be equal bit for bit.
+  {
+    std::vector<Product> g4 = prods;
+    double g4_bytes = 0.0;
+    for (auto& p : g4) {
+      if (p.t == DType::Q6_K) {
+        const int64_t src = dtype_row_bytes(DType::Q6_K, p.k), dst = dtype_row_bytes(DType::Q6_K_G4, p.k);
+        std::vector<uint8_t> h(static_cast<size_t>(src * p.rows)), r(static_cast<size_t>(dst * p.rows));
+        CK(cudaMemcpy(h.data(), p.w, h.size(), cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < p.rows; ++i) ds::quant::q6_k_to_g4(h.data() + i * src, r.data() + i * dst, p.k);
+        p.t = DType::Q6_K_G4;
+        CK(cudaMalloc(&p.w, r.size()));
+        CK(cudaMemcpy(p.w, r.data(), r.size(), cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&p.y[0], p.rows * sizeof(float)));
+      }
+      g4_bytes += static_cast<double>(p.rows) * dtype_row_bytes(p.t, p.k);
+    }
+    const float ms_g4 = time_graph(
+        s,
+        [&] {
+          for (const auto& p : g4) launch_production(p);
+        },
+        reps);
+    std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat (%.1f MB)\n", "prod, Q6_K as q6_K_g4", ms_g4,
+                g4_bytes / ms_g4 / 1e6, 100.0 * g4_bytes / ms_g4 / 1e6 / bw, g4_bytes / 1e6);
+    for (const auto& p : prods) launch_production(p);
+    CK(cudaStreamSynchronize(s));
+    int differ = 0;
+    for (size_t i = 0; i < prods.size(); ++i) {
+      std::vector<float> a(prods[i].rows), b(prods[i].rows);
+      CK(cudaMemcpy(a.data(), prods[i].y[0], a.size() * 4, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(b.data(), g4[i].y[0], b.size() * 4, cudaMemcpyDeviceToHost));
+      differ += std::memcmp(a.data(), b.data(), a.size() * 4) != 0;
+    }
+    std::printf("check q6_K_g4 outputs equal q6_K bit for bit: %s\n", differ == 0 ? "ok" : "FAILED");
+    failed = failed || differ != 0;
+    std::printf("%-10s %12s %12s %8s %8s\n", "kind", "q6_K us", "q6_K_g4 us", "q6_K %", "g4 %");
+    for (size_t kind = 0; kind < 5; ++kind) {
+      std::vector<size_t> idx;
+      double b6 = 0.0, b4 = 0.0;
+      for (size_t i = kind; i < prods.size(); i += 5) {
+        if (prods[i].t != DType::Q6_K) continue;
+        idx.push_back(i);
+        b6 += static_cast<double>(prods[i].rows) * dtype_row_bytes(DType::Q6_K, prods[i].k);
+        b4 += static_cast<double>(prods[i].rows) * dtype_row_bytes(DType::Q6_K_G4, prods[i].k);
+      }
+      if (idx.empty()) continue;
+      const float m6 = time_graph(
+          s,
+          [&] {
+            for (size_t i : idx) launch_production(prods[i]);
+          },
+          reps);
+      const float m4 = time_graph(
+          s,
+          [&] {
+            for (size_t i : idx) launch_production(g4[i]);
+          },
+          reps);
+      const double n = static_cast<double>(idx.size());
+      std::printf("%-10s %12.2f %12.2f %7.1f%% %7.1f%%\n", prods[kind].name, 1e3 * m6 / n, 1e3 * m4 / n,
+                  100.0 * b6 / m6 / 1e6 / bw, 100.0 * b4 / m4 / 1e6 / bw);
     }
   }
   std::printf("byte limit at the flat rate: %.3f ms\n", bytes / bw / 1e6);

@@ -29,8 +29,8 @@
 namespace ds {
 namespace {
 
-const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q5_0,
-                        DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q5_0,
+                        DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q6_K_G4};
 
 // Tolerances, stated once (|y - ref| per output, against a magnitude):
 //  - F32-activation matvec kernels compute in F32 on exactly decoded weights; only the summation order
@@ -52,8 +52,16 @@ constexpr double kTolKernel = 2e-5;
 constexpr double kTolQ8 = 1e-2;
 
 // Random row bytes for type t: floats for plain types; random bytes with each block's fp16 scale fields
-// overwritten by values in [0.002, 0.02) for quantized types.
+// overwritten by values in [0.002, 0.02) for quantized types; Q6_K_G4: such Q6_K rows regrouped
+// (quant::q6_k_to_g4, as the model upload does).
 std::vector<uint8_t> random_weights(DType t, int64_t n_rows, int64_t k, uint32_t seed) {
+  if (t == DType::Q6_K_G4) {
+    const std::vector<uint8_t> q6 = random_weights(DType::Q6_K, n_rows, k, seed);
+    const int64_t src = dtype_row_bytes(DType::Q6_K, k), dst = dtype_row_bytes(t, k);
+    std::vector<uint8_t> w(static_cast<size_t>(dst * n_rows));
+    for (int64_t r = 0; r < n_rows; ++r) quant::q6_k_to_g4(q6.data() + r * src, w.data() + r * dst, k);
+    return w;
+  }
   const int64_t row_bytes = dtype_row_bytes(t, k);
   std::vector<uint8_t> w(static_cast<size_t>(row_bytes * n_rows));
   ThreadPool::global().parallel_for(n_rows, [&](int64_t r0, int64_t r1, int) {
@@ -562,8 +570,13 @@ cuda::CudaBuffer upload(const Weights& w, int64_t offset = 0) {
   return std::move(*b);
 }
 
+// Rows of k elements exist in type t (Q6_K_G4 rows are whole 1024-element groups; the shapes of the
+// other types that it cannot hold are skipped for it).
+bool row_fits(DType t, int64_t k) { return k % dtype_block_size(t) == 0; }
+
 void run_shapes(DType t, int64_t k, int64_t n_rows, const std::vector<int64_t>& tokens,
                 const std::vector<MatmulPath>& paths) {
+  if (t == DType::Q6_K_G4 && !row_fits(t, k)) return;
   const Weights w = make_weights(t, k, n_rows);
   const cuda::CudaBuffer wd = upload(w);
   for (MatmulPath p : paths) {
@@ -610,11 +623,12 @@ TEST_P(CudaMatmulTest, MatvecTokenCountsAndPartialSteps) {
 
 TEST_P(CudaMatmulTest, StridedAndMisalignedActivations) {
   const DType t = GetParam();
-  const Weights w = make_weights(t, 512, 19);
+  const int64_t k = std::max<int64_t>(512, dtype_block_size(t));
+  const Weights w = make_weights(t, k, 19);
   const cuda::CudaBuffer wd = upload(w);
   for (MatmulPath p : {MatmulPath::kMatvec, MatmulPath::kMatvecF32, MatmulPath::kGemm}) {
-    run_case(w, wd, {3, 512 + 12, 19 + 5, p});
-    run_case(w, wd, {6, 512 + 4, 19 + 1, p, /*x_offset=*/1});  // the staged kernel falls back; q8 does not
+    run_case(w, wd, {3, k + 12, 19 + 5, p});
+    run_case(w, wd, {6, k + 4, 19 + 1, p, /*x_offset=*/1});  // the staged kernel falls back; q8 does not
   }
 }
 
@@ -622,7 +636,7 @@ TEST_P(CudaMatmulTest, StridedAndMisalignedActivations) {
 // bases); the staged kernel takes the 2-byte aligned types, the generic one the rest. Results exact.
 TEST_P(CudaMatmulTest, MisalignedWeightsFallBack) {
   const DType t = GetParam();
-  const int64_t k = is_quant(t) ? 512 : 64;
+  const int64_t k = is_quant(t) ? std::max<int64_t>(512, dtype_block_size(t)) : 64;
   const Weights w = make_weights(t, k, 23);
   const cuda::CudaBuffer wd = upload(w, 2);
   for (int64_t nt : {1, 4}) {
@@ -783,12 +797,14 @@ void run_q8_versions(const Weights& w, const cuda::CudaBuffer& wd, int64_t n_tok
 }
 
 void q8_versions_shapes(DType t, int64_t k, int64_t n_rows, const std::vector<int64_t>& tokens) {
+  if (t == DType::Q6_K_G4 && !row_fits(t, k)) return;
   const Weights w = make_weights(t, k, n_rows);
   const cuda::CudaBuffer wd = upload(w);
   for (int64_t nt : tokens) run_q8_versions(w, wd, nt);
 }
 
-const DType kQ8Types[] = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kQ8Types[] = {DType::Q4_0, DType::Q5_0, DType::Q8_0,
+                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q6_K_G4};
 
 class CudaMatvecQ8VersionsTest : public ::testing::TestWithParam<DType> {
  protected:
@@ -866,7 +882,9 @@ TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
                         Case{DType::Q4_K, 17408, 5120, 1, V::kV5Persistent}, Case{DType::Q4_K, 17408, 5120, 2, V::kV4},
                         Case{DType::Q6_K, 17408, 5120, 1, V::kV4}, Case{DType::Q4_K, 5120, 17408, 1, V::kV4},
                         Case{DType::Q4_K, 5120, 17408, 4, V::kV5SplitK}, Case{DType::Q6_K, 5120, 17408, 8, V::kV4},
-                        Case{DType::Q8_0, 10240, 5120, 1, V::kV4}, Case{DType::Q4_K, 2048, 512, 1, V::kV4}}) {
+                        Case{DType::Q8_0, 10240, 5120, 1, V::kV4}, Case{DType::Q4_K, 2048, 512, 1, V::kV4},
+                        Case{DType::Q6_K_G4, 2048, 4096, 1, V::kV4}, Case{DType::Q6_K_G4, 5120, 17408, 4, V::kV4},
+                        Case{DType::Q6_K_G4, 1024, 5120, 8, V::kV4}}) {
     EXPECT_EQ(cuda::matvec_q8_pick_version(c.t, c.rows, c.k, c.nt), c.want)
         << dtype_name(c.t) << " " << c.rows << " x " << c.k << " tokens " << c.nt << ": got "
         << cuda::matvec_q8_version_name(cuda::matvec_q8_pick_version(c.t, c.rows, c.k, c.nt));

@@ -716,9 +716,18 @@ TEST(CudaModelMemory, LiveBytesAfterLoadAreTheWeights) {
   auto m = load(path, kGpu, o);
   ASSERT_NE(m, nullptr);
   const int64_t after = allocator_stats(kGpu).live_bytes;
-  // Weights: every tensor once, each padded to 256 bytes.
+  // Weights: every tensor once, each padded to 256 bytes; the Q6_K product weights regrouped to Q6_K_G4
+  // (848 bytes per 1024 elements instead of 840): the output and the larger attn_qkv / attn_v here.
   EXPECT_GE(m->weight_device_bytes(), tensor_bytes);
-  EXPECT_LE(m->weight_device_bytes(), tensor_bytes + 256 * n_tensors);
+  EXPECT_LE(m->weight_device_bytes(), tensor_bytes * 848 / 840 + 256 * n_tensors);
+  EXPECT_EQ(m->weights().output.dtype, DType::Q6_K_G4);
+  int64_t g4_layers = 0;
+  for (const LayerWeights& L : m->weights().layers) {
+    g4_layers += L.kind == LayerKind::kAttention ? L.attn.wv.dtype == DType::Q6_K_G4
+                                                 : L.deltanet.wqkv.dtype == DType::Q6_K_G4;
+  }
+  EXPECT_GT(g4_layers, 0);
+  EXPECT_EQ(m->weights().token_embd.dtype, DType::Q4_K);  // read by get_rows: stays as in the file
   // Besides the weights only small per-model buffers (hidden rows of one prefill chunk, logits,
   // step parameters) and the allocator's 2 MiB rounding.
   const int64_t extra = after - before - m->weight_device_bytes();
@@ -728,6 +737,33 @@ TEST(CudaModelMemory, LiveBytesAfterLoadAreTheWeights) {
   EXPECT_LE(extra, int64_t{16} << 20);
   m.reset();
   EXPECT_EQ(allocator_stats(kGpu).live_bytes, before);  // everything comes back
+}
+
+// A tied output (the token embedding, which get_rows reads too) keeps the file's Q6_K layout where the
+// untied output is regrouped (LiveBytesAfterLoadAreTheWeights); greedy decoding still follows the CPU.
+TEST(CudaModelMemory, TiedOutputKeepsTheFileLayout) {
+  DS_REQUIRE_GPU();
+  testmodel::TestModelOverrides ov;
+  ov.arch = TestArch::kQwen35;
+  ov.type = OutType::kQ4_K_M;
+  ov.seed = 11;
+  ov.tied_output = true;
+  auto cfg = testmodel::test_model_config_make("small", ov);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  const fs::path path = fs::temp_directory_path() / fmt::format("ds-cuda-tied-{}.gguf", ::getpid());
+  ASSERT_TRUE(testmodel::test_model_write(*cfg, path.string(), {}).is_ok());
+  ModelOptions o;
+  o.n_ctx = 512;
+  auto cpu = load(path.string(), Device{}, o);
+  auto gpu = load(path.string(), kGpu, o);
+  ASSERT_TRUE(cpu && gpu);
+  EXPECT_EQ(gpu->weights().token_embd.dtype, DType::Q6_K);
+  EXPECT_EQ(gpu->weights().output.dtype, DType::Q6_K);
+  EXPECT_EQ(gpu->weights().output.data, gpu->weights().token_embd.data);
+  greedy_lockstep(*cpu, *gpu, random_tokens(20, cpu->n_vocab(), 3), 32, false, "small qwen35 q4_k_m tied");
+  cpu.reset();
+  gpu.reset();
+  fs::remove(path);
 }
 
 // ---- engine ----

@@ -141,6 +141,49 @@ TEST(QuantFormat, Q6_KScaleLastAndBitSplit) {
                        (((b[16] & 0xF) | (((b[128 + 16]) & 3) << 4)) - 32));
 }
 
+// The device layout Q6_K_G4: four Q6_K blocks regrouped part by part (quant/blocks.h GroupQ6_K4), the
+// same values, and back to the same bytes; not a type any file may carry.
+TEST(QuantFormat, Q6_KG4GroupsTheBlocksParts) {
+  constexpr int64_t n = 2048;  // two groups
+  std::vector<uint8_t> q6(static_cast<size_t>(dtype_row_bytes(DType::Q6_K, n)));
+  for (size_t i = 0; i < q6.size(); ++i) q6[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  for (int64_t blk = 0; blk < n / 256; ++blk) put_u16(q6, static_cast<size_t>(210 * blk + 208), 0x2000 + 37 * blk);
+  ASSERT_EQ(dtype_row_bytes(DType::Q6_K_G4, n), 2 * 848);
+  std::vector<uint8_t> g4(static_cast<size_t>(dtype_row_bytes(DType::Q6_K_G4, n)), 0xAB);
+  q6_k_to_g4(q6.data(), g4.data(), n);
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    const uint8_t* x = q6.data() + 210 * blk;
+    const uint8_t* g = g4.data() + 848 * (blk / 4);
+    const int b = static_cast<int>(blk % 4);
+    EXPECT_EQ(std::memcmp(g + 128 * b, x, 128), 0) << "ql of block " << blk;
+    EXPECT_EQ(std::memcmp(g + 512 + 64 * b, x + 128, 64), 0) << "qh of block " << blk;
+    EXPECT_EQ(std::memcmp(g + 768 + 16 * b, x + 192, 16), 0) << "scales of block " << blk;
+    EXPECT_EQ(std::memcmp(g + 832 + 2 * b, x + 208, 2), 0) << "d of block " << blk;
+  }
+  for (int grp = 0; grp < 2; ++grp) {
+    for (int i = 840; i < 848; ++i) EXPECT_EQ(g4[static_cast<size_t>(848 * grp + i)], 0) << "padding " << i;
+  }
+  const auto a = dequant(DType::Q6_K, q6, n), b = dequant(DType::Q6_K_G4, g4, n);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * n), 0);
+  std::vector<uint8_t> back(q6.size());
+  g4_to_q6_k(g4.data(), back.data(), n);
+  EXPECT_EQ(back, q6);
+  // quantize_row into the layout is Q6_K's quantization regrouped.
+  std::vector<float> src(n);
+  for (int64_t i = 0; i < n; ++i) src[static_cast<size_t>(i)] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+  std::vector<uint8_t> qa(q6.size()), qb(g4.size()), qc(g4.size());
+  quantize_row(DType::Q6_K, src.data(), qa.data(), n);
+  quantize_row(DType::Q6_K_G4, src.data(), qb.data(), n);
+  q6_k_to_g4(qa.data(), qc.data(), n);
+  EXPECT_EQ(qb, qc);
+  // A device layout: known by its DType, unknown as a file's type id, not parsed from a type name.
+  EXPECT_EQ(dtype_block_size(DType::Q6_K_G4), 1024);
+  EXPECT_EQ(dtype_block_bytes(DType::Q6_K_G4), 848);
+  EXPECT_EQ(dtype_info(static_cast<uint32_t>(DType::Q6_K_G4)), nullptr);
+  DType parsed = DType::F32;
+  EXPECT_FALSE(dtype_from_name("q6_K_g4", &parsed));
+}
+
 TEST(QuantFormat, Q8_KFloatScaleAndBsumsIgnored) {
   std::vector<uint8_t> b(292);
   const float d = 0.125f;
@@ -171,7 +214,7 @@ TEST(QuantFormat, FloatTypes) {
 
 TEST(QuantFormat, ConvertibleTypes) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q8_0,
-                  DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K}) {
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K, DType::Q6_K_G4}) {
     EXPECT_TRUE(is_convertible(t)) << dtype_name(t);
   }
   EXPECT_FALSE(is_convertible(DType::Q4_1));

@@ -38,6 +38,11 @@ constexpr Entry kTypes[] = {
     {30, {"bf16", 1, 2, false, true}},
 };
 
+// Device layouts (DType comments); their ids are not ggml's and no file may use them.
+constexpr Entry kDeviceTypes[] = {
+    {270, {"q6_K_g4", 1024, 848, true, true}},
+};
+
 }  // namespace
 
 const DTypeInfo* dtype_info(uint32_t id) {
@@ -49,6 +54,9 @@ const DTypeInfo* dtype_info(uint32_t id) {
 
 const DTypeInfo& dtype_info(DType t) {
   const DTypeInfo* info = dtype_info(static_cast<uint32_t>(t));
+  for (const auto& e : kDeviceTypes) {
+    if (info == nullptr && e.id == static_cast<uint32_t>(t)) info = &e.info;
+  }
   DS_CHECK(info != nullptr, "unknown dtype id {}", static_cast<uint32_t>(t));
   return *info;
 }

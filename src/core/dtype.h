@@ -27,6 +27,9 @@ enum class DType : uint32_t {
   I64 = 27,
   F64 = 28,
   BF16 = 30,
+  // Device layouts: made from a file's tensors at upload, never read from or written to a file
+  // (dtype_info(uint32_t) does not know them).
+  Q6_K_G4 = 270,  // four Q6_K blocks (1024 elements) with their parts gathered: quant/blocks.h GroupQ6_K4
 };
 
 struct DTypeInfo {
@@ -37,7 +40,7 @@ struct DTypeInfo {
   bool supported;      // deltaserve can dequantize / compute with it
 };
 
-// Info for a raw on-disk id, or nullptr if the id is not a known ggml type.
+// Info for a raw on-disk id, or nullptr if the id is not a known ggml type (device layouts included).
 const DTypeInfo* dtype_info(uint32_t id);
 const DTypeInfo& dtype_info(DType t);
 inline const char* dtype_name(DType t) { return dtype_info(t).name; }
@@ -45,7 +48,7 @@ inline int64_t dtype_block_size(DType t) { return dtype_info(t).block_size; }
 inline int64_t dtype_block_bytes(DType t) { return dtype_info(t).block_bytes; }
 // Bytes of a row of n elements; n must be a multiple of the block size (DS_CHECKed).
 int64_t dtype_row_bytes(DType t, int64_t n);
-// Parses "f32", "F16", "q4_k", "Q8_0", "bf16" ...; returns false if unknown.
+// Parses "f32", "F16", "q4_k", "Q8_0", "bf16" ... (on-disk types only); returns false if unknown.
 bool dtype_from_name(const std::string& name, DType* out);
 
 }  // namespace ds

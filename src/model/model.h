@@ -105,6 +105,8 @@ class Model {
   Device device() const { return options_.device; }
   // Bytes of device memory holding the weights (0 on the CPU, where weights are used in place).
   int64_t weight_device_bytes() const { return weight_device_bytes_; }
+  // The weights as the forward reads them: on CUDA device views, some in a device layout (Q6_K_G4).
+  const ModelWeights& weights() const { return weights_; }
   CudaGraphStats cuda_graph_stats() const;
 
   // ---- sequences ----

@@ -15,6 +15,10 @@
 //  - Weights are uploaded into one device allocation (256-byte aligned tensors) through two pinned
 //    staging buffers, so a copy overlaps the next host read; pages of the GGUF mapping are released
 //    once uploaded (the mapping itself stays: tokenizer and metadata live there).
+//  - Q6_K weights that only the matrix products read (upload_as_q6_k_g4) are regrouped on the way
+//    into the device layout Q6_K_G4 (quant/blocks.h GroupQ6_K4: 848 bytes per 1024 elements instead
+//    of 840, every part 16-byte aligned), which the one-token product decodes with far fewer
+//    instructions; every CUDA reader of those tensors takes it (matvec, the BF16 dequantization).
 #include "model/model.h"
 #include "model/model_internal.h"
 
@@ -41,6 +45,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_registry.h"
 #include "ops/matmul.h"
+#include "quant/quant.h"
 #endif
 
 namespace ds {
@@ -106,6 +111,25 @@ struct GraphKey {
   const void* hidden = nullptr;
   bool operator==(const GraphKey&) const = default;
 };
+
+// Layer weights read by the matrix products only (matmul, matmul_many, matmul_swiglu), and output.weight
+// when it is not tied to the token embedding (get_rows reads that; a shared source keeps its layout).
+constexpr std::string_view kProductOnlySuffixes[] = {
+    ".attn_qkv.weight", ".attn_gate.weight", ".ssm_beta.weight", ".ssm_alpha.weight", ".ssm_out.weight",
+    ".attn_q.weight",   ".attn_k.weight",    ".attn_v.weight",   ".attn_output.weight", ".ffn_gate.weight",
+    ".ffn_up.weight",   ".ffn_down.weight",
+};
+
+// True when tensor `name` goes to the device as Q6_K_G4: a 2-D Q6_K product weight whose rows are whole
+// 1024-element groups.
+bool upload_as_q6_k_g4(std::string_view name, const TensorView& t) {
+  if (t.dtype != DType::Q6_K || t.ne[2] * t.ne[3] != 1 || t.ne[0] % dtype_block_size(DType::Q6_K_G4) != 0) return false;
+  if (name == "output.weight") return true;
+  for (std::string_view suffix : kProductOnlySuffixes) {
+    if (name.starts_with("blk.") && name.ends_with(suffix)) return true;
+  }
+  return false;
+}
 
 constexpr int64_t kWeightAlign = 256;                 // bytes; start of each tensor in the device copy
 constexpr int64_t kStagingBytes = int64_t{64} << 20;  // per pinned staging buffer
@@ -186,8 +210,11 @@ Status Model::cuda_init() {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<WeightSpec> specs = weight_specs(config_, &weights_);
   struct Source {
-    int64_t bytes = 0;
-    int64_t offset = 0;
+    int64_t bytes = 0;         // in the host copy
+    int64_t offset = 0;        // in the device allocation
+    bool g4 = false;           // regrouped to Q6_K_G4 on the way (every tensor on it qualifies)
+    int64_t k = 0, rows = 0;   // the shape, for g4
+    int64_t device_bytes() const { return g4 ? rows * dtype_row_bytes(DType::Q6_K_G4, k) : bytes; }
   };
   std::map<const uint8_t*, Source> sources;
   std::vector<const uint8_t*> order;  // upload order: first use, in upload_sequence order
@@ -203,18 +230,21 @@ Status Model::cuda_init() {
     if (!t.is_contiguous()) return invalid_argument("model: tensor '{}' {} is not contiguous", s.name, t.shape_string());
     const auto* src = static_cast<const uint8_t*>(t.data);
     auto [it, inserted] = sources.try_emplace(src);
+    const bool g4 = upload_as_q6_k_g4(s.name, t);
     if (inserted) {
       order.push_back(src);
-      it->second.bytes = t.n_bytes();
+      it->second = Source{t.n_bytes(), 0, g4, t.ne[0], t.n_rows()};
     } else if (it->second.bytes != t.n_bytes()) {
       return invalid_argument("model: tensor '{}' shares its data with another tensor of {} bytes, not {}", s.name,
                               it->second.bytes, t.n_bytes());
+    } else {
+      it->second.g4 = it->second.g4 && g4 && it->second.k == t.ne[0];
     }
   }
   for (const uint8_t* src : order) {
     Source& e = sources[src];
     e.offset = total;
-    total += (e.bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+    total += (e.device_bytes() + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
   }
   DS_ASSIGN_OR_RETURN(DeviceBuffer wbuf, DeviceBuffer::alloc(dev, total));
   uint8_t* base = static_cast<uint8_t*>(wbuf.data());
@@ -232,11 +262,24 @@ Status Model::cuda_init() {
   int b = 0;
   for (const uint8_t* src : order) {
     const Source& e = sources[src];
-    for (int64_t off = 0; off < e.bytes; off += stage_bytes) {
-      const int64_t len = std::min(stage_bytes, e.bytes - off);
+    // Whole rows per staging buffer when regrouping (a row is at most a few tens of KB).
+    const int64_t src_row = e.g4 ? dtype_row_bytes(DType::Q6_K, e.k) : 1;
+    const int64_t dst_row = e.g4 ? dtype_row_bytes(DType::Q6_K_G4, e.k) : 1;
+    const int64_t step = e.g4 ? std::max<int64_t>(1, stage_bytes / dst_row) * src_row : stage_bytes;
+    for (int64_t off = 0; off < e.bytes; off += step) {
+      const int64_t len = std::min(step, e.bytes - off);
       if (in_flight[b]) DS_TRY(staged[b].synchronize());
-      std::memcpy(stage[b].data(), src + off, static_cast<size_t>(len));
-      DS_TRY(cuda::copy_to_device(base + e.offset + off, stage[b].data(), len, c->stream));
+      int64_t dev_off = off, dev_len = len;
+      if (e.g4) {
+        dev_off = off / src_row * dst_row;
+        dev_len = len / src_row * dst_row;
+        for (int64_t r = 0; r < len / src_row; ++r) {
+          quant::q6_k_to_g4(src + off + r * src_row, static_cast<uint8_t*>(stage[b].data()) + r * dst_row, e.k);
+        }
+      } else {
+        std::memcpy(stage[b].data(), src + off, static_cast<size_t>(len));
+      }
+      DS_TRY(cuda::copy_to_device(base + e.offset + dev_off, stage[b].data(), dev_len, c->stream));
       DS_TRY(staged[b].record(c->stream));
       in_flight[b] = true;
       b ^= 1;
@@ -250,10 +293,16 @@ Status Model::cuda_init() {
     if (gguf_) release_mapped_pages(src, e.bytes);
   }
   DS_TRY(c->stream.synchronize());
+  int64_t n_g4 = 0;
   for (WeightSpec& s : specs) {
     TensorView& t = *s.slot;
     if (t.data == nullptr) continue;
-    t.data = base + sources[static_cast<const uint8_t*>(t.data)].offset;
+    const Source& e = sources[static_cast<const uint8_t*>(t.data)];
+    if (e.g4) {
+      t = TensorView::contiguous(nullptr, DType::Q6_K_G4, {t.ne[0], t.ne[1]});
+      ++n_g4;
+    }
+    t.data = base + e.offset;
     t.device = dev;
   }
   storage_.clear();  // host copies of from_weights models are no longer needed
@@ -261,8 +310,10 @@ Status Model::cuda_init() {
   weight_device_bytes_ = total;
   cuda_ = std::move(c);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  DS_LOG_INFO("model: {} weight tensors, {:.1f} MiB uploaded to {} in {:.2f} s ({:.2f} GB/s)", order.size(),
-              static_cast<double>(total) / (1 << 20), dev.to_string(), secs, secs > 0 ? total / secs / 1e9 : 0.0);
+  DS_LOG_INFO("model: {} weight tensors ({} of them Q6_K regrouped to q6_K_g4), {:.1f} MiB uploaded to {} in "
+              "{:.2f} s ({:.2f} GB/s)",
+              order.size(), n_g4, static_cast<double>(total) / (1 << 20), dev.to_string(), secs,
+              secs > 0 ? total / secs / 1e9 : 0.0);
   return Status::ok();
 }
 

@@ -2,6 +2,7 @@
 // Every size is checked at compile time: a layout mistake here corrupts every weight silently.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ds::quant {
@@ -52,6 +53,17 @@ struct BlockQ6_K {
   int8_t scales[kQK_K / 16];  // 8-bit sub-block scales
   uint16_t d;                 // fp16 super-block scale, stored last
 };
+// Q6_K_G4 (a device layout, core/dtype.h): four consecutive Q6_K blocks of a row, 1024 elements, with
+// their parts gathered so that every part of every block starts 16-byte aligned when the group does
+// (a Q6_K block is 210 bytes, so in a file only every eighth block starts 16-byte aligned). Block b of
+// the group is {ql[b], qh[b], scales[b], d[b]}; 8 bytes of padding make the group 53 x 16 bytes.
+struct GroupQ6_K4 {
+  uint8_t ql[4][kQK_K / 2];
+  uint8_t qh[4][kQK_K / 4];
+  int8_t scales[4][kQK_K / 16];
+  uint16_t d[4];
+  uint8_t pad[8];  // zero
+};
 // Activation format for K-quant dot products: float scale, int8 values, sums of groups of 16.
 struct BlockQ8_K {
   float d;
@@ -67,6 +79,9 @@ static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
 static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block must be 144 bytes");
 static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block must be 176 bytes");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
+static_assert(sizeof(GroupQ6_K4) == 848 && sizeof(GroupQ6_K4) % 16 == 0, "Q6_K_G4 group must be 53 x 16 bytes");
+static_assert(offsetof(GroupQ6_K4, qh) == 512 && offsetof(GroupQ6_K4, scales) == 768 && offsetof(GroupQ6_K4, d) == 832,
+              "Q6_K_G4 parts at 16-byte multiples");
 static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block must be 292 bytes");
 
 }  // namespace ds::quant

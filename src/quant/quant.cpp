@@ -27,6 +27,7 @@ bool is_convertible(DType t) {
     case DType::Q5_K:
     case DType::Q6_K:
     case DType::Q8_K:
+    case DType::Q6_K_G4:
       return true;
     default:
       return false;
@@ -61,6 +62,15 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q5_K: return dequantize_row_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb);
     case DType::Q6_K: return dequantize_row_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
     case DType::Q8_K: return dequantize_row_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
+    case DType::Q6_K_G4: {
+      BlockQ6_K blocks[4];
+      const auto* g = static_cast<const GroupQ6_K4*>(src);
+      for (int64_t i = 0; i < nb; ++i) {
+        g4_to_q6_k(g + i, blocks, 1024);
+        dequantize_row_q6_k(blocks, dst + 1024 * i, 4);
+      }
+      return;
+    }
     default: break;
   }
 }
@@ -91,7 +101,45 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q5_K: return quantize_row_q5_k(src, static_cast<BlockQ5_K*>(dst), nb);
     case DType::Q6_K: return quantize_row_q6_k(src, static_cast<BlockQ6_K*>(dst), nb);
     case DType::Q8_K: return quantize_row_q8_k(src, static_cast<BlockQ8_K*>(dst), nb);
+    case DType::Q6_K_G4: {
+      BlockQ6_K blocks[4];
+      auto* g = static_cast<GroupQ6_K4*>(dst);
+      for (int64_t i = 0; i < nb; ++i) {
+        quantize_row_q6_k(src + 1024 * i, blocks, 4);
+        q6_k_to_g4(blocks, g + i, 1024);
+      }
+      return;
+    }
     default: break;
+  }
+}
+
+void q6_k_to_g4(const void* src, void* dst, int64_t n) {
+  DS_CHECK(n % 1024 == 0, "q6_k_to_g4: {} elements not a multiple of 1024", n);
+  const auto* x = static_cast<const BlockQ6_K*>(src);
+  auto* g = static_cast<GroupQ6_K4*>(dst);
+  for (int64_t i = 0; i < n / 1024; ++i, x += 4, ++g) {
+    std::memset(g->pad, 0, sizeof(g->pad));
+    for (int b = 0; b < 4; ++b) {
+      std::memcpy(g->ql[b], x[b].ql, sizeof(x[b].ql));
+      std::memcpy(g->qh[b], x[b].qh, sizeof(x[b].qh));
+      std::memcpy(g->scales[b], x[b].scales, sizeof(x[b].scales));
+      g->d[b] = x[b].d;
+    }
+  }
+}
+
+void g4_to_q6_k(const void* src, void* dst, int64_t n) {
+  DS_CHECK(n % 1024 == 0, "g4_to_q6_k: {} elements not a multiple of 1024", n);
+  const auto* g = static_cast<const GroupQ6_K4*>(src);
+  auto* x = static_cast<BlockQ6_K*>(dst);
+  for (int64_t i = 0; i < n / 1024; ++i, x += 4, ++g) {
+    for (int b = 0; b < 4; ++b) {
+      std::memcpy(x[b].ql, g->ql[b], sizeof(x[b].ql));
+      std::memcpy(x[b].qh, g->qh[b], sizeof(x[b].qh));
+      std::memcpy(x[b].scales, g->scales[b], sizeof(x[b].scales));
+      x[b].d = g->d[b];
+    }
   }
 }
 

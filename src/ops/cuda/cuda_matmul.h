@@ -37,7 +37,8 @@ const char* matmul_kernel_name(MatmulKernel k);
 constexpr int64_t kMatmulGemmMinTokens = 9;
 constexpr int64_t kMatmulMaxMatvecTokens = 16;
 
-// Weight types the CUDA matrix product accepts: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K.
+// Weight types the CUDA matrix product accepts: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K and
+// the device layout Q6_K_G4.
 bool matmul_supported(DType t);
 
 // w: [k, n_rows] (ne[0] = k, rows at nb[1]), on a CUDA device.

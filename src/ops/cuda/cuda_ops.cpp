@@ -543,6 +543,8 @@ void register_ops() {
     op_register("get_rows", DeviceKind::kCuda, t);
     op_register("moe_ffn", DeviceKind::kCuda, t);
   }
+  // The device layout of Q6_K (core/dtype.h), made at upload for the products' weights only.
+  for (const char* op : {"matmul", "matmul_many", "matmul_swiglu"}) op_register(op, DeviceKind::kCuda, DType::Q6_K_G4);
   for (const char* op : {"rms_norm", "l2_norm", "rms_norm_gated", "add_rms_norm", "rope_neox", "attention", "delta_net_gates",
                          "delta_net", "delta_net_prep",
                          "conv1d_causal", "conv1d_causal_silu", "add", "mul", "silu", "sigmoid", "swiglu", "mul_sigmoid", "copy",

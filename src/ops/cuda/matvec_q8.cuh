@@ -260,7 +260,7 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
 // sums of the codes over elements 0-15 and 16-31; zeros, and no work, for the other types.
 template <DType T>
 __device__ __forceinline__ int2 q8_half_sums(const int (&xv)[8]) {
-  if constexpr (T != DType::Q6_K) return make_int2(0, 0);
+  if constexpr (!qdec::is_q6_k(T)) return make_int2(0, 0);
   int s0 = 0, s1 = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) s0 = __dp4a(0x01010101, xv[i], s0);
@@ -276,7 +276,7 @@ __device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (
                                              float acc) {
   constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q4_0 || T == DType::Q5_0;
   int d0 = 0, d1 = 0;
-  if constexpr (T == DType::Q4_K || T == DType::Q6_K) {
+  if constexpr (T == DType::Q4_K || qdec::is_q6_k(T)) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) d0 = dp4a_us(wu.q[i], xv[i], d0);
 #pragma unroll
@@ -288,7 +288,7 @@ __device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (
     for (int i = 0; i < 4; ++i) d1 = __dp4a(static_cast<int>(wu.q[4 + i]), xv[4 + i], d1);
   }
   int isum;
-  if constexpr (T == DType::Q6_K) {
+  if constexpr (qdec::is_q6_k(T)) {
     isum = wu.sc0 * (d0 - 32 * xs.x) + wu.sc1 * (d1 - 32 * xs.y);  // the codes are stored plus 32
   } else if constexpr (T == DType::Q4_K) {
     isum = (d0 + d1) >> wu.shift;  // every term is a multiple of 2^shift: exact

@@ -5,7 +5,9 @@
 // Non-obvious choice: decode8 assumes the row start has the type's kRowAlign alignment, which makes
 // Q4_K/Q5_K/F32/F16/BF16 reads 8- or 16-byte wide; Q4_0/Q5_0/Q8_0/Q6_K blocks are only 2-byte
 // aligned (18/22/34/210-byte blocks), so their reads are built from 16-bit loads (decode8) or from
-// aligned 32-bit loads realigned with a funnel shift (decode_unit_q8).
+// aligned 32-bit loads realigned with a funnel shift (decode_unit_q8). Q6_K_G4, the device layout of
+// Q6_K made at upload (quant/blocks.h GroupQ6_K4), has every part of a block 16-byte aligned: the
+// one-token product reads it in 16-byte words with no realignment.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,6 +37,7 @@ __host__ __device__ constexpr TypeTraits traits(DType t) {
     case DType::Q4_K: return {256, 144, 16, 2048};
     case DType::Q5_K: return {256, 176, 16, 2048};
     case DType::Q6_K: return {256, 210, 2, 2048};
+    case DType::Q6_K_G4: return {1024, 848, 16, 2048};
     default: return {0, 0, 0, 0};
   }
 }
@@ -62,6 +65,39 @@ __device__ __forceinline__ void k_scale_min(int j, const uint8_t* q, int* sc, in
   } else {
     *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
     *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q6_K and its device layout Q6_K_G4: the same 256-element blocks, whose parts lie together (Q6_K) or
+// in the parts' arrays of a 4-block group (Q6_K_G4).
+__host__ __device__ constexpr bool is_q6_k(DType t) { return t == DType::Q6_K || t == DType::Q6_K_G4; }
+
+// Where the parts of 256-element block i of a row lie.
+struct Q6Parts {
+  const uint8_t* ql;  // [128] low 4 bits
+  const uint8_t* qh;  // [64] high 2 bits
+  const uint8_t* sc;  // [16] int8 sub-block scales
+  const uint8_t* d;   // fp16 block scale
+};
+template <DType T>
+__device__ __forceinline__ Q6Parts q6_parts(const uint8_t* row, int64_t i) {
+  static_assert(is_q6_k(T));
+  if constexpr (T == DType::Q6_K) {
+    const uint8_t* p = row + i * 210;
+    return {p, p + 128, p + 192, p + 208};
+  } else {
+    const uint8_t* g = row + (i >> 2) * 848;
+    const int b = static_cast<int>(i & 3);
+    return {g + 128 * b, g + 512 + 64 * b, g + 768 + 16 * b, g + 832 + 2 * b};
+  }
+}
+// 4 bytes of a Q6_K part at an offset that is a multiple of 4: 2-byte aligned in Q6_K, 4-byte in Q6_K_G4.
+template <DType T>
+__device__ __forceinline__ uint32_t q6_ld32(const uint8_t* p) {
+  if constexpr (T == DType::Q6_K) {
+    return ld32_a2(p);
+  } else {
+    return *reinterpret_cast<const uint32_t*>(p);
   }
 }
 
@@ -138,18 +174,18 @@ __device__ __forceinline__ void decode8(const uint8_t* row, int64_t e, float v[8
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = d * byte_to_float(w[i >> 2], i & 3, 0.0f) - dm;
-  } else if constexpr (T == DType::Q6_K) {
-    const uint8_t* blk = row + (e >> 8) * 210;
+  } else if constexpr (is_q6_k(T)) {
+    const Q6Parts b = q6_parts<T>(row, e >> 8);
     const int j = static_cast<int>(e & 255);
     const int h = j >> 7, quarter = (j >> 5) & 3, l0 = j & 31;
-    const uint8_t* ql = blk + 64 * h + 32 * (quarter & 1) + l0;
-    const uint8_t* qh = blk + 128 + 32 * h + l0;
+    const uint8_t* ql = b.ql + 64 * h + 32 * (quarter & 1) + l0;
+    const uint8_t* qh = b.qh + 32 * h + l0;
     const int lshift = 4 * (quarter >> 1), hshift = 2 * quarter;
-    const uint32_t w[2] = {((ld32_a2(ql) >> lshift) & 0x0F0F0F0Fu) | (((ld32_a2(qh) >> hshift) & 0x03030303u) << 4),
-                           ((ld32_a2(ql + 4) >> lshift) & 0x0F0F0F0Fu) |
-                               (((ld32_a2(qh + 4) >> hshift) & 0x03030303u) << 4)};
-    const int sc = static_cast<int8_t>(blk[192 + 8 * h + (l0 >> 4) + 2 * quarter]);
-    const float d = h2f(ld16(blk + 208)) * static_cast<float>(sc);
+    const uint32_t w[2] = {((q6_ld32<T>(ql) >> lshift) & 0x0F0F0F0Fu) | (((q6_ld32<T>(qh) >> hshift) & 0x03030303u) << 4),
+                           ((q6_ld32<T>(ql + 4) >> lshift) & 0x0F0F0F0Fu) |
+                               (((q6_ld32<T>(qh + 4) >> hshift) & 0x03030303u) << 4)};
+    const int sc = static_cast<int8_t>(b.sc[8 * h + (l0 >> 4) + 2 * quarter]);
+    const float d = h2f(ld16(b.d)) * static_cast<float>(sc);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = d * byte_to_float(w[i >> 2], i & 3, -32.0f);
   }
@@ -191,14 +227,14 @@ __device__ __forceinline__ float decode1(const uint8_t* row, int64_t k) {
     int q = (blk[kQs + 32 * c + l] >> (4 * half)) & 15;
     if constexpr (T == DType::Q5_K) q += ((blk[16 + l] >> (2 * c + half)) & 1) << 4;
     return h2f(u16(blk)) * sc * static_cast<float>(q) - h2f(u16(blk + 2)) * m;
-  } else if constexpr (T == DType::Q6_K) {
-    const uint8_t* blk = row + (k >> 8) * 210;
+  } else if constexpr (is_q6_k(T)) {
+    const Q6Parts b = q6_parts<T>(row, k >> 8);
     const int j = static_cast<int>(k & 255);
     const int h = j >> 7, quarter = (j >> 5) & 3, l = j & 31;
-    const int q = ((blk[64 * h + 32 * (quarter & 1) + l] >> (4 * (quarter >> 1))) & 15) |
-                  (((blk[128 + 32 * h + l] >> (2 * quarter)) & 3) << 4);
-    const int sc = static_cast<int8_t>(blk[192 + 8 * h + (l >> 4) + 2 * quarter]);
-    return h2f(u16(blk + 208)) * static_cast<float>(sc) * static_cast<float>(q - 32);
+    const int q = ((b.ql[64 * h + 32 * (quarter & 1) + l] >> (4 * (quarter >> 1))) & 15) |
+                  (((b.qh[32 * h + l] >> (2 * quarter)) & 3) << 4);
+    const int sc = static_cast<int8_t>(b.sc[8 * h + (l >> 4) + 2 * quarter]);
+    return h2f(u16(b.d)) * static_cast<float>(sc) * static_cast<float>(q - 32);
   } else {
     return 0.0f;
   }
@@ -210,7 +246,8 @@ __device__ __forceinline__ float decode1(const uint8_t* row, int64_t k) {
 // of elements 0-15 + sc1 * dot of 16-31), d_x the activation block's scale and s_x = d_x * sum(q_x).
 struct Q8Unit {
   uint32_t q[8];  // codes of elements 4i .. 4i+3 in the bytes of q[i] (int8; unsigned types are < 128);
-                  // Q4_K: unsigned bytes, the codes times 2^shift; Q6_K: unsigned bytes, the codes plus 32
+                  // Q4_K: unsigned bytes, the codes times 2^shift; Q6_K (and _G4): unsigned bytes, the
+                  // codes plus 32
   float dw;       // multiplies d_x * isum
   float mw;       // multiplies s_x: the min (Q4_K, Q5_K) or offset (Q4_0 -8 d, Q5_0 -16 d) term; else 0
   int sc0, sc1;   // Q6_K sub-block scales; 1 otherwise
@@ -220,9 +257,11 @@ struct Q8Unit {
 // Types with an int8-activation unit decoder, and the ones whose blocks are 16-byte multiples.
 __host__ __device__ constexpr bool q8_supported(DType t) {
   return t == DType::Q4_0 || t == DType::Q5_0 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q5_K ||
-         t == DType::Q6_K;
+         is_q6_k(t);
 }
-__host__ __device__ constexpr bool q8_aligned16(DType t) { return t == DType::Q4_K || t == DType::Q5_K; }
+__host__ __device__ constexpr bool q8_aligned16(DType t) {
+  return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K_G4;
+}
 
 // n 32-bit words of the bytes at p, a 2-byte aligned address: aligned loads of the n+1 words around
 // them, realigned by a funnel shift of 0 or 16 bits (reads up to 3 bytes past p + 4n).
@@ -286,12 +325,25 @@ __device__ __forceinline__ void decode_unit_q8(const uint8_t* row, int u, Q8Unit
 #pragma unroll
       for (int i = 0; i < 8; ++i) o.q[i] |= ((hw[i] >> j) & 0x01010101u) << 4;
     }
-  } else if constexpr (T == DType::Q6_K) {
-    const uint8_t* p = row + (u >> 3) * 210;
+  } else if constexpr (is_q6_k(T)) {
+    const Q6Parts b = q6_parts<T>(row, u >> 3);
     const int j = u & 7, hh = j >> 2, quarter = j & 3;
     uint32_t lo[8], hi[8];
-    words_a2<8>(p + 64 * hh + 32 * (quarter & 1), lo);
-    words_a2<8>(p + 128 + 32 * hh, hi);
+    if constexpr (T == DType::Q6_K) {
+      words_a2<8>(b.ql + 64 * hh + 32 * (quarter & 1), lo);
+      words_a2<8>(b.qh + 32 * hh, hi);
+    } else {  // 16-byte aligned parts: four 16-byte loads, no realignment
+      const uint4* l4 = reinterpret_cast<const uint4*>(b.ql + 64 * hh + 32 * (quarter & 1));
+      const uint4* h4 = reinterpret_cast<const uint4*>(b.qh + 32 * hh);
+      const uint4 l0 = l4[0], l1 = l4[1], h0 = h4[0], h1 = h4[1];
+      const uint32_t lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+      const uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        lo[i] = lw[i];
+        hi[i] = hw[i];
+      }
+    }
     // The 2 high bits of each code sit at bits hs, hs + 1 of each byte of hi; a rotation by 4 - hs
     // (mod 32) puts them at bits 4, 5, and whatever wraps around is masked off.
     const int ls = 4 * (quarter >> 1);
@@ -300,10 +352,10 @@ __device__ __forceinline__ void decode_unit_q8(const uint8_t* row, int u, Q8Unit
     for (int i = 0; i < 8; ++i) {
       o.q[i] = ((lo[i] >> ls) & 0x0F0F0F0Fu) | (__funnelshift_l(hi[i], hi[i], rot) & 0x30303030u);  // c, 0..63
     }
-    const uint32_t s = ld16(p + 192 + 8 * hh + 2 * quarter);  // scales of elements 0-15 and 16-31
+    const uint32_t s = ld16(b.sc + 8 * hh + 2 * quarter);  // scales of elements 0-15 and 16-31
     o.sc0 = static_cast<int8_t>(s & 0xFFu);
     o.sc1 = static_cast<int8_t>(s >> 8);
-    o.dw = h2f(ld16(p + 208));
+    o.dw = h2f(ld16(b.d));
   } else if constexpr (T == DType::Q8_0) {
     const uint8_t* p = row + u * 34;
     o.dw = h2f(ld16(p));
