@@ -319,9 +319,16 @@ TEST_F(CudaOpsTest, RegistryListsCudaOps) {
   EXPECT_TRUE(op_supported("get_rows", DeviceKind::kCuda, DType::Q6_K));
   EXPECT_TRUE(op_supported("delta_net", DeviceKind::kCuda, DType::F32));
   EXPECT_FALSE(op_supported("matmul", DeviceKind::kCuda, DType::Q5_1));
+  // The device layout Q6_K_G4: the products only, and never on the CPU.
+  for (const char* op : {"matmul", "matmul_many", "matmul_swiglu"}) {
+    EXPECT_TRUE(op_supported(op, DeviceKind::kCuda, DType::Q6_K_G4)) << op;
+    EXPECT_FALSE(op_supported(op, DeviceKind::kCpu, DType::Q6_K_G4)) << op;
+  }
+  EXPECT_FALSE(op_supported("get_rows", DeviceKind::kCuda, DType::Q6_K_G4));
   int64_t n = 0;
   for (const OpSupport& e : op_support_table()) n += e.device == DeviceKind::kCuda;
-  EXPECT_EQ(n, 5 * 9 + 19);  // matmul, matmul_many, matmul_swiglu, get_rows, moe_ffn per type + 19 F32 ops
+  // matmul, matmul_many, matmul_swiglu, get_rows, moe_ffn per type, the 3 products of Q6_K_G4, 19 F32 ops
+  EXPECT_EQ(n, 5 * 9 + 3 + 19);
 }
 
 #else  // !DS_HAVE_CUDA

@@ -56,6 +56,17 @@ TEST(OpsMatmul, RejectsBadShapes) {
   EXPECT_NE(s.message().find("matmul"), std::string::npos);
 }
 
+// A device layout (Q6_K_G4, made at CUDA upload) on the CPU: a clear error, not a computation.
+TEST(OpsMatmul, RejectsADeviceLayoutOnTheCpu) {
+  std::mt19937 rng(23);
+  auto wq = random_weights(DType::Q6_K_G4, 1024, 2, rng);
+  const TensorView w = TensorView::contiguous(wq.data(), DType::Q6_K_G4, {1024, 2});
+  Host x({1024, 1}), y({2, 1});
+  const Status s = matmul(test::fast_ctx(), w, x.t, y.t);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+  EXPECT_NE(s.message().find("q6_K_g4"), std::string::npos) << s.to_string();
+}
+
 TEST(OpsMatmul, GetRowsDequantizesAndChecksIds) {
   std::mt19937 rng(22);
   for (DType t : matmul_weight_dtypes()) {
