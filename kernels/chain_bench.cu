@@ -574,6 +574,28 @@ int main(int argc, char** argv) {
         reps);
     std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat (%.1f MB)\n", "prod, Q6_K as q6_K_g4", ms_g4,
                 g4_bytes / ms_g4 / 1e6, 100.0 * g4_bytes / ms_g4 / 1e6 / bw, g4_bytes / 1e6);
+    // And each q6_K_g4 qkv with the z+ba after it in one launch (matvec_q8_pair, as matmul_many runs them).
+    auto lp = [&](const Product& p) {
+      ds::cuda::MatvecLaunch l{p.w, dtype_row_bytes(p.t, p.k), nullptr, p.k, p.y[0], p.rows, p.rows, p.k, 1};
+      l.act = act_for(p.k).q;
+      l.act_bytes = kern::q8_act_bytes(p.k, 1);
+      return l;
+    };
+    const float ms_pair = time_graph(
+        s,
+        [&] {
+          for (size_t i = 0; i < g4.size(); ++i) {
+            if (i + 1 < g4.size() && ds::cuda::matvec_q8_pair_applies(g4[i].t, lp(g4[i]), g4[i + 1].t, lp(g4[i + 1]))) {
+              CK(ds::cuda::matvec_q8_pair_launch(g4[i].t, lp(g4[i]), g4[i + 1].t, lp(g4[i + 1]), s));
+              ++i;
+            } else {
+              launch_production(g4[i]);
+            }
+          }
+        },
+        reps);
+    std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", "prod, g4, qkv+z paired", ms_pair,
+                g4_bytes / ms_pair / 1e6, 100.0 * g4_bytes / ms_pair / 1e6 / bw);
     for (const auto& p : prods) launch_production(p);
     CK(cudaStreamSynchronize(s));
     int differ = 0;

@@ -963,6 +963,64 @@ TEST(CudaMatmulErrors, ShapesTypesAndDevicesAreChecked) {
   EXPECT_TRUE(stream->synchronize().is_ok());
 }
 
+// matmul_many of one token over two runs of different types (a Q6_K_G4 weight beside a Q4_K one, as a
+// Q4_K_M layer's attn_qkv and attn_gate + ssm_beta + ssm_alpha): one matvec_q8_pair launch, whose
+// outputs equal the two products run apart bit for bit; the pair applies only where both run v4.
+TEST(CudaMatmulPair, TwoTypesInOneLaunchEqualTwoLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Device d{DeviceKind::kCuda, 0};
+  auto stream = cuda::Stream::create(0);
+  ASSERT_TRUE(stream.is_ok());
+  for (const bool g4_first : {true, false}) {
+    const int64_t k = 2048;
+    const Weights wa = make_weights(DType::Q6_K_G4, k, 1000), wb = make_weights(DType::Q4_K, k, 4160);
+    const Weights& w1 = g4_first ? wa : wb;
+    const Weights& w2 = g4_first ? wb : wa;
+    const cuda::CudaBuffer d1 = upload(w1), d2 = upload(w2);
+    const std::vector<float> x = random_floats(k, 77);
+    auto xd = cuda::CudaBuffer::allocate(0, 4 * k);
+    auto yd = cuda::CudaBuffer::allocate(0, 4 * 2 * (w1.n_rows + w2.n_rows));
+    ASSERT_TRUE(xd.is_ok() && yd.is_ok());
+    ASSERT_TRUE(cuda::copy_to_device(xd->data(), x.data(), 4 * k, *stream).is_ok());
+    ASSERT_TRUE(cuda::fill_bytes(yd->data(), 0xFF, yd->bytes(), *stream).is_ok());
+    float* y = static_cast<float*>(yd->data());
+    const TensorView xv = TensorView::contiguous(xd->data(), DType::F32, {k, 1}, d);
+    const TensorView ws[] = {TensorView::contiguous(d1.data(), w1.type, {k, w1.n_rows}, d),
+                             TensorView::contiguous(d2.data(), w2.type, {k, w2.n_rows}, d)};
+    // The pair: outputs at y[0..), apart: at y[n1 + n2 ..).
+    const TensorView pair_ys[] = {TensorView::contiguous(y, DType::F32, {w1.n_rows, 1}, d),
+                                  TensorView::contiguous(y + w1.n_rows, DType::F32, {w2.n_rows, 1}, d)};
+    float* y_apart = y + w1.n_rows + w2.n_rows;
+    const TensorView apart_ys[] = {TensorView::contiguous(y_apart, DType::F32, {w1.n_rows, 1}, d),
+                                   TensorView::contiguous(y_apart + w1.n_rows, DType::F32, {w2.n_rows, 1}, d)};
+    ASSERT_TRUE(cuda::matmul_many_on(ws, xv, pair_ys, 0, stream->handle()).is_ok());
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(cuda::matmul_on(ws[i], xv, apart_ys[i], 0, stream->handle()).is_ok());
+    std::vector<float> got(static_cast<size_t>(2 * (w1.n_rows + w2.n_rows)));
+    ASSERT_TRUE(cuda::copy_to_host(got.data(), yd->data(), 4 * static_cast<int64_t>(got.size()), *stream).is_ok());
+    ASSERT_TRUE(stream->synchronize().is_ok());
+    const size_t n = static_cast<size_t>(w1.n_rows + w2.n_rows);
+    int64_t nan = 0;
+    for (size_t i = 0; i < n; ++i) nan += std::isnan(got[i]);
+    EXPECT_EQ(nan, 0) << "unwritten outputs";
+    EXPECT_EQ(std::memcmp(got.data(), got.data() + n, 4 * n), 0) << (g4_first ? "g4 first" : "q4_K first");
+
+    // Where it applies: one token, both on v4, one k and one activation scratch, an instantiated pair.
+    alignas(16) static uint8_t fake[16];
+    auto launch = [&](const Weights& w, int64_t rows, int nt) {
+      cuda::MatvecLaunch l{fake, dtype_row_bytes(w.type, k), reinterpret_cast<const float*>(fake), k,
+                           reinterpret_cast<float*>(fake), rows, rows, k, nt};
+      l.act = fake;
+      l.act_bytes = cuda::matvec_q8_act_bytes(k, nt);
+      return l;
+    };
+    EXPECT_TRUE(cuda::matvec_q8_pair_applies(w1.type, launch(w1, w1.n_rows, 1), w2.type, launch(w2, w2.n_rows, 1)));
+    EXPECT_FALSE(cuda::matvec_q8_pair_applies(w1.type, launch(w1, w1.n_rows, 2), w2.type, launch(w2, w2.n_rows, 2)));
+    EXPECT_FALSE(cuda::matvec_q8_pair_applies(w1.type, launch(w1, w1.n_rows, 1), w1.type, launch(w1, w1.n_rows, 1)));
+    // A Q4_K product of few rows runs v4w, not v4: apart.
+    EXPECT_FALSE(cuda::matvec_q8_pair_applies(DType::Q6_K_G4, launch(wa, 1000, 1), DType::Q4_K, launch(wb, 2048, 1)));
+  }
+}
+
 #else  // !DS_HAVE_CUDA
 
 TEST(CudaMatmulTest, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA"; }

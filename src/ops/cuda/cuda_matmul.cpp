@@ -11,6 +11,7 @@
 
 #include <array>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "core/check.h"
@@ -328,29 +329,53 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
     DS_ASSIGN_OR_RETURN(act, quantized_input(x, nullptr, device, cs));
     act_data = act.data();
   }
+  // Products whose weights and outputs both follow each other in memory run as one; two such runs of
+  // different types next to each other run in one launch where matvec_q8_pair_applies.
+  struct Run {
+    size_t first, last;
+    TensorView w, y;
+    MatvecLaunch l;
+  };
+  std::optional<Run> held;  // a q8 run waiting for the next one, to be launched with it or alone
+  auto launch_held = [&]() -> Status {
+    if (held) {
+      DS_CUDA_TRY(matvec_q8_product_launch(held->w.dtype, held->l, cs), "matmul_many products {}..{}: {} (matvec_q8)",
+                  held->first, held->last, shapes(held->w, x, held->y));
+      held.reset();
+    }
+    return Status::ok();
+  };
   for (size_t i = 0; i < ws.size();) {
     if (ws[i].ne[1] == 0) {
       ++i;
       continue;
     }
     if (!q8(i)) {
+      DS_TRY(launch_held());
       DS_TRY(matmul_on(ws[i], x, ys[i], device, stream, path).with_context(fmt::format("matmul_many product {}", i)));
       ++i;
       continue;
     }
-    // Products whose weights and outputs both follow each other in memory run as one.
-    TensorView w = ws[i], y = ys[i];
+    Run r{i, i, ws[i], ys[i], {}};
     size_t j = i + 1;
     for (; j < ws.size() && q8(j) && rows_follow(ws[j - 1], ys[j - 1], ws[j], ys[j], n_tokens); ++j) {
-      w.ne[1] += ws[j].ne[1];
-      y.ne[0] += ys[j].ne[0];
+      r.w.ne[1] += ws[j].ne[1];
+      r.y.ne[0] += ys[j].ne[0];
     }
-    const MatvecLaunch l = matvec_args(w, x, y, act_data, act_bytes);
-    DS_CUDA_TRY(matvec_q8_product_launch(w.dtype, l, cs), "matmul_many products {}..{}: {} (matvec_q8)", i, j - 1,
-                shapes(w, x, y));
+    r.last = j - 1;
+    r.l = matvec_args(r.w, x, r.y, act_data, act_bytes);
     i = j;
+    if (held && matvec_q8_pair_applies(held->w.dtype, held->l, r.w.dtype, r.l)) {
+      DS_CUDA_TRY(matvec_q8_pair_launch(held->w.dtype, held->l, r.w.dtype, r.l, cs),
+                  "matmul_many products {}..{} and {}..{}: {} and {} (matvec_q8_pair)", held->first, held->last, r.first,
+                  r.last, shapes(held->w, x, held->y), shapes(r.w, x, r.y));
+      held.reset();
+      continue;
+    }
+    DS_TRY(launch_held());
+    held = r;
   }
-  return Status::ok();
+  return launch_held();
 }
 
 Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const TensorView& up, const TensorView& y,

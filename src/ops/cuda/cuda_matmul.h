@@ -58,7 +58,9 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
 
 // ys[i] = ws[i] x for every i (ops/matmul.h matmul_many), each product checked as matmul_on checks it.
 // Matrix-vector path: x is quantized to int8 blocks once (activation scratch from the caching
-// allocator) and every weight the q8 kernel takes reads that copy; the others run matmul_on. GEMM path:
+// allocator) and every weight the q8 kernel takes reads that copy; the others run matmul_on. At one token
+// weights that follow each other in memory run as one product, and two such runs of different types
+// side by side in one launch where matvec_q8_pair_applies (matvec_launch.h). GEMM path:
 // x is converted to BF16 once and every GEMM reads it. Other explicit paths run matmul_on per weight.
 // With `act` (the q8 activations of x, matmul_scratch_bytes(.., k, n_tokens) bytes, 16-byte aligned, as
 // the norms of cuda_ops.h write them) the q8 products read it instead of quantizing x.

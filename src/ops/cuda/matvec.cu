@@ -47,13 +47,15 @@ constexpr int kQ8v4OneTokenCtasPerSm = 4;
 
 // The dynamic shared memory of a one-token v4 launch on the current device (occupancy_cap_pad over the
 // kernel's static shared memory, its rings); 0 when the device is unknown.
+size_t q8v4_one_token_pad(int64_t static_bytes) {
+  const DeviceSmem smem = current_device_smem();  // queried once per device
+  const int64_t pad = kern::occupancy_cap_pad(static_bytes, smem.per_sm, smem.reserved_per_cta, kQ8v4OneTokenCtasPerSm);
+  // Past the static limit a kernel needs an opt-in attribute; no q8 ring is that large at 4 CTAs per SM.
+  return static_bytes + pad <= kern::kQ8StaticSmem ? static_cast<size_t>(pad) : 0;
+}
 template <DType T>
 size_t q8v4_one_token_pad() {
-  constexpr int64_t kStatic = kern::q8_ring_bytes(T, kern::kQ8Rows, kern::Q8Smem<T, kern::kQ8Rows>::kStages);
-  const DeviceSmem smem = current_device_smem();  // queried once per device
-  const int64_t pad = kern::occupancy_cap_pad(kStatic, smem.per_sm, smem.reserved_per_cta, kQ8v4OneTokenCtasPerSm);
-  // Past the static limit a kernel needs an opt-in attribute; no q8 ring is that large at 4 CTAs per SM.
-  return kStatic + pad <= kern::kQ8StaticSmem ? static_cast<size_t>(pad) : 0;
+  return q8v4_one_token_pad(kern::q8_ring_bytes(T, kern::kQ8Rows, kern::Q8Smem<T, kern::kQ8Rows>::kStages));
 }
 
 // v4w (MatvecQ8Version::kV4Whole): one more stage than a kMatvecQ8WholeMaxK row has 1024-element
@@ -100,6 +102,24 @@ cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStre
   }
   return cudaGetLastError();
 }
+
+// Both products of matvec_q8_pair<T1, T2> (matvec_q8_pair_applies holds), with v4's one-token cap.
+template <DType T1, DType T2>
+cudaError_t launch_q8_pair(const MatvecLaunch& l1, const MatvecLaunch& l2, cudaStream_t stream) {
+  auto args = [](const MatvecLaunch& l) {
+    return kern::q8_args(l.w, l.w_stride, l.act, l.k, 1, l.y, l.y_stride, l.n_rows, 1);
+  };
+  constexpr int kRowsPerCta = kern::kQ8Warps * kern::kQ8Rows;
+  const auto ctas = [](const MatvecLaunch& l) { return static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta); };
+  const unsigned c1 = ctas(l1), c2 = ctas(l2);
+  launch_kernel(kern::matvec_q8_pair<T1, T2>, c1 + c2, kern::kQ8Threads,
+                q8v4_one_token_pad(kern::q8_pair_smem<T1, T2>()), stream, args(l1), args(l2), c1);
+  return cudaGetLastError();
+}
+
+// The type pairs matvec_q8_pair is instantiated for: a product in the device layout Q6_K_G4 beside Q4_K
+// ones (the Q4_K_M layers whose attn_qkv / attn_v are Q6_K), either first.
+#define DS_Q8_PAIRS(X) X(Q6_K_G4, Q4_K) X(Q4_K, Q6_K_G4)
 
 bool is_q8(MatvecKernel k) {
   return k == MatvecKernel::kQ8 || k == MatvecKernel::kQ8v4 || k == MatvecKernel::kQ8v5;
@@ -292,6 +312,28 @@ cudaError_t matvec_q8_product_launch_version(DType t, const MatvecLaunch& a, Mat
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+bool matvec_q8_pair_applies(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2) {
+  bool instantiated = false;
+#define X(A, B) instantiated = instantiated || (t1 == DType::A && t2 == DType::B);
+  DS_Q8_PAIRS(X)
+#undef X
+  auto one_token_v4 = [](DType t, const MatvecLaunch& a) {
+    return a.n_tokens == 1 && a.n_rows > 0 && matvec_q8_ok(t, a) &&
+           matvec_q8_pick_version(t, a.n_rows, a.k, 1) == MatvecQ8Version::kV4;
+  };
+  return instantiated && a1.k == a2.k && a1.act == a2.act && one_token_v4(t1, a1) && one_token_v4(t2, a2);
+}
+
+cudaError_t matvec_q8_pair_launch(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2,
+                                  cudaStream_t stream) {
+  if (!matvec_q8_pair_applies(t1, a1, t2, a2)) return cudaErrorInvalidValue;
+#define X(A, B) \
+  if (t1 == DType::A && t2 == DType::B) return launch_q8_pair<DType::A, DType::B>(a1, a2, stream);
+  DS_Q8_PAIRS(X)
+#undef X
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, MatvecKernel which, cudaStream_t stream) {

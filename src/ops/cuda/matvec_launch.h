@@ -63,7 +63,7 @@ MatvecQ8Version matvec_q8_pick_version(DType t, int64_t n_rows, int64_t k, int n
 
 // Types the matrix kernels decode.
 bool matvec_supports(DType t);
-// Types the q8 kernel decodes: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K.
+// Types the q8 kernel decodes: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q6_K_G4.
 bool matvec_q8_supports(DType t);
 // True when the staged 16-byte-load kernel applies (alignment and divisibility); else the generic one.
 bool matvec_fast_ok(DType t, const MatvecLaunch& a);
@@ -90,6 +90,14 @@ cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, cudaStream_
 cudaError_t matvec_q8_product_launch(DType t, const MatvecLaunch& a, MatvecKernel which, cudaStream_t stream);
 cudaError_t matvec_q8_product_launch_version(DType t, const MatvecLaunch& a, MatvecQ8Version v,
                                              cudaStream_t stream);
+
+// Two independent one-token q8 products of one input (the same k and a.act) in one launch, so the
+// second does not wait for the first to drain: where each would run v4 and the pair of types has a
+// kernel (matvec.cu DS_Q8_PAIRS). The outputs equal two matvec_q8_product_launch calls bit for bit.
+// The launch returns cudaErrorInvalidValue where matvec_q8_pair_applies is false.
+bool matvec_q8_pair_applies(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2);
+cudaError_t matvec_q8_pair_launch(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2,
+                                  cudaStream_t stream);
 
 // q8 activation blocks of rows [0, n_rows) of x (k % 32 == 0, row stride x_stride elements) into `act`
 // (layout of matvec_q8_act_bytes). SwiGLU mode when `up` is set: the values are silu(x) * up (up rows at

@@ -336,20 +336,17 @@ __device__ __forceinline__ uintptr_t q8_weights_end(uintptr_t w_base, const Matv
   return w_base + (a.n_rows - 1) * a.w_stride + a.k / tr.block_elems * tr.block_bytes;
 }
 
-// kNT: activation rows per launch (n_tokens <= kNT, the rest predicated off). Needs (host-checked):
-// w 16-byte aligned, w_stride and w_expert_stride multiples of 16 (Q4_K, Q5_K) or 2 (others),
-// k a multiple of the block size, xq / xds from quantize_q8 (16-byte aligned).
-// kStagesWant (0: Q8Smem's choice) and kMinCtas (__launch_bounds__' CTAs per SM, i.e. the register
-// budget) are occupancy knobs the matvec_q workbench times; kWarps is the CTA's warps (each its own rows
-// and ring). Production uses the defaults, except v4w (matvec.cu): a deep ring in CTAs of 1 or 2 warps.
-template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1, int kWarps = kQ8Warps>
-__global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_q8(MatvecQ8Args a) {
-  using S = Q8Smem<T, kRows>;
-  constexpr int kStages = kStagesWant > 0 ? kStagesWant : S::kStages;
-  __shared__ __align__(16) uint8_t smem[kWarps][kStages][kRows][S::kRowBytes];
+// The rings of matvec_q8_cta: kWarps warps of kStages chunks of kRows rows.
+template <DType T, int kRows, int kStages, int kWarps>
+using Q8Ring = uint8_t[kWarps][kStages][kRows][Q8Smem<T, kRows>::kRowBytes];
 
+// CTA `cta` of the product: rows from (cta * kWarps + warp) * kRows, its rings in `smem` (16-byte
+// aligned, sizeof(Q8Ring<...>) bytes). The body of matvec_q8 and matvec_q8_pair.
+template <DType T, int kNT, int kRows, int kStages, int kWarps>
+__device__ __forceinline__ void matvec_q8_cta(const MatvecQ8Args& a, int64_t cta, uint8_t* smem_raw) {
+  auto& smem = *reinterpret_cast<Q8Ring<T, kRows, kStages, kWarps>*>(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
+  const int64_t r0 = (cta * kWarps + warp) * kRows;
   const bool gathered = a.ids != nullptr;
   if (gathered) dependency_wait();  // the expert ids are an earlier kernel's output
   if (r0 >= a.n_rows) return;       // warps never synchronize with each other
@@ -403,6 +400,42 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_q8(MatvecQ8Args 
       const float s = warp_sum(acc[r][t]);
       if (lane == 0 && t < a.n_tokens && r0 + r < a.n_rows) y[t * a.y_stride + r0 + r] = s;
     }
+  }
+}
+
+// kNT: activation rows per launch (n_tokens <= kNT, the rest predicated off). Needs (host-checked):
+// w 16-byte aligned, w_stride and w_expert_stride multiples of 16 (Q4_K, Q5_K, Q6_K_G4) or 2 (others),
+// k a multiple of the block size, xq / xds from quantize_q8 (16-byte aligned).
+// kStagesWant (0: Q8Smem's choice) and kMinCtas (__launch_bounds__' CTAs per SM, i.e. the register
+// budget) are occupancy knobs the matvec_q workbench times; kWarps is the CTA's warps (each its own rows
+// and ring). Production uses the defaults, except v4w (matvec.cu): a deep ring in CTAs of 1 or 2 warps.
+template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1, int kWarps = kQ8Warps>
+__global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_q8(MatvecQ8Args a) {
+  constexpr int kStages = kStagesWant > 0 ? kStagesWant : Q8Smem<T, kRows>::kStages;
+  __shared__ __align__(16) Q8Ring<T, kRows, kStages, kWarps> smem;
+  matvec_q8_cta<T, kNT, kRows, kStages, kWarps>(a, blockIdx.x, &smem[0][0][0][0]);
+}
+
+// Static shared memory of matvec_q8_pair<T1, T2>: the larger of the two products' rings.
+template <DType T1, DType T2>
+constexpr int q8_pair_smem() {
+  constexpr int b1 = sizeof(Q8Ring<T1, kQ8Rows, Q8Smem<T1, kQ8Rows>::kStages, kQ8Warps>);
+  constexpr int b2 = sizeof(Q8Ring<T2, kQ8Rows, Q8Smem<T2, kQ8Rows>::kStages, kQ8Warps>);
+  return b1 > b2 ? b1 : b2;
+}
+
+// Two independent one-token products of one input in one launch (matmul_many: a layer's input
+// products whose weights differ in type, so they cannot run as one product): CTAs [0, ctas1) run
+// (T1, a1) and the rest (T2, a2), each exactly as matvec_q8<T, 1> runs it, so the outputs equal two
+// launches bit for bit. One launch waits for the kernel before it once, where two launches would
+// make the second product wait for the whole first (its last CTAs' tail and a ring refill).
+template <DType T1, DType T2>
+__global__ void __launch_bounds__(kQ8Threads) matvec_q8_pair(MatvecQ8Args a1, MatvecQ8Args a2, unsigned ctas1) {
+  __shared__ __align__(16) uint8_t smem[q8_pair_smem<T1, T2>()];
+  if (blockIdx.x < ctas1) {
+    matvec_q8_cta<T1, 1, kQ8Rows, Q8Smem<T1, kQ8Rows>::kStages, kQ8Warps>(a1, blockIdx.x, smem);
+  } else {
+    matvec_q8_cta<T2, 1, kQ8Rows, Q8Smem<T2, kQ8Rows>::kStages, kQ8Warps>(a2, blockIdx.x - ctas1, smem);
   }
 }
 
