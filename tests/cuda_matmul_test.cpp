@@ -303,11 +303,15 @@ void emulate_configs(int64_t k, int64_t n_rows) {
 
 template <DType T>
 void emulate_shapes() {
-  constexpr int64_t bs = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256 : 32;
+  constexpr int64_t bs = T == DType::Q6_K_G4                                             ? 1024
+                         : T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256
+                                                                                     : 32;
   emulate_configs<T>(bs, 1);                 // one block
   emulate_configs<T>(bs * 3, 7);             // rows not a multiple of the rows per warp
-  emulate_configs<T>(1280, 33);              // a partial 1024-element step
-  emulate_configs<T>(2048 + 512, 19);
+  if (bs <= 256) {                           // (a Q6_K_G4 row is whole 1024-element groups)
+    emulate_configs<T>(1280, 33);            // a partial 1024-element step
+    emulate_configs<T>(2048 + 512, 19);
+  }
   emulate_configs<T>(5120, 5);               // 5 steps: uneven over 2 and 4 warps of a split
   if (bs == 32) {
     emulate_configs<T>(96, 5);
@@ -321,6 +325,37 @@ TEST(MatvecQ8v5Emulation, Q8_0) { emulate_shapes<DType::Q8_0>(); }
 TEST(MatvecQ8v5Emulation, Q4_K) { emulate_shapes<DType::Q4_K>(); }
 TEST(MatvecQ8v5Emulation, Q5_K) { emulate_shapes<DType::Q5_K>(); }
 TEST(MatvecQ8v5Emulation, Q6_K) { emulate_shapes<DType::Q6_K>(); }
+TEST(MatvecQ8v5Emulation, Q6_K_G4) { emulate_shapes<DType::Q6_K_G4>(); }
+
+// v5 on Q6_K_G4 decodes the codes and scales of the Q6_K blocks it regroups: the same outputs, bit for
+// bit, at every configuration production runs (1 row per warp for Q6_K, 2 for Q6_K_G4).
+TEST(MatvecQ8v5Emulation, Q6_KG4EqualsQ6_K) {
+  const int64_t k = 5120, n_rows = 9;
+  const Weights q6 = make_weights(DType::Q6_K, k, n_rows);
+  std::vector<uint8_t> g4(static_cast<size_t>(dtype_row_bytes(DType::Q6_K_G4, k) * n_rows));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    quant::q6_k_to_g4(q6.bytes.data() + r * dtype_row_bytes(DType::Q6_K, k),
+                      g4.data() + r * dtype_row_bytes(DType::Q6_K_G4, k), k);
+  }
+  for (int64_t nt : {1, 3, 8}) {
+    const Q8Act act = quantize_q8_host(random_floats(nt * k, 91), nt, k);
+    std::vector<float> y6(static_cast<size_t>(nt * n_rows), NAN), y4 = y6;
+    for (int split : {1, 4}) {
+      cuda::kern::MatvecQ8Args a6{q6.bytes.data(), dtype_row_bytes(DType::Q6_K, k), act.q.data(), act.ds.data(),
+                                  y6.data(), n_rows, n_rows, k, static_cast<int>(nt)};
+      cuda::kern::MatvecQ8Args a4 = a6;
+      a4.w = g4.data();
+      a4.w_stride = dtype_row_bytes(DType::Q6_K_G4, k);
+      a4.y = y4.data();
+      cuda::kern::q8v5_emulate<DType::Q6_K, 8, 1, 1>(a6, split, 1, 0, n_rows);
+      cuda::kern::q8v5_emulate<DType::Q6_K_G4, 8, 2, 1>(a4, split, 1, 0, (n_rows + 1) / 2);
+      int64_t nan = 0;
+      for (float v : y4) nan += std::isnan(v);
+      EXPECT_EQ(nan, 0) << "unwritten outputs";
+      EXPECT_EQ(std::memcmp(y6.data(), y4.data(), 4 * y6.size()), 0) << "tokens " << nt << " split " << split;
+    }
+  }
+}
 
 // A real model shape at one token (the production configuration).
 TEST(MatvecQ8v5Emulation, RealShapes) {
@@ -883,8 +918,8 @@ TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
                         Case{DType::Q6_K, 17408, 5120, 1, V::kV4}, Case{DType::Q4_K, 5120, 17408, 1, V::kV4},
                         Case{DType::Q4_K, 5120, 17408, 4, V::kV5SplitK}, Case{DType::Q6_K, 5120, 17408, 8, V::kV4},
                         Case{DType::Q8_0, 10240, 5120, 1, V::kV4}, Case{DType::Q4_K, 2048, 512, 1, V::kV4},
-                        Case{DType::Q6_K_G4, 2048, 4096, 1, V::kV4}, Case{DType::Q6_K_G4, 5120, 17408, 4, V::kV4},
-                        Case{DType::Q6_K_G4, 1024, 5120, 8, V::kV4}}) {
+                        Case{DType::Q6_K_G4, 2048, 4096, 1, V::kV4}, Case{DType::Q6_K_G4, 5120, 17408, 4, V::kV5SplitK},
+                        Case{DType::Q6_K_G4, 1024, 5120, 8, V::kV5SplitK}, Case{DType::Q6_K_G4, 5120, 17408, 8, V::kV4}}) {
     EXPECT_EQ(cuda::matvec_q8_pick_version(c.t, c.rows, c.k, c.nt), c.want)
         << dtype_name(c.t) << " " << c.rows << " x " << c.k << " tokens " << c.nt << ": got "
         << cuda::matvec_q8_version_name(cuda::matvec_q8_pick_version(c.t, c.rows, c.k, c.nt));

@@ -21,8 +21,6 @@ static_assert(kern::kQ8MaxTokens == kMatvecQ8MaxTokens, "q8 token limit");
 // stay near 80 registers; the others take 2 rows (activation loads shared by both).
 template <DType T>
 constexpr int q8v5_rows() { return T == DType::Q6_K ? 1 : 2; }
-// Types v5 decodes; the others run v4 where v5 would be picked.
-constexpr bool q8v5_has(DType t) { return t != DType::Q6_K_G4; }
 constexpr int kQ8v5Depth = 1;
 
 // Warps per row group for split-K: as many as the row has 1024-element steps, up to 4.
@@ -81,13 +79,11 @@ cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStre
     }
     v = MatvecQ8Version::kV4;
   }
-  if constexpr (q8v5_has(T)) {
-    if (v != MatvecQ8Version::kV4) {
-      if (l.n_tokens <= 1) return launch_v5<T, 1>(a, v, stream);
-      if (l.n_tokens <= 2) return launch_v5<T, 2>(a, v, stream);
-      if (l.n_tokens <= 4) return launch_v5<T, 4>(a, v, stream);
-      return launch_v5<T, 8>(a, v, stream);
-    }
+  if (v != MatvecQ8Version::kV4) {
+    if (l.n_tokens <= 1) return launch_v5<T, 1>(a, v, stream);
+    if (l.n_tokens <= 2) return launch_v5<T, 2>(a, v, stream);
+    if (l.n_tokens <= 4) return launch_v5<T, 4>(a, v, stream);
+    return launch_v5<T, 8>(a, v, stream);
   }
   constexpr int kRowsPerCta = kern::kQ8Warps * kern::kQ8Rows;
   const unsigned grid = static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta);
@@ -287,13 +283,15 @@ const char* matvec_q8_version_name(MatvecQ8Version v) {
 //  - Q4_K / Q5_K with at least 16384 rows at one token: v5 on a persistent grid (17408 x 5120 q4_K
 //    29.1 us vs 32.2), which has no partial last wave.
 MatvecQ8Version matvec_q8_pick_version(DType t, int64_t n_rows, int64_t k, int n_tokens) {
-  if (!q8v5_has(t)) return MatvecQ8Version::kV4;
+  // Q6_K_G4 at one token: v4, which pairs with the Q4_K products beside it (matvec_q8_pair; measured in
+  // the decode graph with the pairing, 2026-11-27); from two tokens as Q6_K.
+  if (t == DType::Q6_K_G4 && n_tokens == 1) return MatvecQ8Version::kV4;
   if (n_rows < 4096 && k >= 2048) {
     // v4w only where its ring fits 2 warps per CTA (the form measured).
     const bool whole = n_tokens == 1 && k <= kMatvecQ8WholeMaxK && qdec::q8_supported(t) && q8v4w_warps(t) == 2;
     return whole ? MatvecQ8Version::kV4Whole : MatvecQ8Version::kV5SplitK;
   }
-  if (k >= 3 * n_rows && n_tokens >= 2 && !(t == DType::Q6_K && n_tokens > 4)) return MatvecQ8Version::kV5SplitK;
+  if (k >= 3 * n_rows && n_tokens >= 2 && !(qdec::is_q6_k(t) && n_tokens > 4)) return MatvecQ8Version::kV5SplitK;
   if ((t == DType::Q4_K || t == DType::Q5_K) && n_rows >= 16384 && n_tokens == 1) {
     return MatvecQ8Version::kV5Persistent;
   }

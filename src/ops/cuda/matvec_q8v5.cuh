@@ -364,6 +364,44 @@ DS_Q8V5_UNROLL
   }
 };
 
+// Q6_K_G4 (quant/blocks.h GroupQ6_K4: the parts of four Q6_K blocks gathered, 848 bytes per 1024
+// elements): the pieces of Q6_K, each span one aligned 16-byte load (no realignment); decodes to the
+// same codes and scales as Q6_K.
+template <>
+struct Q8v5Type<DType::Q6_K_G4> {
+  static constexpr int kGroupBytes = 848;
+  static constexpr int kRaw = 11;  // ql, qh (4 words each), sc0, sc1, d
+  static constexpr bool kTwoBlocks = true;
+  DS_Q8V5_HD static void elems(int piece, int* e0, int* e1) { Q8v5Type<DType::Q6_K>::elems(piece, e0, e1); }
+  DS_Q8V5_HD static void load(uintptr_t row, int piece, uintptr_t /*hi*/, uint32_t (&raw)[kRaw]) {
+    const int i = piece & 7, b = piece >> 3, sub = b & 3;
+    const uintptr_t grp = row + static_cast<uint32_t>((b >> 2) * kGroupBytes);
+    const Q8v5U4 ql = q8v5_ld16(grp + 128 * sub + 16 * i);
+    const Q8v5U4 qh = q8v5_ld16(grp + 512 + 64 * sub + 32 * (i >> 2) + 16 * (i & 1));
+    raw[0] = ql.x; raw[1] = ql.y; raw[2] = ql.z; raw[3] = ql.w;
+    raw[4] = qh.x; raw[5] = qh.y; raw[6] = qh.z; raw[7] = qh.w;
+    const uintptr_t sc = grp + 768 + 16 * sub + 8 * (i >> 2) + (i & 3);
+    raw[8] = q8v5_ld8(sc);
+    raw[9] = q8v5_ld8(sc + 4);
+    raw[10] = q8v5_ld_u16(grp + 832 + 2 * sub);
+  }
+  DS_Q8V5_HD static void decode(const uint32_t (&raw)[kRaw], uintptr_t /*row*/, int piece, Q8v5Dec& o) {
+    const int qa = ((piece & 7) >> 1) & 1;
+DS_Q8V5_UNROLL
+    for (int j = 0; j < 4; ++j) {  // as Q8v5Type<Q6_K>::decode
+      const uint32_t c0 = (raw[j] & 0x0F0F0F0Fu) | (((raw[4 + j] >> (2 * qa)) & 0x03030303u) << 4);
+      const uint32_t c1 = ((raw[j] >> 4) & 0x0F0F0F0Fu) | (((raw[4 + j] >> (2 * qa + 4)) & 0x03030303u) << 4);
+      o.q[j] = (c0 + 0x60606060u) ^ 0x80808080u;
+      o.q[4 + j] = (c1 + 0x60606060u) ^ 0x80808080u;
+    }
+    const float d = q8v5_h2f(raw[10]);
+    o.dw0 = d * static_cast<float>(static_cast<int8_t>(raw[8] & 0xFFu));
+    o.dw1 = d * static_cast<float>(static_cast<int8_t>(raw[9] & 0xFFu));
+    o.mw0 = 0.0f;
+    o.mw1 = 0.0f;
+  }
+};
+
 // 32-element blocks, one per lane (piece = block): Q4_0 (18 B: d, qs[16]; element l < 16 low nibble of
 // qs[l], l >= 16 high nibble of qs[l - 16]; value (q - 8) d), Q5_0 (22 B: d, qh (u32), qs[16]; fifth bit
 // l of qh; (q - 16) d), Q8_0 (34 B: d, qs[32] int8). Half 0 = elements 0..15, half 1 = 16..31, one
@@ -510,8 +548,12 @@ DS_Q8V5_UNROLL
 // Bytes of the k elements of one weight row.
 template <DType T>
 DS_Q8V5_HD constexpr int64_t q8v5_row_bytes(int64_t k) {
-  constexpr int kBlockElems = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256 : 32;
-  return k / kBlockElems * Q8v5Type<T>::kBlockBytes;
+  if constexpr (T == DType::Q6_K_G4) {
+    return k / 1024 * Q8v5Type<T>::kGroupBytes;
+  } else {
+    constexpr int kBlockElems = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K ? 256 : 32;
+    return k / kBlockElems * Q8v5Type<T>::kBlockBytes;
+  }
 }
 
 // The view of output slot `slot` (gathered mode) or of the whole launch, and its output base; false
@@ -583,7 +625,7 @@ constexpr int64_t q8v5_iterations(int64_t n_rows, int k_rows, int split) {
 // Launch shape: kQ8v5Threads threads; `split` (1, 2, 4) warps per group of kRows rows, so a CTA holds
 // kQ8v5Warps / split groups; CTA c takes iterations c, c + gridDim.x, ... of q8v5_iterations (a grid
 // smaller than that is a persistent grid); grid.y = slots in gathered mode. Needs (host-checked):
-// w 16-byte aligned, w_stride and w_expert_stride multiples of 16 (Q4_K, Q5_K) or 2, k a multiple of
+// w 16-byte aligned, w_stride and w_expert_stride multiples of 16 (Q4_K, Q5_K, Q6_K_G4) or 2, k a multiple of
 // the block, xq / xds from quantize_q8 (16-byte aligned).
 template <DType T, int kNT, int kRows, int kDepth>
 __global__ void __launch_bounds__(kQ8v5Threads, (q8v5_min_ctas<T, kNT, kRows, kDepth>()))
