@@ -64,6 +64,12 @@ constexpr int q8v4w_warps(DType t) {
   return 2 * kQ8v4wStages * kern::kQ8Rows * kern::q8_row_bytes(t) <= kern::kQ8StaticSmem ? 2 : 1;
 }
 
+// The register budget of multi-token v4 (__launch_bounds__' CTAs per SM): 1 (the compiler's choice)
+// except Q6_K_G4 at 2 tokens, which the compiler otherwise gives 139 registers (3 CTAs per SM) where
+// Q6_K takes 96; at 4 CTAs it fits 128 without spills (ptxas -v, sm_90).
+template <DType T, int kNT>
+constexpr int q8v4_min_ctas() { return T == DType::Q6_K_G4 && kNT == 2 ? 4 : 1; }
+
 // Runs the q8 product (version v) on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
 template <DType T>
 cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream) {
@@ -90,7 +96,7 @@ cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStre
   if (l.n_tokens <= 1) {
     launch_kernel(kern::matvec_q8<T, 1>, grid, kern::kQ8Threads, q8v4_one_token_pad<T>(), stream, a);
   } else if (l.n_tokens <= 2) {
-    launch_kernel(kern::matvec_q8<T, 2>, grid, kern::kQ8Threads, 0, stream, a);
+    launch_kernel(kern::matvec_q8<T, 2, kern::kQ8Rows, 0, q8v4_min_ctas<T, 2>()>, grid, kern::kQ8Threads, 0, stream, a);
   } else if (l.n_tokens <= 4) {
     launch_kernel(kern::matvec_q8<T, 4>, grid, kern::kQ8Threads, 0, stream, a);
   } else {

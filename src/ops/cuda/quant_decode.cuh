@@ -328,29 +328,30 @@ __device__ __forceinline__ void decode_unit_q8(const uint8_t* row, int u, Q8Unit
   } else if constexpr (is_q6_k(T)) {
     const Q6Parts b = q6_parts<T>(row, u >> 3);
     const int j = u & 7, hh = j >> 2, quarter = j & 3;
-    uint32_t lo[8], hi[8];
-    if constexpr (T == DType::Q6_K) {
-      words_a2<8>(b.ql + 64 * hh + 32 * (quarter & 1), lo);
-      words_a2<8>(b.qh + 32 * hh, hi);
-    } else {  // 16-byte aligned parts: four 16-byte loads, no realignment
-      const uint4* l4 = reinterpret_cast<const uint4*>(b.ql + 64 * hh + 32 * (quarter & 1));
-      const uint4* h4 = reinterpret_cast<const uint4*>(b.qh + 32 * hh);
-      const uint4 l0 = l4[0], l1 = l4[1], h0 = h4[0], h1 = h4[1];
-      const uint32_t lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-      const uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        lo[i] = lw[i];
-        hi[i] = hw[i];
-      }
-    }
     // The 2 high bits of each code sit at bits hs, hs + 1 of each byte of hi; a rotation by 4 - hs
     // (mod 32) puts them at bits 4, 5, and whatever wraps around is masked off.
     const int ls = 4 * (quarter >> 1);
     const uint32_t rot = static_cast<uint32_t>(4 - 2 * quarter) & 31u;
+    auto code = [&](uint32_t lo, uint32_t hi) {  // 4 codes, 0..63
+      return ((lo >> ls) & 0x0F0F0F0Fu) | (__funnelshift_l(hi, hi, rot) & 0x30303030u);
+    };
+    if constexpr (T == DType::Q6_K) {
+      uint32_t lo[8], hi[8];
+      words_a2<8>(b.ql + 64 * hh + 32 * (quarter & 1), lo);
+      words_a2<8>(b.qh + 32 * hh, hi);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      o.q[i] = ((lo[i] >> ls) & 0x0F0F0F0Fu) | (__funnelshift_l(hi[i], hi[i], rot) & 0x30303030u);  // c, 0..63
+      for (int i = 0; i < 8; ++i) o.q[i] = code(lo[i], hi[i]);
+    } else {  // 16-byte aligned parts: four 16-byte loads, no realignment; each pair decoded at once
+      const uint4* l4 = reinterpret_cast<const uint4*>(b.ql + 64 * hh + 32 * (quarter & 1));
+      const uint4* h4 = reinterpret_cast<const uint4*>(b.qh + 32 * hh);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint4 l = l4[half], h = h4[half];
+        o.q[4 * half] = code(l.x, h.x);
+        o.q[4 * half + 1] = code(l.y, h.y);
+        o.q[4 * half + 2] = code(l.z, h.z);
+        o.q[4 * half + 3] = code(l.w, h.w);
+      }
     }
     const uint32_t s = ld16(b.sc + 8 * hh + 2 * quarter);  // scales of elements 0-15 and 16-31
     o.sc0 = static_cast<int8_t>(s & 0xFFu);
