@@ -305,6 +305,24 @@ struct Q8v5Type<DType::Q4_K> : Q8v5KQuant<DType::Q4_K> {};
 template <>
 struct Q8v5Type<DType::Q5_K> : Q8v5KQuant<DType::Q5_K> {};
 
+// A Q6_K piece from its 16 ql bytes (quarters qa and qa + 2 in the low / high nibbles), its 16 qh bytes,
+// its two scale bytes and the block's d: codes c - 32 per byte as int8 (c + 0x60 never carries).
+DS_Q8V5_HD void q8v5_q6_decode(const uint32_t (&ql)[4], const uint32_t (&qh)[4], int qa, uint32_t sc0, uint32_t sc1,
+                               uint32_t d_bits, Q8v5Dec& o) {
+DS_Q8V5_UNROLL
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t c0 = (ql[j] & 0x0F0F0F0Fu) | (((qh[j] >> (2 * qa)) & 0x03030303u) << 4);
+    const uint32_t c1 = ((ql[j] >> 4) & 0x0F0F0F0Fu) | (((qh[j] >> (2 * qa + 4)) & 0x03030303u) << 4);
+    o.q[j] = (c0 + 0x60606060u) ^ 0x80808080u;
+    o.q[4 + j] = (c1 + 0x60606060u) ^ 0x80808080u;
+  }
+  const float d = q8v5_h2f(d_bits);
+  o.dw0 = d * static_cast<float>(static_cast<int8_t>(sc0 & 0xFFu));
+  o.dw1 = d * static_cast<float>(static_cast<int8_t>(sc1 & 0xFFu));
+  o.mw0 = 0.0f;
+  o.mw1 = 0.0f;
+}
+
 // Q6_K (210 B: ql[128], qh[64], scales[16] int8, d). Element 128 h + 32 q + l (quarter q, l < 32) has
 // low 4 bits in ql[64 h + 32 (q & 1) + l] (nibble q / 2), high 2 bits in qh[32 h + l] (bits 2q, 2q+1),
 // scale scales[8 h + 2 q + l / 16]. Lane i of a block: h = i / 4, qa = (i / 2) & 1, l0 = 16 (i & 1):
@@ -349,18 +367,7 @@ DS_Q8V5_UNROLL
     }
     q8v5_realign<4, 15>(gl, m, ql);
     q8v5_realign<4, 15>(gh, m, qh);
-DS_Q8V5_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t c0 = (ql[j] & 0x0F0F0F0Fu) | (((qh[j] >> (2 * qa)) & 0x03030303u) << 4);
-      const uint32_t c1 = ((ql[j] >> 4) & 0x0F0F0F0Fu) | (((qh[j] >> (2 * qa + 4)) & 0x03030303u) << 4);
-      o.q[j] = (c0 + 0x60606060u) ^ 0x80808080u;  // c - 32 per byte as int8 (c + 0x60 never carries)
-      o.q[4 + j] = (c1 + 0x60606060u) ^ 0x80808080u;
-    }
-    const float d = q8v5_h2f(raw[18]);
-    o.dw0 = d * static_cast<float>(static_cast<int8_t>(raw[16] & 0xFFu));
-    o.dw1 = d * static_cast<float>(static_cast<int8_t>(raw[17] & 0xFFu));
-    o.mw0 = 0.0f;
-    o.mw1 = 0.0f;
+    q8v5_q6_decode(ql, qh, qa, raw[16], raw[17], raw[18], o);
   }
 };
 
@@ -387,18 +394,8 @@ struct Q8v5Type<DType::Q6_K_G4> {
   }
   DS_Q8V5_HD static void decode(const uint32_t (&raw)[kRaw], uintptr_t /*row*/, int piece, Q8v5Dec& o) {
     const int qa = ((piece & 7) >> 1) & 1;
-DS_Q8V5_UNROLL
-    for (int j = 0; j < 4; ++j) {  // as Q8v5Type<Q6_K>::decode
-      const uint32_t c0 = (raw[j] & 0x0F0F0F0Fu) | (((raw[4 + j] >> (2 * qa)) & 0x03030303u) << 4);
-      const uint32_t c1 = ((raw[j] >> 4) & 0x0F0F0F0Fu) | (((raw[4 + j] >> (2 * qa + 4)) & 0x03030303u) << 4);
-      o.q[j] = (c0 + 0x60606060u) ^ 0x80808080u;
-      o.q[4 + j] = (c1 + 0x60606060u) ^ 0x80808080u;
-    }
-    const float d = q8v5_h2f(raw[10]);
-    o.dw0 = d * static_cast<float>(static_cast<int8_t>(raw[8] & 0xFFu));
-    o.dw1 = d * static_cast<float>(static_cast<int8_t>(raw[9] & 0xFFu));
-    o.mw0 = 0.0f;
-    o.mw1 = 0.0f;
+    const uint32_t ql[4] = {raw[0], raw[1], raw[2], raw[3]}, qh[4] = {raw[4], raw[5], raw[6], raw[7]};
+    q8v5_q6_decode(ql, qh, qa, raw[8], raw[9], raw[10], o);
   }
 };
 
