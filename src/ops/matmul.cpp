@@ -18,9 +18,10 @@ namespace {
 Status check_matmul(const char* op, const OpContext& ctx, const TensorView& w, const TensorView& x,
                     const TensorView& y) {
   const auto& types = matmul_weight_dtypes();
-  // A device layout (core/dtype.h) is taken where its backend registered it.
-  const bool device_layout = ctx.device.kind != DeviceKind::kCpu && op_supported(op, ctx.device.kind, w.dtype);
-  if (!device_layout && std::find(types.begin(), types.end(), w.dtype) == types.end()) {
+  // A device layout (core/dtype.h) is taken where its backend registered it (the registry is consulted
+  // only for types outside the list).
+  if (std::find(types.begin(), types.end(), w.dtype) == types.end() &&
+      !(ctx.device.kind != DeviceKind::kCpu && op_supported(op, ctx.device.kind, w.dtype))) {
     return unsupported("{}: weight {}: dtype {} is not supported", op, w.shape_string(), dtype_name(w.dtype));
   }
   DS_TRY(ops::check_tensor(op, "w", ctx, w, w.dtype));
