@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstddef>
 
 #include "core/check.h"
 
@@ -43,21 +44,23 @@ constexpr Entry kDeviceTypes[] = {
     {270, {"q6_K_g4", 1024, 848, true, true}},
 };
 
-}  // namespace
-
-const DTypeInfo* dtype_info(uint32_t id) {
-  for (const auto& e : kTypes) {
+template <size_t N>
+const DTypeInfo* find_info(const Entry (&table)[N], uint32_t id) {
+  for (const auto& e : table) {
     if (e.id == id) return &e.info;
   }
   return nullptr;
 }
 
+}  // namespace
+
+const DTypeInfo* dtype_info(uint32_t id) { return find_info(kTypes, id); }
+
 const DTypeInfo& dtype_info(DType t) {
-  const DTypeInfo* info = dtype_info(static_cast<uint32_t>(t));
-  for (const auto& e : kDeviceTypes) {
-    if (info == nullptr && e.id == static_cast<uint32_t>(t)) info = &e.info;
-  }
-  DS_CHECK(info != nullptr, "unknown dtype id {}", static_cast<uint32_t>(t));
+  const uint32_t id = static_cast<uint32_t>(t);
+  const DTypeInfo* info = dtype_info(id);
+  if (info == nullptr) info = find_info(kDeviceTypes, id);
+  DS_CHECK(info != nullptr, "unknown dtype id {}", id);
   return *info;
 }
 

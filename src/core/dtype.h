@@ -40,7 +40,8 @@ struct DTypeInfo {
   bool supported;      // deltaserve can dequantize / compute with it
 };
 
-// Info for a raw on-disk id, or nullptr if the id is not a known ggml type (device layouts included).
+// Info for a raw on-disk id, or nullptr if the id is not a known ggml type (the device layouts' ids
+// give nullptr too: no file may carry them).
 const DTypeInfo* dtype_info(uint32_t id);
 const DTypeInfo& dtype_info(DType t);
 inline const char* dtype_name(DType t) { return dtype_info(t).name; }

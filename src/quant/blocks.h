@@ -82,6 +82,12 @@ static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
 static_assert(sizeof(GroupQ6_K4) == 848 && sizeof(GroupQ6_K4) % 16 == 0, "Q6_K_G4 group must be 53 x 16 bytes");
 static_assert(offsetof(GroupQ6_K4, qh) == 512 && offsetof(GroupQ6_K4, scales) == 768 && offsetof(GroupQ6_K4, d) == 832,
               "Q6_K_G4 parts at 16-byte multiples");
+// The byte offsets of a GroupQ6_K4's parts, for the device decoders (block b's part at offset + b times
+// the part's size).
+constexpr int kGroupQ6K4Bytes = sizeof(GroupQ6_K4);
+constexpr int kGroupQ6K4Qh = offsetof(GroupQ6_K4, qh);
+constexpr int kGroupQ6K4Scales = offsetof(GroupQ6_K4, scales);
+constexpr int kGroupQ6K4D = offsetof(GroupQ6_K4, d);
 static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block must be 292 bytes");
 
 }  // namespace ds::quant

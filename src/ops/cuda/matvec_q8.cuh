@@ -419,8 +419,8 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_q8(MatvecQ8Args 
 // Static shared memory of matvec_q8_pair<T1, T2>: the larger of the two products' rings.
 template <DType T1, DType T2>
 constexpr int q8_pair_smem() {
-  constexpr int b1 = sizeof(Q8Ring<T1, kQ8Rows, Q8Smem<T1, kQ8Rows>::kStages, kQ8Warps>);
-  constexpr int b2 = sizeof(Q8Ring<T2, kQ8Rows, Q8Smem<T2, kQ8Rows>::kStages, kQ8Warps>);
+  constexpr int b1 = q8_ring_bytes(T1, kQ8Rows, Q8Smem<T1, kQ8Rows>::kStages);
+  constexpr int b2 = q8_ring_bytes(T2, kQ8Rows, Q8Smem<T2, kQ8Rows>::kStages);
   return b1 > b2 ? b1 : b2;
 }
 

@@ -32,6 +32,7 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "ops/cuda/matvec_q8_args.h"
+#include "quant/blocks.h"
 
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
@@ -376,7 +377,7 @@ DS_Q8V5_UNROLL
 // same codes and scales as Q6_K.
 template <>
 struct Q8v5Type<DType::Q6_K_G4> {
-  static constexpr int kGroupBytes = 848;
+  static constexpr int kGroupBytes = quant::kGroupQ6K4Bytes;
   static constexpr int kRaw = 11;  // ql, qh (4 words each), sc0, sc1, d
   static constexpr bool kTwoBlocks = true;
   DS_Q8V5_HD static void elems(int piece, int* e0, int* e1) { Q8v5Type<DType::Q6_K>::elems(piece, e0, e1); }
@@ -384,13 +385,13 @@ struct Q8v5Type<DType::Q6_K_G4> {
     const int i = piece & 7, b = piece >> 3, sub = b & 3;
     const uintptr_t grp = row + static_cast<uint32_t>((b >> 2) * kGroupBytes);
     const Q8v5U4 ql = q8v5_ld16(grp + 128 * sub + 16 * i);
-    const Q8v5U4 qh = q8v5_ld16(grp + 512 + 64 * sub + 32 * (i >> 2) + 16 * (i & 1));
+    const Q8v5U4 qh = q8v5_ld16(grp + quant::kGroupQ6K4Qh + 64 * sub + 32 * (i >> 2) + 16 * (i & 1));
     raw[0] = ql.x; raw[1] = ql.y; raw[2] = ql.z; raw[3] = ql.w;
     raw[4] = qh.x; raw[5] = qh.y; raw[6] = qh.z; raw[7] = qh.w;
-    const uintptr_t sc = grp + 768 + 16 * sub + 8 * (i >> 2) + (i & 3);
+    const uintptr_t sc = grp + quant::kGroupQ6K4Scales + 16 * sub + 8 * (i >> 2) + (i & 3);
     raw[8] = q8v5_ld8(sc);
     raw[9] = q8v5_ld8(sc + 4);
-    raw[10] = q8v5_ld_u16(grp + 832 + 2 * sub);
+    raw[10] = q8v5_ld_u16(grp + quant::kGroupQ6K4D + 2 * sub);
   }
   DS_Q8V5_HD static void decode(const uint32_t (&raw)[kRaw], uintptr_t /*row*/, int piece, Q8v5Dec& o) {
     const int qa = ((piece & 7) >> 1) & 1;

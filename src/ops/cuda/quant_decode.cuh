@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "quant/blocks.h"
 
 namespace ds::cuda::qdec {
 
@@ -37,7 +38,7 @@ __host__ __device__ constexpr TypeTraits traits(DType t) {
     case DType::Q4_K: return {256, 144, 16, 2048};
     case DType::Q5_K: return {256, 176, 16, 2048};
     case DType::Q6_K: return {256, 210, 2, 2048};
-    case DType::Q6_K_G4: return {1024, 848, 16, 2048};
+    case DType::Q6_K_G4: return {1024, quant::kGroupQ6K4Bytes, 16, 2048};
     default: return {0, 0, 0, 0};
   }
 }
@@ -86,9 +87,10 @@ __device__ __forceinline__ Q6Parts q6_parts(const uint8_t* row, int64_t i) {
     const uint8_t* p = row + i * 210;
     return {p, p + 128, p + 192, p + 208};
   } else {
-    const uint8_t* g = row + (i >> 2) * 848;
+    const uint8_t* g = row + (i >> 2) * quant::kGroupQ6K4Bytes;
     const int b = static_cast<int>(i & 3);
-    return {g + 128 * b, g + 512 + 64 * b, g + 768 + 16 * b, g + 832 + 2 * b};
+    return {g + 128 * b, g + quant::kGroupQ6K4Qh + 64 * b, g + quant::kGroupQ6K4Scales + 16 * b,
+            g + quant::kGroupQ6K4D + 2 * b};
   }
 }
 // 4 bytes of a Q6_K part at an offset that is a multiple of 4: 2-byte aligned in Q6_K, 4-byte in Q6_K_G4.
