@@ -141,28 +141,6 @@ __global__ void fill_random_float(float* p, int64_t n, uint32_t seed) {
   }
 }
 
-float median_ms(const std::function<void()>& launch, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  launch();
-  CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    launch();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 double measure_read_gbs() {
   const int64_t bytes = int64_t{4} << 30;
   uint4* p;
@@ -172,7 +150,7 @@ double measure_read_gbs() {
   CK(cudaMemset(p, 0x5A, bytes));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const float ms = median_ms([&] { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); }, 10);
+  const float ms = median_event_ms(nullptr, 10, [&](int) { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); });
   CK(cudaFree(p));
   CK(cudaFree(sink));
   return bytes / (ms * 1e-3) / 1e9;
@@ -339,33 +317,7 @@ void check_versions(Runner& run, cudaStream_t s) {
 // ---- timing ----
 // Times `iters` launches rotating over the copies, captured as one graph; returns us per launch.
 double time_graph(const std::function<void(int, cudaStream_t)>& one, int iters, cudaStream_t s) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < iters; ++i) one(i, s);
-  CK(cudaStreamEndCapture(s, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaGraphLaunch(exec, s));
-  CK(cudaStreamSynchronize(s));
-  std::vector<float> t;
-  for (int r = 0; r < 5; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  return 1e3 * t[t.size() / 2] / iters;
+  return 1e3 * graph_median_ms(s, [&] { for (int i = 0; i < iters; ++i) one(i, s); }, 5) / iters;
 }
 
 void bench_decode(Runner& run, int64_t n_kv, int64_t max_kv, double read_gbs, int64_t l2_bytes, cudaStream_t s) {

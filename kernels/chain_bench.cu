@@ -293,35 +293,6 @@ uint8_t* make_weights(DType t, int64_t rows, int64_t k, std::mt19937& rng) {
 
 int g_sms = 0;
 
-float time_graph(cudaStream_t s, const std::function<void()>& body, int reps) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  body();
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(e0, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 template <int kWarps, int kStages>
 void run_chain_variant(const char* label, std::vector<Product>& prods, Item* d_items_split, Item* d_items_all,
                        unsigned* counter, int part_cap, cudaStream_t s, int reps, double bytes, double bw,
@@ -331,7 +302,7 @@ void run_chain_variant(const char* label, std::vector<Product>& prods, Item* d_i
       static_cast<size_t>(kWarps) * kStages * kRows * kRowBytesMax + static_cast<size_t>(part_cap) * kRows * 4;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int n = static_cast<int>(prods.size());
-  const float ms_split = time_graph(
+  const float ms_split = graph_median_ms(
       s,
       [&] {
         for (int p = 0; p < n; ++p)
@@ -341,7 +312,7 @@ void run_chain_variant(const char* label, std::vector<Product>& prods, Item* d_i
       reps);
   std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat\n", (std::string("split ") + label).c_str(), ms_split,
               bytes / ms_split / 1e6, 100.0 * bytes / ms_split / 1e6 / bw);
-  const float ms_chain = time_graph(
+  const float ms_chain = graph_median_ms(
       s,
       [&] {
         CK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
@@ -353,7 +324,7 @@ void run_chain_variant(const char* label, std::vector<Product>& prods, Item* d_i
   check(std::string("chain ") + label);
   auto other = [&](auto rk, const char* what) {
     CK(cudaFuncSetAttribute(rk, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const float ms_x = time_graph(
+    const float ms_x = graph_median_ms(
         s,
         [&] {
           CK(cudaMemsetAsync(counter, 0, sizeof(unsigned), s));
@@ -397,7 +368,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&buf, n16 * 16));
     CK(cudaMalloc(&sink, 4));
     CK(cudaMemset(buf, 1, n16 * 16));
-    const float ms = time_graph(
+    const float ms = graph_median_ms(
         s, [&] { flat_read<<<g_sms * 4, 512, 0, s>>>(buf, n16, sink); }, 10);
     bw = static_cast<double>(n16) * 16 / ms / 1e6;
     std::printf("flat read: %.1f GB/s\n", bw);
@@ -442,14 +413,25 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(d_all, items.data(), items.size() * sizeof(Item), cudaMemcpyHostToDevice));
 
   const int reps = 20;
-  auto launch_production = [&](const Product& p) {  // the version matvec_q8_pick_version picks
-    const Act& a = act_for(p.k);
+  auto launch_args = [&](const Product& p) {  // one token into y[0], on the product's activations
     ds::cuda::MatvecLaunch l{p.w, dtype_row_bytes(p.t, p.k), nullptr, p.k, p.y[0], p.rows, p.rows, p.k, 1};
-    l.act = a.q;
+    l.act = act_for(p.k).q;
     l.act_bytes = kern::q8_act_bytes(p.k, 1);
-    CK(ds::cuda::matvec_q8_product_launch(p.t, l, s));
+    return l;
   };
-  const float ms_prod = time_graph(
+  auto launch_production = [&](const Product& p) {  // the version matvec_q8_pick_version picks
+    CK(ds::cuda::matvec_q8_product_launch(p.t, launch_args(p), s));
+  };
+  // The graph of products ps[i], i in idx, launched as production does: median ms.
+  auto time_production = [&](const std::vector<Product>& ps, const std::vector<size_t>& idx) {
+    return graph_median_ms(
+        s,
+        [&] {
+          for (size_t i : idx) launch_production(ps[i]);
+        },
+        reps);
+  };
+  const float ms_prod = graph_median_ms(
       s,
       [&] {
         for (const auto& p : prods) launch_production(p);
@@ -527,13 +509,8 @@ int main(int argc, char** argv) {
           }
         }
         if (idx.empty()) continue;
-        const float mp = time_graph(
-            s,
-            [&] {
-              for (size_t i : idx) launch_production(prods[i]);
-            },
-            reps);
-        const float ms = time_graph(
+        const float mp = time_production(prods, idx);
+        const float ms = graph_median_ms(
             s,
             [&] {
               for (size_t i : idx)
@@ -566,7 +543,7 @@ int main(int argc, char** argv) {
       }
       g4_bytes += static_cast<double>(p.rows) * dtype_row_bytes(p.t, p.k);
     }
-    const float ms_g4 = time_graph(
+    const float ms_g4 = graph_median_ms(
         s,
         [&] {
           for (const auto& p : g4) launch_production(p);
@@ -575,21 +552,17 @@ int main(int argc, char** argv) {
     std::printf("%-22s %9.3f ms  %7.1f GB/s  %5.1f%% of flat (%.1f MB)\n", "prod, Q6_K as q6_K_g4", ms_g4,
                 g4_bytes / ms_g4 / 1e6, 100.0 * g4_bytes / ms_g4 / 1e6 / bw, g4_bytes / 1e6);
     // And each q6_K_g4 qkv with the z+ba after it in one launch (matvec_q8_pair, as matmul_many runs them).
-    auto lp = [&](const Product& p) {
-      ds::cuda::MatvecLaunch l{p.w, dtype_row_bytes(p.t, p.k), nullptr, p.k, p.y[0], p.rows, p.rows, p.k, 1};
-      l.act = act_for(p.k).q;
-      l.act_bytes = kern::q8_act_bytes(p.k, 1);
-      return l;
-    };
-    const float ms_pair = time_graph(
+    const float ms_pair = graph_median_ms(
         s,
         [&] {
           for (size_t i = 0; i < g4.size(); ++i) {
-            if (i + 1 < g4.size() && ds::cuda::matvec_q8_pair_applies(g4[i].t, lp(g4[i]), g4[i + 1].t, lp(g4[i + 1]))) {
-              CK(ds::cuda::matvec_q8_pair_launch(g4[i].t, lp(g4[i]), g4[i + 1].t, lp(g4[i + 1]), s));
+            const Product& p = g4[i];
+            const Product* q = i + 1 < g4.size() ? &g4[i + 1] : nullptr;
+            if (q != nullptr && ds::cuda::matvec_q8_pair_applies(p.t, launch_args(p), q->t, launch_args(*q))) {
+              CK(ds::cuda::matvec_q8_pair_launch(p.t, launch_args(p), q->t, launch_args(*q), s));
               ++i;
             } else {
-              launch_production(g4[i]);
+              launch_production(p);
             }
           }
         },
@@ -618,18 +591,7 @@ int main(int argc, char** argv) {
         b4 += static_cast<double>(prods[i].rows) * dtype_row_bytes(DType::Q6_K_G4, prods[i].k);
       }
       if (idx.empty()) continue;
-      const float m6 = time_graph(
-          s,
-          [&] {
-            for (size_t i : idx) launch_production(prods[i]);
-          },
-          reps);
-      const float m4 = time_graph(
-          s,
-          [&] {
-            for (size_t i : idx) launch_production(g4[i]);
-          },
-          reps);
+      const float m6 = time_production(prods, idx), m4 = time_production(g4, idx);
       const double n = static_cast<double>(idx.size());
       std::printf("%-10s %12.2f %12.2f %7.1f%% %7.1f%%\n", prods[kind].name, 1e3 * m6 / n, 1e3 * m4 / n,
                   100.0 * b6 / m6 / 1e6 / bw, 100.0 * b4 / m4 / 1e6 / bw);

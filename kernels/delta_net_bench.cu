@@ -153,28 +153,6 @@ void launch(Version ver, const DeltaNetArgs& a, float* scratch) {
   }
 }
 
-// Median milliseconds of `runs` timed calls of f (after one warm-up call).
-template <class F>
-float median_ms(int runs, F f) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  f();
-  std::vector<float> ms;
-  for (int r = 0; r < runs; ++r) {
-    CK(cudaEventRecord(a, g_stream));
-    f();
-    CK(cudaEventRecord(b, g_stream));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 void check(std::mt19937& rng) {
   for (int64_t n : {int64_t{1}, int64_t{130}}) {
@@ -205,7 +183,7 @@ void bench_prefill(std::mt19937& rng) {
   const double flops = flops_chunk * (kPrefill / 64) * kNv;
   for (Version ver : {Version::kChunked, Version::kRecurrent, Version::kGeneric}) {
     const int runs = ver == Version::kChunked ? 11 : 3;
-    const float ms = median_ms(runs, [&] { launch(ver, a, d.scratch); });
+    const float ms = median_event_ms(g_stream, runs, [&](int) { launch(ver, a, d.scratch); });
     std::printf("prefill n=%lld %-13s %9.1f us  %8.0f tok/s/layer  (48 layers: %7.1f ms)", (long long)kPrefill,
                 version_name(ver), ms * 1e3, kPrefill / (ms * 1e-3), 48 * ms);
     if (ver == Version::kChunked) std::printf("  %.1f TFLOP/s (F32 peak ~67)", flops / (ms * 1e-3) / 1e12);
@@ -218,11 +196,11 @@ void bench_prefill(std::mt19937& rng) {
   const size_t prep_smem = sizeof(float) * ds::cuda::PrepSmem<kDk>::kFloats;
   const size_t scan_smem = sizeof(float) * ds::cuda::ScanSmem<kDk>::kFloats;
   launch(Version::kChunked, w, d.scratch);  // sets the smem attributes
-  const float prep_ms = median_ms(11, [&] {
+  const float prep_ms = median_event_ms(g_stream, 11, [&](int) {
     ds::cuda::dn_prep_kernel<kDk><<<dim3(n_chunks, kNv), ds::cuda::kPrepThreads, prep_smem, g_stream>>>(
         w.q, w.k, w.g, w.beta, d.scratch, kNk, kNv, int(w.n_tokens), 1.f / std::sqrt(float(kDk)));
   });
-  const float scan_ms = median_ms(11, [&] {
+  const float scan_ms = median_event_ms(g_stream, 11, [&](int) {
     ds::cuda::dn_scan_kernel<kDk><<<dim3(kDv / 32, kNv), ds::cuda::kScanThreads, scan_smem, g_stream>>>(
         w.q, w.k, w.v, d.scratch, w.state, w.out, kNk, kNv, kDv, int(w.n_tokens), 1.f / std::sqrt(float(kDk)),
         int64_t{kDv}, int64_t{kNv} * kDv);
@@ -235,8 +213,8 @@ void bench_prefill(std::mt19937& rng) {
   for (int64_t n : {int64_t{4}, int64_t{16}, int64_t{32}, int64_t{64}, int64_t{256}}) {
     DeltaNetArgs s = a;
     s.n_tokens = n;
-    const float rec = median_ms(21, [&] { launch(Version::kRecurrent, s, d.scratch); });
-    const float chk = median_ms(21, [&] { launch(Version::kChunked, s, d.scratch); });
+    const float rec = median_event_ms(g_stream, 21, [&](int) { launch(Version::kRecurrent, s, d.scratch); });
+    const float chk = median_event_ms(g_stream, 21, [&](int) { launch(Version::kChunked, s, d.scratch); });
     std::printf("  n=%-4lld recurrent %8.1f us   chunked %8.1f us\n", (long long)n, rec * 1e3, chk * 1e3);
   }
   free_device(d);
@@ -255,19 +233,16 @@ void bench_decode(std::mt19937& rng) {
   for (int c = 0; c < copies; ++c) CK(cudaMemcpy(states + c * kStateFloats, d.state, state_bytes, cudaMemcpyDeviceToDevice));
   for (Version ver : {Version::kRecurrent, Version::kGeneric}) {
     // One layer per state copy, captured once as a graph (as the model's decode step will be).
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-    for (int c = 0; c < copies; ++c) {
-      DeltaNetArgs a = d.args();
-      a.state = states + c * kStateFloats;
-      launch(ver, a, d.scratch);
-    }
-    CK(cudaStreamEndCapture(g_stream, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    const float ms = median_ms(9, [&] { CK(cudaGraphLaunch(exec, g_stream)); });
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph));
+    const float ms = graph_median_ms(
+        g_stream,
+        [&] {
+          for (int c = 0; c < copies; ++c) {
+            DeltaNetArgs a = d.args();
+            a.state = states + c * kStateFloats;
+            launch(ver, a, d.scratch);
+          }
+        },
+        9);
     const double us = ms * 1e3 / copies;
     std::printf("decode n=1 %-13s %7.2f us/layer  %7.0f GB/s state read+write (graph of %d layers, %.1f MB state each)\n",
                 version_name(ver), us, 2.0 * state_bytes / (us * 1e-6) / 1e9, copies, state_bytes / 1e6);

@@ -90,28 +90,10 @@ __global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink)
   if (acc == 0x12345679u) atomicAdd(sink, 1ull);  // keeps the loads alive
 }
 
+// Median ms of `reps` calls of launch(i) on the default stream, after 3 warm-up calls.
 template <typename F>
 float median_ms(F&& launch, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch(i);
-  CK(cudaGetLastError());
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    launch(i);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median_event_ms(nullptr, reps, launch, 3);
 }
 
 double measure_read_gbs() {

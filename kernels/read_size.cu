@@ -75,25 +75,12 @@ void launch(Version v, const uint4* p, int64_t bytes, unsigned* sink, int sms) {
 
 // Median ms of 20 launches over rotating copies (>= 4 x L2 in all).
 double time_ms(Version v, const std::vector<uint8_t*>& bufs, int64_t bytes, unsigned* sink, int sms) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int it = 0; it < 23; ++it) {
-    const uint4* p = reinterpret_cast<const uint4*>(bufs[static_cast<size_t>(it) % bufs.size()]);
-    CK(cudaEventRecord(a));
-    launch(v, p, bytes, sink, sms);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
-    if (it >= 3) ms.push_back(t);
-  }
-  CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms[ms.size() / 2];
+  return median_event_ms(
+      nullptr, 20,
+      [&](int i) {
+        launch(v, reinterpret_cast<const uint4*>(bufs[static_cast<size_t>(i) % bufs.size()]), bytes, sink, sms);
+      },
+      3);
 }
 
 int main() {

@@ -1,12 +1,16 @@
 // What the kernel workbenches (kernels/*.cu) share: CK, which exits with the failing call, file and line
-// on any CUDA error, and the flat streaming read that measures the device's read bandwidth.
+// on any CUDA error, the flat streaming read that measures the device's read bandwidth, and the median
+// timing of launches and of captured graphs.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <vector>
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -34,4 +38,45 @@ __global__ void flat_read(const uint4* __restrict__ p, int64_t n, unsigned* sink
     for (int k = 0; k < 4; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
   }
   if (acc == 0x9E3779B9u) atomicAdd(sink, 1u);
+}
+
+// f(i) for i < warmups to warm up, then f(i) for i < runs between events on s (i lets a caller rotate
+// over copies of its data): the median time in ms.
+template <typename F>
+float median_event_ms(cudaStream_t s, int runs, F f, int warmups = 1) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < warmups; ++i) f(i);
+  CK(cudaGetLastError());
+  std::vector<float> ms;
+  for (int r = 0; r < runs; ++r) {
+    CK(cudaEventRecord(a, s));
+    f(r);
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// body()'s launches on s captured as one graph, replayed as median_event_ms times it: the median replay
+// in ms.
+inline float graph_median_ms(cudaStream_t s, const std::function<void()>& body, int runs) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  body();
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  const float ms = median_event_ms(s, runs, [&](int) { CK(cudaGraphLaunch(exec, s)); });
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  return ms;
 }
