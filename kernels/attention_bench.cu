@@ -15,7 +15,8 @@
 //              of 64 positions double-buffered by cp.async, mma.sync m16n8k16 for Q K^T and P V.
 // Shape: Qwen3.5 27B full-attention layer: head_dim 256, 24 query heads over 4 KV heads, F16 KV in
 // chunks of 64 positions. Decode at 4K and 32K positions (also with a 32K graph bound at 4K), prefill
-// of 4096 tokens from position 0.
+// of 4096 tokens from position 0. Layer decode: attention_prep, the gated split kernel and its combine
+// (the chain) against the fused decode kernel, at 64, 1000, 4096 and 32768 positions.
 // Non-obvious choice: timed runs rotate over enough copies of the KV to exceed 4x the L2 size, and each
 // timing replays a CUDA graph of many launches, so the numbers are device time from memory, not
 // launch overhead or L2 hits.
@@ -34,6 +35,7 @@
 
 #include "core/half.h"
 #include "ops/cuda/attention_launch.h"
+#include "ops/cuda/matvec_launch.h"
 #include "workbench.cuh"
 
 using namespace ds;
@@ -354,6 +356,121 @@ void bench_decode(Runner& run, int64_t n_kv, int64_t max_kv, double read_gbs, in
   for (KvCopy& c : copies) free_copy(c);
 }
 
+// ---- one attention layer's decode: attention_prep then the gated split kernel (+ combine), against
+// attention_decode_kernel (prep, attention, gate and, up to 16 splits, the combine in one launch) ----
+void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
+  const int64_t kv_bytes = n_kv * kHkv * kD * 2 * 2;
+  const int n_copies = 4;
+  std::vector<KvCopy> copies;
+  for (int i = 0; i < n_copies; ++i) copies.push_back(make_copy(n_kv, 2000u + i));
+  const int pos0 = static_cast<int>(n_kv - 1);
+  const int64_t HD = int64_t{kH} * kD, act_bytes = cuda::matvec_q8_act_bytes(HD, 1);
+  float *qg, *k_src, *k, *v, *norms, *q, *o, *o_chain;
+  int8_t *act, *act_chain;
+  int32_t* d_pos;
+  unsigned* counters;
+  float* scratch;
+  CK(cudaMalloc(&qg, 8 * HD));
+  CK(cudaMalloc(&k_src, 4 * kHkv * kD));
+  CK(cudaMalloc(&k, 4 * kHkv * kD));
+  CK(cudaMalloc(&v, 4 * kHkv * kD));
+  CK(cudaMalloc(&norms, 8 * kD));
+  CK(cudaMalloc(&q, 4 * HD));
+  CK(cudaMalloc(&o, 4 * HD));
+  CK(cudaMalloc(&o_chain, 4 * HD));
+  CK(cudaMalloc(&act, act_bytes));
+  CK(cudaMalloc(&act_chain, act_bytes));
+  CK(cudaMalloc(&d_pos, 4));
+  CK(cudaMalloc(&counters, 4 * cuda::kAttnDecodeMaxKvHeads));
+  CK(cudaMemset(counters, 0, 4 * cuda::kAttnDecodeMaxKvHeads));
+  fill_random_float<<<64, 256>>>(qg, 2 * HD, 21u);
+  fill_random_float<<<64, 256>>>(k_src, kHkv * kD, 22u);
+  fill_random_float<<<64, 256>>>(v, kHkv * kD, 23u);
+  const std::vector<float> ones(2 * kD, 1.0f);
+  CK(cudaMemcpy(norms, ones.data(), 8 * kD, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_pos, &pos0, 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(k, k_src, 4 * kHkv * kD, cudaMemcpyDeviceToDevice));
+
+  auto prep_for = [&](const KvCopy& c) {
+    cuda::AttnPrepArgs a;
+    a.q_in = qg;
+    a.q_hs = 2 * kD;
+    a.q_ts = 2 * HD;
+    a.q_norm = norms;
+    a.k_norm = norms + kD;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.kv = args_for(c, q, o, 1, d_pos, max_kv).kv;
+    a.n_head = kH;
+    a.n_rot = 64;
+    a.log2_base = std::log2(1e7);
+    a.eps = 1e-6f;
+    a.d_pos = d_pos;
+    return a;
+  };
+  auto gated_for = [&](const KvCopy& c, float* out, int8_t* out_q8) {
+    AttnPagedArgs a = args_for(c, q, out, 1, d_pos, max_kv);
+    a.gate = qg + kD;
+    a.gate_hs = 2 * kD;
+    a.gate_ts = 2 * HD;
+    a.q8 = out_q8;
+    return a;
+  };
+  AttnPlan chain_plan, fused_plan;
+  CK(cuda::attention_paged_plan(gated_for(copies[0], o, act), AttnPath::kAuto, 0, &chain_plan));
+  CK(cuda::attention_decode_plan(gated_for(copies[0], o, act), 0, &fused_plan));
+  CK(cudaMalloc(&scratch, std::max<int64_t>({chain_plan.scratch_bytes, fused_plan.scratch_bytes, 4})));
+  auto chain = [&](int i, cudaStream_t st, float* out, int8_t* out_q8) {
+    const KvCopy& c = copies[i % n_copies];
+    CK(cuda::attention_prep_launch(prep_for(c), 1, st));
+    AttnPagedArgs a = gated_for(c, out, out_q8);
+    a.scratch = scratch;
+    CK(cuda::attention_paged_launch(a, chain_plan, st));
+  };
+  auto fused = [&](int i, cudaStream_t st, float* out, int8_t* out_q8) {
+    const KvCopy& c = copies[i % n_copies];
+    cuda::AttnDecodeArgs a;
+    a.prep = prep_for(c);
+    a.attn = gated_for(c, out, out_q8);
+    a.attn.scratch = scratch;
+    a.counters = counters;
+    CK(cuda::attention_decode_launch(a, fused_plan, st));
+  };
+  // Same bits (k reloaded before each: the prep normalizes it in place).
+  chain(0, s, o_chain, act_chain);
+  CK(cudaMemcpyAsync(k, k_src, 4 * kHkv * kD, cudaMemcpyDeviceToDevice, s));
+  fused(0, s, o, act);
+  CK(cudaStreamSynchronize(s));
+  std::vector<float> h1(HD), h2(HD);
+  std::vector<int8_t> a1(act_bytes), a2(act_bytes);
+  CK(cudaMemcpy(h1.data(), o_chain, 4 * HD, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(h2.data(), o, 4 * HD, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(a1.data(), act_chain, act_bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(a2.data(), act, act_bytes, cudaMemcpyDeviceToHost));
+  const bool same = h1 == h2 && a1 == a2;
+  std::printf("check layer decode n_kv %6lld bound %6lld: fused %s the chain\n", static_cast<long long>(n_kv),
+              static_cast<long long>(max_kv), same ? "equals" : "DIFFERS FROM");
+  if (!same) g_fail = true;
+  const double us_chain = time_graph([&](int i, cudaStream_t st) { chain(i, st, o, act); }, 40, s);
+  const double us_fused = time_graph([&](int i, cudaStream_t st) { fused(i, st, o, act); }, 40, s);
+  std::printf("layer decode n_kv %6lld bound %6lld: chain %7.1f us (splits %d), fused %7.1f us (splits %d%s); "
+              "KV %.1f MB\n",
+              static_cast<long long>(n_kv), static_cast<long long>(max_kv), us_chain, chain_plan.n_split, us_fused,
+              fused_plan.n_split, fused_plan.n_split > 16 ? ", + combine kernel" : "", kv_bytes / 1e6);
+  if (g_tsv) {
+    std::fprintf(g_tsv, "layer_decode\t%lld\t%lld\t%.2f\t%.2f\n", static_cast<long long>(n_kv),
+                 static_cast<long long>(max_kv), us_chain, us_fused);
+  }
+  for (void* ptr : {static_cast<void*>(qg), static_cast<void*>(k_src), static_cast<void*>(k), static_cast<void*>(v),
+                    static_cast<void*>(norms), static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(o_chain),
+                    static_cast<void*>(act), static_cast<void*>(act_chain), static_cast<void*>(d_pos),
+                    static_cast<void*>(counters), static_cast<void*>(scratch)}) {
+    CK(cudaFree(ptr));
+  }
+  for (KvCopy& c : copies) free_copy(c);
+}
+
 void bench_prefill(Runner& run, int n, cudaStream_t s) {
   KvCopy c = make_copy(n, 9u);
   float *dq, *dout;
@@ -396,6 +513,9 @@ int main(int argc, char** argv) {
   bench_decode(run, 4096, 4096, read_gbs, prop.l2CacheSize, s);
   bench_decode(run, 4096, 32768, read_gbs, prop.l2CacheSize, s);
   bench_decode(run, 32768, 32768, read_gbs, prop.l2CacheSize, s);
+  for (auto [n_kv, bound] : {std::pair<int64_t, int64_t>{64, 1024}, {1000, 1024}, {4096, 5120}, {32768, 32768}}) {
+    bench_decode_layer(n_kv, bound, s);
+  }
   bench_prefill(run, 4096, s);
   if (run.scratch) CK(cudaFree(run.scratch));
   CK(cudaStreamDestroy(s));

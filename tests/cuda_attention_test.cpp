@@ -6,7 +6,8 @@
 // need (empty splits). Also: both kernels on the same data, the public attention op on F16 chunks,
 // kv_append (bit-exact against a CPU copy), rope_neox_at, attention_prep (bit-exact against the chain of
 // norms, rotations and append it fuses), attention_paged_gated_q8 (bit-exact against attention, output
-// gate and quantizer), get_rows_trusted, and one decode step
+// gate and quantizer), attention_decode_q8 (bit-exact against attention_prep then
+// attention_paged_gated_q8, also replayed as a graph), get_rows_trusted, and one decode step
 // captured as a CUDA graph and replayed at several positions. Outputs start as NaN. Skipped without a
 // CUDA build or device.
 #include <gtest/gtest.h>
@@ -520,6 +521,149 @@ TEST_F(CudaAttentionTest, GatedQ8MatchesTheChain) {
   }
 }
 
+// The fused decode's inputs: q_heads (a strided view of qg, the gate after each head's q), k, v and
+// the norms on the device, and the CPU values to reload them from.
+struct DecodeInputs {
+  Host qg, k, v, qn, kn;
+  TensorView dqg, q_heads, gate, dqn, dkn, dk, dv;
+};
+
+// attention_decode_q8 against attention_prep then attention_paged_gated_q8 on the same inputs: q, k (in
+// place), every KV byte, o and every activation byte equal. The bounds give one split, 2-16 splits
+// (the last CTA merges them; up to all 16 holding positions) and more than 16 (the combine kernel).
+TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
+  struct Shape {
+    int64_t D, H, Hkv, n_rot;
+  };
+  struct Case {
+    int64_t pos0, n, max_kv;
+  };
+  const float eps = 1e-6f, base = 1e7f;
+  int64_t n_checked = 0;
+  for (const Shape& sh : {Shape{256, 24, 4, 64}, Shape{256, 16, 2, 64}, Shape{128, 8, 4, 32}, Shape{64, 4, 1, 64},
+                          Shape{32, 2, 1, 16}}) {
+    for (const Case& cs : {Case{0, 1, 1}, Case{0, 1, 1024}, Case{61, 1, 200}, Case{61, 2, 1024}, Case{1000, 1, 1024},
+                           Case{1000, 2, 1024}, Case{4097, 1, 4098}, Case{4097, 1, 32768}}) {
+      const int64_t D = sh.D, H = sh.H, Hkv = sh.Hkv, n = cs.n, pos0 = cs.pos0;
+      if (!cuda::attention_decode_q8_applies(DType::F16, D, H, Hkv, n)) continue;
+      SCOPED_TRACE(::testing::Message() << "D=" << D << " H=" << H << " Hkv=" << Hkv << " pos0=" << pos0 << " n=" << n
+                                        << " max_kv=" << cs.max_kv);
+      bufs_.clear();
+      auto p = make_paged(DType::F16, D, Hkv, 16, pos0 + n);
+      Host qg({2 * D * H, n}), k({D, Hkv, n}), v({D, Hkv, n}), qn({D}), kn({D});
+      qg.random(rng_, -3.0f, 3.0f);
+      k.random(rng_, -3.0f, 3.0f);
+      v.random(rng_);
+      qn.random(rng_, 0.5f, 1.5f);
+      kn.random(rng_, 0.5f, 1.5f);
+      const TensorView dqg = up(qg), dqn = up(qn), dkn = up(kn), dv = up(v);
+      TensorView q_heads = dqg, gate = dqg;  // head h of token t: q at qg[t][h][0:D], gate at qg[t][h][D:2D]
+      q_heads.ne = gate.ne = {D, H, n, 1};
+      q_heads.nb = gate.nb = {4, 8 * D, 8 * D * H, 8 * D * H * n};
+      gate.data = static_cast<float*>(dqg.data) + D;
+      const int64_t all_slots = (p->n_chunks + 1) * p->layout.kv_slot_bytes();
+      std::vector<uint8_t> initial(static_cast<size_t>(all_slots)), chain(initial.size()), fused(initial.size());
+      down(initial.data(), p->d_slots, all_slots);
+      int32_t* d_pos = dev_pos(static_cast<int32_t>(pos0));
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      const int64_t act_bytes = cuda::norm_q8_act_bytes(D * H, n);
+      Host act_init({(act_bytes + 3) / 4}), nan_rows({D, H, n});
+      std::memset(act_init.v.data(), 0x5A, 4 * act_init.v.size());
+      std::fill(nan_rows.v.begin(), nan_rows.v.end(), NAN);
+
+      const TensorView k1 = up(k), q1 = up(nan_rows), o1 = up(nan_rows), a1 = up(act_init);
+      ASSERT_TRUE(cuda::attention_prep(ctx_, q_heads, dqn, k1, dkn, dv, eps, sh.n_rot, base, p->table, d_pos, q1).is_ok());
+      ASSERT_TRUE(cuda::attention_paged_gated_q8(ctx_, q1, p->table, d_pos, cs.max_kv, scale, gate, o1, a1).is_ok());
+      down(chain.data(), p->d_slots, all_slots);
+
+      ASSERT_TRUE(cuda::copy_to_device(p->d_slots, initial.data(), all_slots, stream_).is_ok());
+      const TensorView k2 = up(k), q2 = up(nan_rows), o2 = up(nan_rows), a2 = up(act_init);
+      const Status s = cuda::attention_decode_q8(ctx_, q_heads, dqn, k2, dkn, dv, eps, sh.n_rot, base, p->table, d_pos,
+                                                 cs.max_kv, scale, gate, q2, o2, a2);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      down(fused.data(), p->d_slots, all_slots);
+
+      const std::vector<float> qc = down(q1), qf = down(q2), kc = down(k1), kf = down(k2);
+      const std::vector<float> oc = down(o1), of = down(o2), ac = down(a1), af = down(a2);
+      EXPECT_EQ(0, std::memcmp(qc.data(), qf.data(), 4 * qc.size())) << "q bits";
+      EXPECT_EQ(0, std::memcmp(kc.data(), kf.data(), 4 * kc.size())) << "k bits";
+      EXPECT_EQ(0, std::memcmp(oc.data(), of.data(), 4 * oc.size())) << "o bits";
+      EXPECT_EQ(0, std::memcmp(ac.data(), af.data(), static_cast<size_t>(act_bytes))) << "q8 activations";
+      EXPECT_NE(0, std::memcmp(af.data(), act_init.v.data(), static_cast<size_t>(act_bytes))) << "nothing written";
+      EXPECT_NE(chain, initial) << "the chain appended nothing";
+      EXPECT_TRUE(chain == fused) << "KV slots differ";
+      for (float x : of) {
+        if (!std::isfinite(x)) {
+          ADD_FAILURE() << "o has a non-finite element";
+          break;
+        }
+      }
+      ++n_checked;
+      if (HasFailure()) return;
+    }
+  }
+  EXPECT_GE(n_checked, 30);
+}
+
+// attention_decode_q8 captured once as a CUDA graph and replayed at positions that give one to all 16
+// splits of a 1024 bound (the last-CTA tickets must wrap back to zero every replay) and, with a 4096
+// bound, more splits than the kernel merges itself; each replay equals the chain run op by op on the
+// same inputs.
+TEST_F(CudaAttentionTest, DecodeQ8ReplaysAsGraph) {
+  const int64_t D = 256, H = 16, Hkv = 2, n_rot = 64;
+  const float eps = 1e-6f, base = 1e7f, scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (const int64_t max_kv : {int64_t{1024}, int64_t{4096}}) {
+    SCOPED_TRACE(::testing::Message() << "max_kv=" << max_kv);
+    bufs_.clear();
+    auto p = make_paged(DType::F16, D, Hkv, 16, 1000);
+    Host qg({2 * D * H, 1}), k({D, Hkv, 1}), v({D, Hkv, 1}), qn({D}), kn({D}), rows({D, H, 1});
+    qn.random(rng_, 0.5f, 1.5f);
+    kn.random(rng_, 0.5f, 1.5f);
+    const TensorView dqg = up(qg), dk = up(k), dv = up(v), dqn = up(qn), dkn = up(kn);
+    TensorView q_heads = dqg, gate = dqg;
+    q_heads.ne = gate.ne = {D, H, 1, 1};
+    q_heads.nb = gate.nb = {4, 8 * D, 8 * D * H, 8 * D * H};
+    gate.data = static_cast<float*>(dqg.data) + D;
+    const int64_t act_bytes = cuda::norm_q8_act_bytes(D * H, 1);
+    Host act_h({(act_bytes + 3) / 4});
+    const TensorView q = up(rows), o = up(rows), act = up(act_h);
+    int32_t* d_pos = dev_pos(0);
+    auto load_inputs = [&](int32_t pos, bool fresh) {
+      if (fresh) {
+        qg.random(rng_, -3.0f, 3.0f);
+        k.random(rng_, -3.0f, 3.0f);
+        v.random(rng_);
+      }
+      ASSERT_TRUE(cuda::copy_to_device(dqg.data, qg.v.data(), 4 * qg.v.size(), stream_).is_ok());
+      ASSERT_TRUE(cuda::copy_to_device(dk.data, k.v.data(), 4 * k.v.size(), stream_).is_ok());
+      ASSERT_TRUE(cuda::copy_to_device(dv.data, v.v.data(), 4 * v.v.size(), stream_).is_ok());
+      set_pos(d_pos, pos);
+    };
+    auto fused = [&]() -> Status {
+      return cuda::attention_decode_q8(ctx_, q_heads, dqn, dk, dkn, dv, eps, n_rot, base, p->table, d_pos, max_kv,
+                                       scale, gate, q, o, act);
+    };
+    load_inputs(5, true);
+    Status s = fused();  // warm-up: the scratch block and the stream's counters exist before the capture
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_NO_FATAL_FAILURE(capture(fused, &exec));
+    const cudaStream_t cs = static_cast<cudaStream_t>(stream_.handle());
+    for (int32_t pos : {0, 17, 63, 64, 200, 700, 999}) {
+      load_inputs(pos, true);
+      ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+      const std::vector<float> of = down(o), af = down(act);
+      load_inputs(pos, false);
+      ASSERT_TRUE(cuda::attention_prep(ctx_, q_heads, dqn, dk, dkn, dv, eps, n_rot, base, p->table, d_pos, q).is_ok());
+      ASSERT_TRUE(cuda::attention_paged_gated_q8(ctx_, q, p->table, d_pos, max_kv, scale, gate, o, act).is_ok());
+      const std::vector<float> oc = down(o), ac = down(act);
+      EXPECT_EQ(0, std::memcmp(oc.data(), of.data(), 4 * oc.size())) << "o bits at pos " << pos;
+      EXPECT_EQ(0, std::memcmp(ac.data(), af.data(), static_cast<size_t>(act_bytes))) << "q8 bits at pos " << pos;
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST_F(CudaAttentionTest, GetRowsTrusted) {
   const int64_t n_embd = 300, n_rows = 50;
   std::vector<int32_t> ids = {3, 0, 49, 7, 3};
@@ -595,6 +739,28 @@ TEST_F(CudaAttentionTest, RejectsBadArguments) {
   const Status odd = cuda::attention_paged_gated_q8(ctx_, dq48, p48->table, d_pos, 64, 0.125f, dg48, do48, dact);
   EXPECT_EQ(odd.code(), StatusCode::kUnsupported) << odd.to_string();
   EXPECT_FALSE(cuda::attention_gated_q8_applies(48));
+  // attention_decode_q8: F16 KV, tensor-core head dims, at most 16 query rows per KV head.
+  EXPECT_TRUE(cuda::attention_decode_q8_applies(DType::F16, 64, 8, 2, 2));
+  EXPECT_FALSE(cuda::attention_decode_q8_applies(DType::F16, 64, 8, 2, 5));  // 20 rows per KV head
+  EXPECT_FALSE(cuda::attention_decode_q8_applies(DType::F32, 64, 8, 2, 1));
+  EXPECT_FALSE(cuda::attention_decode_q8_applies(DType::F16, 96, 6, 2, 1));
+  const TensorView dq1 = up(Host({64, 8, 1})), dqo1 = up(Host({64, 8, 1})), do1 = up(Host({64, 8, 1}));
+  const TensorView dg1 = up(Host({64, 8, 1})), dk1 = up(Host({64, 2, 1})), dv1 = up(Host({64, 2, 1}));
+  const Status one = cuda::attention_decode_q8(ctx_, dq1, dw, dk1, dw, dv1, 1e-6f, 64, 1e4f, p->table, d_pos, 64,
+                                               0.125f, dg1, dqo1, do1, dact);
+  EXPECT_TRUE(one.is_ok()) << one.to_string();
+  EXPECT_FALSE(cuda::attention_decode_q8(ctx_, dq1, dw, dk1, dw, dv1, 1e-6f, 64, 1e4f, p->table, nullptr, 64, 0.125f,
+                                         dg1, dqo1, do1, dact)
+                   .is_ok());
+  EXPECT_FALSE(cuda::attention_decode_q8(ctx_, dq1, dw, dk1, dw, dv1, 1e-6f, 63, 1e4f, p->table, d_pos, 64, 0.125f,
+                                         dg1, dqo1, do1, dact)
+                   .is_ok());
+  EXPECT_FALSE(cuda::attention_decode_q8(ctx_, dq1, dw, dk1, dw, dv1, 1e-6f, 64, 1e4f, p->table, d_pos, 64, 0.125f,
+                                         dg1, dqo1, do1, up(act_short))
+                   .is_ok());
+  const Status f32 = cuda::attention_decode_q8(ctx_, dq1, dw, dk1, dw, dv1, 1e-6f, 64, 1e4f, make_paged(DType::F32, 64, 2, 16, 40)->table,
+                                               d_pos, 64, 0.125f, dg1, dqo1, do1, dact);
+  EXPECT_EQ(f32.code(), StatusCode::kUnsupported) << f32.to_string();
   EXPECT_TRUE(stream_.synchronize().is_ok());
 }
 

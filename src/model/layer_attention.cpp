@@ -5,8 +5,9 @@
 // q/k norms and RoPE in one kernel, or rope_neox_at and kv_append; then attention_paged), so the step
 // holds no host value that changes from token to token and can be replayed as a captured graph; the
 // CPU path walks the chunks on the host. The q and gate halves of each head's projection are read as
-// strided views of it (no split copies). For one token on CUDA the output gate and the output product's
-// int8 activations are written by the attention combine kernel (attention_paged_gated_q8).
+// strided views of it (no split copies). For one token on CUDA one kernel does the prep, the attention,
+// the output gate and the output product's int8 activations (attention_decode_q8; where it does not fit,
+// attention_prep then attention_paged_gated_q8).
 #include <algorithm>
 #include <cmath>
 
@@ -74,6 +75,19 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
     kv.head_dim = D;
     kv.dtype = st.layout().kv_dtype;
     DS_CHECK(kv.slot_base != nullptr, "attention on CUDA: the state has no device block table");
+    const int64_t HD = H * D;
+    if (call.x_q8.data != nullptr && cuda::attention_decode_q8_applies(kv.dtype, D, H, Hkv, n)) {
+      // One token: prep, attention, the output gate and the o product's int8 activations in one kernel
+      // (the bits of attention_prep then attention_paged_gated_q8 below).
+      DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(HD, n) + 3) / 4}));
+      DS_TRY(cuda::attention_decode_q8(ctx, q_heads, w.q_norm, k, w.k_norm, v, c.rms_eps, c.n_rot, c.rope_base, kv,
+                                       call.d_pos, call.max_kv, scale, gate, q, o, o_q8));
+      call.dump("attn.q", q);
+      call.dump("attn.k", k);
+      call.dump("attn.v", v);
+      call.dump("attn.gated", o);
+      return cuda::matmul_q8(ctx, w.wo, reshape(o, {HD, n}), o_q8, out);
+    }
     if (cuda::attention_prep_applies(D)) {
       // q/k norms, RoPE at the device position and the KV append in one kernel (same bits as below).
       DS_TRY(cuda::attention_prep(ctx, q_heads, w.q_norm, k, w.k_norm, v, c.rms_eps, c.n_rot, c.rope_base, kv,
@@ -91,7 +105,6 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
     if (call.x_q8.data != nullptr && cuda::attention_gated_q8_applies(D)) {
       // One token: the output gate and the o product's int8 activations come out of the attention
       // combine (same bits as attention_paged, mul_sigmoid and the product's own quantizer).
-      const int64_t HD = H * D;
       DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(HD, n) + 3) / 4}));
       DS_TRY(cuda::attention_paged_gated_q8(ctx, q, kv, call.d_pos, call.max_kv, scale, gate, o, o_q8));
       call.dump("attn.gated", o);

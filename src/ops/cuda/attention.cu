@@ -66,6 +66,19 @@ struct KParams {
   int64_t gate_hs, gate_ts;
   int8_t* q8;
   float2* q8_ds;
+  // The fused decode (attn_decode_kernel; unset otherwise): attention_prep's inputs and outputs
+  // (AttnPrepArgs) and the last-CTA tickets of the in-kernel combine.
+  const float* q_in;  // q head h of token t at q_in + t * q_ts + h * q_hs
+  int64_t q_hs, q_ts;
+  const float* q_norm;
+  const float* k_norm;
+  float* q_out;        // [n_tokens, H, D]: the normalized, rotated q
+  float* k_in;         // [n_tokens, Hkv, D]: normalized and rotated in place
+  const float* v_in;   // [n_tokens, Hkv, D]
+  int n_rot;
+  double log2_base;
+  float eps;
+  unsigned* counters;  // [Hkv], zero between launches (each launch's last CTA wraps its counter to 0)
 };
 
 __device__ __forceinline__ int read_pos(const KParams& p) { return p.d_pos ? *p.d_pos : p.pos0_host; }
@@ -85,52 +98,144 @@ __device__ __forceinline__ int64_t out_row(const KParams& p, int rho, int g) {
   return static_cast<int64_t>(t) * p.H + g * p.G + (rho - t * p.G);
 }
 
+// The output gate of o's element (row, d), row = t * H + h (gate of head h of token t). The gate is
+// written by an earlier kernel and read-only here, so its loads may be batched ahead of the stores.
+__device__ __forceinline__ float gate_at(const KParams& p, int64_t row, int d) {
+  const int64_t t = row / p.H, h = row - t * p.H;
+  return __ldg(p.gate + t * p.gate_ts + h * p.gate_hs + d);
+}
+
+// Stores o[row][d] = v; with the output gate (its value `gate`, from gate_at), v * sigmoid(gate) and its
+// q8 code (the bits of mul_sigmoid then quantize_q8: kern::sigmoidf, and store_q8_block_warp writes
+// quantize_q8's codes and scales). Gated: every lane of a warp calls it at once with the 32 dims of one
+// block (D % 32 == 0).
+template <bool kGatedQ8>
+__device__ __forceinline__ void store_o(const KParams& p, int64_t row, int d, float v, float gate) {
+  if constexpr (kGatedQ8) {
+    v = v * kern::sigmoidf(gate);
+    // Element (t, h * D + d) of o's [n_tokens, H * D] rows; d % 32 is the lane (blockDim.x % 32 == 0).
+    kern::store_q8_block_warp(v, p.q8, p.q8_ds, row * p.D + d - d % 32);
+  }
+  p.o[row * p.D + d] = v;
+}
+
+// Final rows: o[row][d] = v, gated with q8 codes where p.gate is set (uniform over the launch).
+__device__ __forceinline__ void store_final(const KParams& p, int64_t row, int d, float v, float gate) {
+  if (p.gate != nullptr) {
+    store_o<true>(p, row, d, v, gate);
+  } else {
+    store_o<false>(p, row, d, v, 0.0f);
+  }
+}
+
+// Rows [row0, row_end) of KV head g become NaN (an invalid position), as final rows.
+__device__ void write_nan_rows(const KParams& p, int row0, int row_end, int g) {
+  const int n = (row_end - row0) * p.D;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {  // a warp: 32 dims of one row where gated
+    const int r = i / p.D, d = i - r * p.D;
+    const int64_t row = out_row(p, row0 + r, g);
+    store_final(p, row, d, NAN, p.gate != nullptr ? gate_at(p, row, d) : 0.0f);
+  }
+}
+
 // A CTA with no positions in its split: empty partials (m = -inf, l = 0); with a single split this
 // happens only for an invalid position, whose rows become NaN.
 __device__ void write_empty(const KParams& p, int row0, int row_end, int g, int s) {
+  if (p.n_split == 1) {
+    write_nan_rows(p, row0, row_end, g);
+    return;
+  }
   for (int rho = row0 + static_cast<int>(threadIdx.x); rho < row_end; rho += blockDim.x) {
-    const int64_t row = out_row(p, rho, g);
-    if (p.n_split == 1) {
-      for (int d = 0; d < p.D; ++d) p.o[row * p.D + d] = NAN;
-    } else {
-      const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
-      p.part_ml[2 * prow] = -INFINITY;
-      p.part_ml[2 * prow + 1] = 0.0f;
-    }
+    const int64_t prow = static_cast<int64_t>(s) * p.RT + out_row(p, rho, g);
+    p.part_ml[2 * prow] = -INFINITY;
+    p.part_ml[2 * prow + 1] = 0.0f;
   }
 }
 
 // Merges the KW per-warp partials staged in shared memory (sM / sL [KW][BM], sO [KW][BM][ostride])
-// of rows [row0, row_end) and writes the final rows (one split) or this split's partial.
+// of rows [row0, row_end) and writes the final rows (one split; gated with their q8 codes where p.gate
+// is set) or this split's partial. A thread takes kBatch elements at a time, their gate values loaded
+// together.
 __device__ void write_rows(const KParams& p, const float* sO, const float* sM, const float* sL, int KW, int BM,
                            int ostride, int row0, int row_end, int g, int s) {
+  constexpr int kBatch = 4;
   const int D = p.D;
   const int n = (row_end - row0) * D;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int r = i / D, d = i - r * D;
-    const int64_t row = out_row(p, row0 + r, g);
-    float M = -INFINITY;
-    for (int k = 0; k < KW; ++k) M = fmaxf(M, sM[k * BM + r]);
-    float L = 0.0f, acc = 0.0f;
-    for (int k = 0; k < KW; ++k) {
-      const float lk = sL[k * BM + r];
-      if (lk > 0.0f) {
-        const float w = exp2f(sM[k * BM + r] - M);
-        L += lk * w;
-        acc += sO[(k * BM + r) * ostride + d] * w;
-      }
+  const bool gated = p.n_split == 1 && p.gate != nullptr;
+  for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * blockDim.x) {
+    float gv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * blockDim.x;
+      const int r = i / D, d = i - r * D;
+      gv[u] = gated && i < n ? gate_at(p, out_row(p, row0 + r, g), d) : 0.0f;
     }
-    if (p.n_split == 1) {
-      p.o[row * D + d] = acc / L;
-    } else {
-      const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
-      p.part_o[prow * D + d] = acc;
-      if (d == 0) {
-        p.part_ml[2 * prow] = M;
-        p.part_ml[2 * prow + 1] = L;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * blockDim.x;
+      if (i >= n) break;  // warp-uniform where gated (n % 32 == 0)
+      const int r = i / D, d = i - r * D;
+      const int64_t row = out_row(p, row0 + r, g);
+      float M = -INFINITY;
+      for (int k = 0; k < KW; ++k) M = fmaxf(M, sM[k * BM + r]);
+      float L = 0.0f, acc = 0.0f;
+      for (int k = 0; k < KW; ++k) {
+        const float lk = sL[k * BM + r];
+        if (lk > 0.0f) {
+          const float w = exp2f(sM[k * BM + r] - M);
+          L += lk * w;
+          acc += sO[(k * BM + r) * ostride + d] * w;
+        }
+      }
+      if (p.n_split == 1) {
+        store_final(p, row, d, acc / L, gv[u]);
+      } else {
+        const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
+        p.part_o[prow * D + d] = acc;
+        if (d == 0) {
+          p.part_ml[2 * prow] = M;
+          p.part_ml[2 * prow + 1] = L;
+        }
       }
     }
   }
+}
+
+// ---- one head row of the attention prep (attention_prep's arithmetic) ----
+
+__device__ __forceinline__ void store_kv(float* dst, float v) { *dst = v; }
+__device__ __forceinline__ void store_kv(__half* dst, float v) { *dst = __float2half_rn(v); }
+
+constexpr int kPrepPer = kern::kWarpRowPer;
+static_assert(kAttnPrepMaxHeadDim == 32 * kPrepPer, "one warp holds a head");
+
+// One full warp: y[0, D) = RMSNorm(src[0, D)) * w (norm_kernel's bits through kern::warp_row_rms_inv),
+// then its first n_rot dims rotated (NeoX) at position pos (kern::rope_neox_pair). D <= 256; y: D floats
+// of shared memory, complete in every lane on return.
+__device__ __forceinline__ void prep_head_row(const float* src, const float* w, int D, float eps, int64_t pos,
+                                              int n_rot, double log2_base, float* y, int lane) {
+  float v[kPrepPer], wv[kPrepPer];
+#pragma unroll
+  for (int j = 0; j < kPrepPer; ++j) {
+    const int i = lane + 32 * j;
+    v[j] = i < D ? src[i] : 0.0f;
+    wv[j] = i < D ? w[i] : 1.0f;
+  }
+  const float inv = kern::warp_row_rms_inv(v, D, eps);
+#pragma unroll
+  for (int j = 0; j < kPrepPer; ++j) {
+    const int i = lane + 32 * j;
+    if (i < D) y[i] = v[j] * inv * wv[j];
+  }
+  __syncwarp();
+  const int half = n_rot / 2;
+  for (int d = lane; d < half; d += 32) {
+    float x0 = y[d], x1 = y[d + half];
+    kern::rope_neox_pair(x0, x1, pos, d, n_rot, log2_base);
+    y[d] = x0;
+    y[d + half] = x1;
+  }
+  __syncwarp();
 }
 
 // ---- tensor-core path (F16 KV) ----
@@ -211,9 +316,12 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
   }
 }
 
+// The tensor-core attention of packed rows [row0, row_end) of KV head g over the positions [kv_begin,
+// kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
+// or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
 template <int D, int RW>
-__global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
-  kern::dependency_sync();
+__device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV, int g, int s,
+                                          int pos0, int row0, int row_end, int kv_begin, int kv_end) {
   constexpr int KW = kWarps / RW;  // warps sharing the same rows, splitting each tile's positions
   constexpr int BM = 16 * RW;      // rows per CTA
   constexpr int PW = kBN / KW;     // positions per warp per tile
@@ -221,38 +329,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
   constexpr int DT = D / 8;        // output n-tiles per warp
   constexpr int SK = D + 8;        // shared row stride (halves): 16 bytes of padding spreads banks
   static_assert(PW % 16 == 0 && D % 16 == 0, "tile shape");
-  extern __shared__ float4 smem_f4[];
-  __half* sQ = reinterpret_cast<__half*>(smem_f4);
-  __half* sK = sQ + BM * SK;        // [2][kBN][SK]
-  __half* sV = sK + 2 * kBN * SK;   // [2][kBN][SK]
-
-  const int g = blockIdx.x, s = blockIdx.z;
-  const int row0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest causal rows start first
-  const int row_end = min(row0 + BM, p.R);
-  const int pos0 = read_pos(p);
-  if (pos0 < 0) {
-    write_empty(p, row0, row_end, g, s);
-    return;
-  }
-  const int n_kv = pos0 + p.n_tokens;
-  const int t_last = (row_end - 1) / p.G;
-  const int L = split_len(n_kv, p.n_split);
-  const int kv_begin = s * L;
-  const int kv_end = min(pos0 + t_last + 1, kv_begin + L);
-  if (kv_begin >= kv_end) {
-    write_empty(p, row0, row_end, g, s);
-    return;
-  }
-
-  // Q rows as half (zeros past the last row).
-  for (int i = threadIdx.x; i < BM * D; i += kThreads) {
-    const int r = i / D, d = i - r * D;
-    const int rho = row0 + r;
-    float v = 0.0f;
-    if (rho < p.R) v = p.q[out_row(p, rho, g) * D + d];
-    sQ[r * SK + d] = __float2half_rn(v);
-  }
-
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp / KW, kw = warp - rw * KW;
   const int ra = rw * 16 + lane / 4;  // local rows of this lane's accumulators: ra and ra + 8
@@ -388,6 +464,254 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
   write_rows(p, sO, sM, sL, KW, BM, D + kOPad, row0, row_end, g, s);
 }
 
+template <int D, int RW>
+__global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
+  kern::dependency_sync();
+  constexpr int BM = 16 * RW, SK = D + 8;
+  extern __shared__ float4 smem_f4[];
+  __half* sQ = reinterpret_cast<__half*>(smem_f4);
+  __half* sK = sQ + BM * SK;        // [2][kBN][SK]
+  __half* sV = sK + 2 * kBN * SK;   // [2][kBN][SK]
+
+  const int g = blockIdx.x, s = blockIdx.z;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest causal rows start first
+  const int row_end = min(row0 + BM, p.R);
+  const int pos0 = read_pos(p);
+  if (pos0 < 0) {
+    write_empty(p, row0, row_end, g, s);
+    return;
+  }
+  const int n_kv = pos0 + p.n_tokens;
+  const int t_last = (row_end - 1) / p.G;
+  const int L = split_len(n_kv, p.n_split);
+  const int kv_begin = s * L;
+  const int kv_end = min(pos0 + t_last + 1, kv_begin + L);
+  if (kv_begin >= kv_end) {
+    write_empty(p, row0, row_end, g, s);
+    return;
+  }
+
+  // Q rows as half (zeros past the last row).
+  for (int i = threadIdx.x; i < BM * D; i += kThreads) {
+    const int r = i / D, d = i - r * D;
+    const int rho = row0 + r;
+    float v = 0.0f;
+    if (rho < p.R) v = p.q[out_row(p, rho, g) * D + d];
+    sQ[r * SK + d] = __float2half_rn(v);
+  }
+  tc_attend<D, RW>(p, sQ, sK, sV, g, s, pos0, row0, row_end, kv_begin, kv_end);
+}
+
+// ---- split combine ----
+// One output row merges the partials of the splits [0, last] that hold positions it sees: weights
+// w_s = 2^(m_s - M) (M the largest m_s of a split with l_s > 0; 0 where l_s is not positive), then
+// o[d] = (sum_s w_s part_o[s][d]) / (sum_s w_s l_s), each sum in split order. attn_combine_kernel (a
+// CTA per row) and attn_decode_kernel's last CTA (every row of its KV head) run this arithmetic through
+// the helpers below, so both give the same bits. Partials are read through L2 (__ldcg): in the fused
+// kernel they were written by other CTAs of the same launch.
+
+// The splits of [0, n_split) holding positions that rows of token t see (their partials are written).
+__device__ __forceinline__ int last_split(const KParams& p, int pos0, int L, int t) {
+  return min(p.n_split - 1, (pos0 + t) / L);
+}
+
+// One full warp: fills w[0..last] with row's weights (lw[0..last]: scratch) and returns the weights'
+// sum over l, the same bits in every lane (a butterfly adds the same pairs in every lane).
+__device__ float combine_weights(const KParams& p, int64_t row, int last, float* w, float* lw, int lane) {
+  float M = -INFINITY;
+  for (int s = lane; s <= last; s += 32) {
+    const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
+    const float ms = __ldcg(p.part_ml + 2 * prow), ls = __ldcg(p.part_ml + 2 * prow + 1);
+    w[s] = ms;
+    lw[s] = ls;
+    if (ls > 0.0f) M = fmaxf(M, ms);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
+  float L = 0.0f;
+  for (int s = lane; s <= last; s += 32) {
+    const float ws = lw[s] > 0.0f ? exp2f(w[s] - M) : 0.0f;
+    w[s] = ws;
+    L = fmaf(lw[s], ws, L);
+  }
+  __syncwarp();
+  return kern::warp_sum(L);
+}
+
+// One step of a row's weighted sum: split s's value x with weight ws (a split without positions for
+// the row has ws = 0 and adds nothing, whatever its memory holds).
+__device__ __forceinline__ float combine_step(float acc, float x, float ws) { return ws > 0.0f ? fmaf(x, ws, acc) : acc; }
+
+// One CTA per output row: a warp computes the row's weights, then every thread sums dims.
+template <bool kGatedQ8>
+__global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const KParams p) {
+  kern::dependency_sync();
+  __shared__ float s_w[kMaxSplit], s_lw[kMaxSplit];
+  __shared__ float s_L;
+  const int64_t row = blockIdx.x;
+  const int D = p.D;
+  const int pos0 = read_pos(p);
+  if (pos0 < 0) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) store_o<kGatedQ8>(p, row, d, NAN, kGatedQ8 ? gate_at(p, row, d) : 0.0f);
+    return;
+  }
+  const int t = static_cast<int>(row / p.H);
+  const int L = split_len(pos0 + p.n_tokens, p.n_split);
+  const int last = last_split(p, pos0, L, t);
+  if (threadIdx.x < 32) {
+    const float Ls = combine_weights(p, row, last, s_w, s_lw, static_cast<int>(threadIdx.x));
+    if (threadIdx.x == 0) s_L = Ls;
+  }
+  __syncthreads();
+  const int64_t stride = p.RT * D;  // between splits
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float gv = kGatedQ8 ? gate_at(p, row, d) : 0.0f;
+    const float* po = p.part_o + row * D + d;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s <= last; ++s) acc = combine_step(acc, __ldcg(po + s * stride), s_w[s]);
+    store_o<kGatedQ8>(p, row, d, acc / s_L, gv);
+  }
+}
+
+// ---- fused decode: prep, attention, output gate and split combine in one launch ----
+// attn_decode_kernel<D, kCombine>: one row block of at most 16 packed rows (tensor-core path, RW = 1)
+// per KV head. Each CTA (KV head g, split s) first does attention_prep's work for what it reads: the new
+// positions inside its range get k normalized and rotated (back into k_in and, as half, into the
+// cache) and v appended, each new position by exactly one CTA (the splits partition the positions);
+// its query rows are normalized and rotated straight into shared memory. Then the tensor-core
+// attention of its range. One split: the final rows, gated, with their q8 codes. Several: partials,
+// and with kCombine (n_split <= kFuseMaxSplits) the last CTA of the KV head to finish (a ticket from
+// atomicInc, which wraps the counter back to 0 for the next launch) merges them as
+// attn_combine_kernel does; without it attn_combine_kernel runs next.
+
+constexpr int kFuseMaxSplits = 16;
+constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
+
+// The prep of CTA (g, split with positions [kv_begin, kv_end)); ends with a CTA barrier. y: kWarps * D
+// floats of shared memory (a warp's staging row).
+template <int D>
+__device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, int g, int pos0, int kv_begin, int kv_end) {
+  constexpr int SK = D + 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* y = y_all + warp * D;
+  const int n_kv = pos0 + p.n_tokens;
+  bool appended = false;
+  for (int j = max(kv_begin, pos0) + warp; j < kv_end; j += kWarps) {
+    const int64_t in = (static_cast<int64_t>(j - pos0) * p.Hkv + g) * D;
+    prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane);
+    const int c = j / p.C, r = j - c * p.C;
+    const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
+    __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
+    __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
+    for (int i = lane; i < D; i += 32) {
+      p.k_in[in + i] = y[i];
+      store_kv(kd + i, y[i]);
+      store_kv(vd + i, p.v_in[in + i]);
+    }
+    __syncwarp();  // y is rewritten by the next row
+    appended = true;
+  }
+  if (appended) __threadfence();  // the new rows are in L2 before this CTA's tile copies (cp.async.cg) read them
+  const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per KV head writes q_out
+  for (int rho = warp; rho < p.R; rho += kWarps) {
+    const int t = rho / p.G, h = g * p.G + (rho - t * p.G);
+    prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t, p.n_rot,
+                  p.log2_base, y, lane);
+    for (int d = lane; d < D; d += 32) {
+      sQ[rho * SK + d] = __float2half_rn(y[d]);
+      if (q_out) p.q_out[(static_cast<int64_t>(t) * p.H + h) * D + d] = y[d];
+    }
+    __syncwarp();
+  }
+  for (int i = p.R * D + static_cast<int>(threadIdx.x); i < kFuseRows * D; i += kThreads) {
+    sQ[(i / D) * SK + i % D] = __float2half_rn(0.0f);
+  }
+  __syncthreads();
+}
+
+// The last CTA of KV head g to arrive merges the splits of its rows and stores them gated with their q8
+// codes (attn_combine_kernel's arithmetic: combine_weights, then combine_step in split order). smem:
+// 2 * kFuseRows * kFuseMaxSplits + kFuseRows floats, free once the CTA's partials are written.
+template <int D>
+__device__ void decode_combine(const KParams& p, float* smem, int g, int pos0, int L) {
+  __shared__ unsigned s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned wrap = static_cast<unsigned>(p.n_split - 1);
+    s_last = atomicInc(p.counters + g, wrap) == wrap ? 1u : 0u;
+  }
+  __syncthreads();
+  if (s_last == 0) return;
+  __threadfence();
+  float* w = smem;                            // [kFuseRows][kFuseMaxSplits]
+  float* lw = w + kFuseRows * kFuseMaxSplits;  // [kFuseRows][kFuseMaxSplits]
+  float* sL = lw + kFuseRows * kFuseMaxSplits;  // [kFuseRows]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < p.R; r += kWarps) {
+    const float Lr = combine_weights(p, out_row(p, r, g), last_split(p, pos0, L, r / p.G), w + r * kFuseMaxSplits,
+                                     lw + r * kFuseMaxSplits, lane);
+    if (lane == 0) sL[r] = Lr;
+  }
+  __syncthreads();
+  // Element i = r * D + d of the CTA's rows: thread x takes i = x + k * kThreads; every split's loads of
+  // all its elements are issued together.
+  constexpr int kItems = kFuseRows * D / kThreads;
+  const int last_max = last_split(p, pos0, L, p.n_tokens - 1);
+  const int64_t stride = p.RT * D;
+  float acc[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) acc[k] = 0.0f;
+  for (int s = 0; s <= last_max; ++s) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D;
+      if (r < p.R && s <= last_split(p, pos0, L, r / p.G)) {
+        const float x = __ldcg(p.part_o + s * stride + out_row(p, r, g) * D + d);
+        acc[k] = combine_step(acc[k], x, w[r * kFuseMaxSplits + s]);
+      }
+    }
+  }
+  float gv[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D;
+    gv[k] = r < p.R ? gate_at(p, out_row(p, r, g), d) : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D;
+    if (r < p.R) store_o<true>(p, out_row(p, r, g), d, acc[k] / sL[r], gv[k]);  // warp-uniform: D % 32 == 0
+  }
+}
+
+template <int D, bool kCombine>
+__global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
+  kern::dependency_sync();
+  constexpr int SK = D + 8;
+  extern __shared__ float4 smem_f4[];
+  __half* sQ = reinterpret_cast<__half*>(smem_f4);
+  __half* sK = sQ + kFuseRows * SK;  // [2][kBN][SK]
+  __half* sV = sK + 2 * kBN * SK;    // [2][kBN][SK]
+  const int g = blockIdx.x, s = blockIdx.z;
+  const int pos0 = read_pos(p);
+  if (pos0 < 0) {
+    if (s == 0) write_nan_rows(p, 0, p.R, g);
+    return;
+  }
+  const int n_kv = pos0 + p.n_tokens;
+  const int L = split_len(n_kv, p.n_split);
+  const int kv_begin = s * L, kv_end = min(n_kv, kv_begin + L);
+  if (kv_begin < kv_end) {  // else no positions: attn_combine_kernel and the last CTA read no partial of it
+    decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), g, pos0, kv_begin, kv_end);
+    tc_attend<D, 1>(p, sQ, sK, sV, g, s, pos0, 0, p.R, kv_begin, kv_end);
+  }
+  if constexpr (kCombine) {
+    if (p.n_split > 1) decode_combine<D>(p, reinterpret_cast<float*>(sK), g, pos0, L);
+  }
+}
+
 // ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----
 
 constexpr int simt_lanes(int D) { return D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : D <= 256 ? 8 : 16; }
@@ -483,87 +807,7 @@ __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
   write_rows(p, sO, sM, sL, kWarps, RB, D + kOPad, row0, row_end, g, s);
 }
 
-// ---- split combine: one CTA per output row, warps stride over splits, lanes over dims ----
-
-// Stores o[row][d] = v; with the output gate, v * sigmoid(gate) and its q8 code (the bits of mul_sigmoid
-// then quantize_q8: kern::sigmoidf, and store_q8_block_warp writes quantize_q8's codes and scales).
-// Gated: every lane of a warp calls it at once with the 32 dims of one block (D % 32 == 0).
-template <bool kGatedQ8>
-__device__ __forceinline__ void store_o(const KParams& p, int64_t row, int d, float v) {
-  if constexpr (kGatedQ8) {
-    const int64_t t = row / p.H, h = row - t * p.H;
-    v = v * kern::sigmoidf(p.gate[t * p.gate_ts + h * p.gate_hs + d]);
-    // Element (t, h * D + d) of o's [n_tokens, H * D] rows; d % 32 is the lane (blockDim.x % 32 == 0).
-    kern::store_q8_block_warp(v, p.q8, p.q8_ds, (t * p.H + h) * p.D + d - d % 32);
-  }
-  p.o[row * p.D + d] = v;
-}
-
-// kGatedQ8 with one split: o holds the attention kernel's final rows; they are gated in place.
-template <bool kGatedQ8>
-__global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const KParams p) {
-  kern::dependency_sync();
-  constexpr int kE = kAttnMaxHeadDim / 32;
-  __shared__ float s_acc[kCombineWarps][kAttnMaxHeadDim];
-  __shared__ float s_m[kCombineWarps], s_l[kCombineWarps];
-  const int64_t row = blockIdx.x;
-  const int D = p.D;
-  const int pos0 = read_pos(p);
-  if (pos0 < 0 || (kGatedQ8 && p.n_split == 1)) {
-    for (int d = threadIdx.x; d < D; d += blockDim.x) store_o<kGatedQ8>(p, row, d, pos0 < 0 ? NAN : p.o[row * D + d]);
-    return;
-  }
-  const int t = static_cast<int>(row / p.H);
-  const int L = split_len(pos0 + p.n_tokens, p.n_split);
-  const int last = min(p.n_split - 1, (pos0 + t) / L);  // splits holding positions this row sees
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float m = -INFINITY, l = 0.0f, acc[kE];
-#pragma unroll
-  for (int e = 0; e < kE; ++e) acc[e] = 0.0f;
-  for (int s = warp; s <= last; s += kCombineWarps) {
-    const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
-    const float ms = p.part_ml[2 * prow], ls = p.part_ml[2 * prow + 1];
-    if (!(ls > 0.0f)) continue;
-    const float mn = fmaxf(m, ms);
-    const float c_old = exp2f(m - mn), c_s = exp2f(ms - mn);
-    l = l * c_old + ls * c_s;
-    const float* po = p.part_o + prow * D;
-#pragma unroll
-    for (int e = 0; e < kE; ++e) {
-      const int d = lane + 32 * e;
-      if (d < D) acc[e] = acc[e] * c_old + po[d] * c_s;
-    }
-    m = mn;
-  }
-#pragma unroll
-  for (int e = 0; e < kE; ++e) {
-    const int d = lane + 32 * e;
-    if (d < D) s_acc[warp][d] = acc[e];
-  }
-  if (lane == 0) {
-    s_m[warp] = m;
-    s_l[warp] = l;
-  }
-  __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < kCombineWarps; ++w) M = fmaxf(M, s_m[w]);
-  float Ls = 0.0f;
-  for (int w = 0; w < kCombineWarps; ++w) {
-    if (s_l[w] > 0.0f) Ls += s_l[w] * exp2f(s_m[w] - M);
-  }
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float a = 0.0f;
-    for (int w = 0; w < kCombineWarps; ++w) {
-      if (s_l[w] > 0.0f) a += s_acc[w][d] * exp2f(s_m[w] - M);
-    }
-    store_o<kGatedQ8>(p, row, d, a / Ls);
-  }
-}
-
 // ---- KV append ----
-
-__device__ __forceinline__ void store_kv(float* dst, float v) { *dst = v; }
-__device__ __forceinline__ void store_kv(__half* dst, float v) { *dst = __float2half_rn(v); }
 
 template <typename T>
 __global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* const* k_base,
@@ -590,8 +834,6 @@ __global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* 
 // rotation kern::rope_neox_pair, the stores kv_append's: the result has the bits of rms_norm,
 // rope_neox_at and kv_append in sequence.
 constexpr int kPrepWarps = 4;
-constexpr int kPrepPer = kern::kWarpRowPer;
-static_assert(kAttnPrepMaxHeadDim == 32 * kPrepPer, "one warp holds a head");
 
 template <typename T>
 __global__ void __launch_bounds__(32 * kPrepWarps) attention_prep_kernel(AttnPrepArgs a) {
@@ -618,29 +860,8 @@ __global__ void __launch_bounds__(32 * kPrepWarps) attention_prep_kernel(AttnPre
   const int h = is_q ? slot : slot - H;
   const float* src = is_q ? a.q_in + t * a.q_ts + static_cast<int64_t>(h) * a.q_hs : a.k + t * row + static_cast<int64_t>(h) * D;
   const float* w = is_q ? a.q_norm : a.k_norm;
-  float v[kPrepPer], wv[kPrepPer];
-#pragma unroll
-  for (int j = 0; j < kPrepPer; ++j) {
-    const int i = lane + 32 * j;
-    v[j] = i < D ? src[i] : 0.0f;
-    wv[j] = i < D ? w[i] : 1.0f;
-  }
-  const float inv = kern::warp_row_rms_inv(v, D, a.eps);
   float* y = rows[warp];
-#pragma unroll
-  for (int j = 0; j < kPrepPer; ++j) {
-    const int i = lane + 32 * j;
-    if (i < D) y[i] = v[j] * inv * wv[j];
-  }
-  __syncwarp();
-  const int half = a.n_rot / 2;
-  for (int d = lane; d < half; d += 32) {
-    float x0 = y[d], x1 = y[d + half];
-    kern::rope_neox_pair(x0, x1, pos, d, a.n_rot, a.log2_base);
-    y[d] = x0;
-    y[d + half] = x1;
-  }
-  __syncwarp();
+  prep_head_row(src, w, D, a.eps, pos, a.n_rot, a.log2_base, y, lane);
   float* out = is_q ? a.q + (static_cast<int64_t>(t) * H + h) * D : a.k + t * row + static_cast<int64_t>(h) * D;
   for (int i = lane; i < D; i += 32) out[i] = y[i];
   if (is_q || pos0 < 0) return;
@@ -759,9 +980,107 @@ KParams make_params(const AttnPagedArgs& a, const AttnPlan& plan) {
   return p;
 }
 
+// The split count and scratch of a plan whose kernel fits `slots` CTAs on the device.
+void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_blocks, int slots, AttnPlan* plan) {
+  const int64_t base = n_row_blocks * a.kv.n_head_kv;
+  // Fill the device once: the split count is fixed here, each CTA's share of the real KV is computed
+  // on the device. More splits than kBN tiles of the bound would only add empty CTAs.
+  int64_t n_split = base < slots ? slots / base : 1;
+  n_split = std::min<int64_t>({n_split, (std::max<int64_t>(a.max_kv, 1) + kBN - 1) / kBN, kMaxSplit});
+  n_split = std::max<int64_t>(n_split, 1);
+  plan->path = path;
+  plan->rows_per_cta = rows;
+  plan->n_row_blocks = n_row_blocks;
+  plan->n_split = static_cast<int>(n_split);
+  plan->scratch_bytes = n_split > 1 ? n_split * static_cast<int64_t>(a.n_tokens) * a.n_head * (a.kv.head_dim + 2) *
+                                          static_cast<int64_t>(4)
+                                    : 0;
+}
+
+template <int D>
+KernelPick pick_decode(bool combine) {
+  return {combine ? reinterpret_cast<const void*>(attn_decode_kernel<D, true>)
+                  : reinterpret_cast<const void*>(attn_decode_kernel<D, false>),
+          tc_smem_bytes(D, 1)};
+}
+
+KernelPick pick_decode_kernel(int D, bool combine) {
+  switch (D) {
+    case 32: return pick_decode<32>(combine);
+    case 64: return pick_decode<64>(combine);
+    case 128: return pick_decode<128>(combine);
+    case 256: return pick_decode<256>(combine);
+    default: return {};
+  }
+}
+
 }  // namespace
 
-cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
+bool attention_decode_fits(DType kv_dtype, int head_dim, int n_head, int n_head_kv, int n_tokens) {
+  if (kv_dtype != DType::F16 || n_head_kv < 1 || n_head_kv > kAttnDecodeMaxKvHeads || n_head % n_head_kv != 0 ||
+      n_tokens < 1 || static_cast<int64_t>(n_tokens) * (n_head / n_head_kv) > kFuseRows) {
+    return false;
+  }
+  const KernelPick k = pick_decode_kernel(head_dim, true);
+  const long long smem_limit = smem_optin_limit();
+  return k.fn != nullptr && (smem_limit == 0 || k.smem <= static_cast<size_t>(smem_limit));
+}
+
+cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* plan) {
+  if (!attention_decode_fits(a.kv.dtype, a.kv.head_dim, a.n_head, a.kv.n_head_kv, a.n_tokens) ||
+      a.kv.chunk_tokens <= 0 || a.kv.k_offset % 16 != 0 || a.kv.v_offset % 16 != 0) {
+    return cudaErrorNotSupported;
+  }
+  int slots = 0, slots_plain = 0;
+  cudaError_t e = configure(pick_decode_kernel(a.kv.head_dim, true), device, &slots);
+  if (e == cudaSuccess) e = configure(pick_decode_kernel(a.kv.head_dim, false), device, &slots_plain);
+  if (e != cudaSuccess) return e;
+  fill_plan(a, AttnPath::kTensorCore, kFuseRows, 1, std::min(slots, slots_plain), plan);
+  return cudaSuccess;
+}
+
+cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& plan, cudaStream_t s) {
+  const AttnPagedArgs& at = a.attn;
+  const bool combine = plan.n_split <= kFuseMaxSplits;
+  const KernelPick k = pick_decode_kernel(at.kv.head_dim, combine);
+  if (k.fn == nullptr || plan.path != AttnPath::kTensorCore || plan.rows_per_cta != kFuseRows ||
+      plan.n_row_blocks != 1 || (plan.n_split > 1 && at.scratch == nullptr) || at.gate == nullptr ||
+      at.q8 == nullptr || reinterpret_cast<uintptr_t>(at.q8) % 16 != 0 || a.prep.q == nullptr ||
+      a.prep.k == nullptr || a.prep.v == nullptr || a.prep.q_in == nullptr || a.prep.n_rot < 2 ||
+      a.prep.n_rot % 2 != 0 || a.prep.n_rot > at.kv.head_dim ||
+      (combine && plan.n_split > 1 && a.counters == nullptr) || at.kv.n_head_kv < 1 ||
+      static_cast<int64_t>(at.n_tokens) * (at.n_head / at.kv.n_head_kv) > kFuseRows) {
+    return cudaErrorInvalidValue;
+  }
+  // attention_decode_plan configured both kernels' shared-memory limit on this device.
+  KParams p = make_params(at, plan);
+  p.q = nullptr;  // the kernel prepares q itself
+  p.q_in = a.prep.q_in;
+  p.q_hs = a.prep.q_hs;
+  p.q_ts = a.prep.q_ts;
+  p.q_norm = a.prep.q_norm;
+  p.k_norm = a.prep.k_norm;
+  p.q_out = a.prep.q;
+  p.k_in = a.prep.k;
+  p.v_in = a.prep.v;
+  p.n_rot = a.prep.n_rot;
+  p.log2_base = a.prep.log2_base;
+  p.eps = a.prep.eps;
+  p.counters = a.counters;
+  void* args[] = {&p};
+  const dim3 grid(static_cast<unsigned>(at.kv.n_head_kv), 1, static_cast<unsigned>(plan.n_split));
+  cudaError_t e = launch_kernel_packed(k.fn, grid, dim3(kThreads), args, k.smem, s);
+  if (e != cudaSuccess) return e;
+  if (!combine) {
+    e = launch_kernel_packed(reinterpret_cast<const void*>(attn_combine_kernel<true>), dim3(static_cast<unsigned>(p.RT)),
+                             dim3(32 * kCombineWarps), args, 0, s);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t attention_paged_plan(
+const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
   const int D = a.kv.head_dim, Hkv = a.kv.n_head_kv;
   if (D <= 0 || D > kAttnMaxHeadDim || Hkv <= 0 || a.n_head % Hkv != 0 || a.n_tokens <= 0 ||
       a.kv.chunk_tokens <= 0 || (a.kv.dtype != DType::F16 && a.kv.dtype != DType::F32)) {
@@ -785,18 +1104,7 @@ cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int dev
   if (e != cudaSuccess) return e;
   const int64_t n_row_blocks = (R + rows - 1) / rows;
   if (n_row_blocks > 65535) return cudaErrorInvalidValue;  // grid y: callers prefill in pieces
-  const int64_t base = n_row_blocks * Hkv;
-  // Fill the device once: the split count is fixed here, each CTA's share of the real KV is computed
-  // on the device. More splits than kBN tiles of the bound would only add empty CTAs.
-  int64_t n_split = base < slots ? slots / base : 1;
-  n_split = std::min<int64_t>({n_split, (std::max<int64_t>(a.max_kv, 1) + kBN - 1) / kBN, kMaxSplit});
-  n_split = std::max<int64_t>(n_split, 1);
-  plan->path = path;
-  plan->rows_per_cta = rows;
-  plan->n_row_blocks = n_row_blocks;
-  plan->n_split = static_cast<int>(n_split);
-  plan->scratch_bytes =
-      n_split > 1 ? n_split * static_cast<int64_t>(a.n_tokens) * a.n_head * (D + 2) * static_cast<int64_t>(4) : 0;
+  fill_plan(a, path, rows, n_row_blocks, slots, plan);
   return cudaSuccess;
 }
 
@@ -815,7 +1123,7 @@ cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan,
                   static_cast<unsigned>(plan.n_split));
   cudaError_t e = launch_kernel_packed(k.fn, grid, dim3(kThreads), args, k.smem, s);
   if (e != cudaSuccess) return e;
-  if (plan.n_split > 1 || a.gate != nullptr) {
+  if (plan.n_split > 1) {  // one split: the attention kernel wrote the final rows, gated where asked
     const void* combine = a.gate != nullptr ? reinterpret_cast<const void*>(attn_combine_kernel<true>)
                                             : reinterpret_cast<const void*>(attn_combine_kernel<false>);
     e = launch_kernel_packed(combine, dim3(static_cast<unsigned>(p.RT)), dim3(32 * kCombineWarps), args, 0, s);

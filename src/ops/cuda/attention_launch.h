@@ -49,7 +49,8 @@ struct AttnPagedArgs {
   // Optional output gate: o = o * sigmoid(gate) (gate of head h of token t at gate + t * gate_ts + h *
   // gate_hs, head_dim contiguous), and q8 (matvec_q8_act_bytes(n_head * head_dim, n_tokens) bytes,
   // 16-byte aligned) gets the int8 activations of o's rows, the bits of quantize_q8. Needs head_dim a
-  // multiple of 32; the combine kernel applies it, so it runs even with one split.
+  // multiple of 32; the kernel that writes the final rows applies it (the attention kernel with one
+  // split, else the combine kernel).
   const float* gate = nullptr;
   int64_t gate_hs = 0;
   int64_t gate_ts = 0;
@@ -76,7 +77,7 @@ struct AttnPlan {
 // allow, head_dim > kAttnMaxHeadDim, or more than 65535 row blocks (about 500K query tokens).
 cudaError_t attention_paged_plan(const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan);
 // Runs the plan on stream s (a plan made on the same device: planning configures the kernel): the
-// attention kernel, then (n_split > 1 or an output gate) the combine kernel.
+// attention kernel, then (n_split > 1) the combine kernel.
 cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan, cudaStream_t s);
 
 // Writes k, v [n_tokens, n_head_kv, head_dim] (F32, contiguous) at positions [*d_pos, *d_pos + n_tokens)
@@ -106,6 +107,30 @@ struct AttnPrepArgs {
   const int32_t* d_pos = nullptr;
 };
 cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaStream_t s);
+
+// The attention layer's decode in one launch: attention_prep_launch, then attention_paged_launch with
+// the output gate and q8 activations. Each CTA preps the query rows it attends with and appends the new
+// positions its split holds; with at most 16 splits its last CTA per KV head also merges the splits (a
+// ticket counter), else attn_combine_kernel follows. Same bits as the two launches for q, k, the
+// appended KV rows, o and the activations. Fits where attention_decode_fits: F16 KV, head_dim 32, 64,
+// 128 or 256 within the device's shared memory, at most 16 query rows per KV head (n_tokens * n_head /
+// n_head_kv), n_head_kv <= kAttnDecodeMaxKvHeads.
+constexpr int kAttnDecodeMaxKvHeads = 256;
+struct AttnDecodeArgs {
+  // Read from prep: q_in, q_hs, q_ts, q_norm, k_norm, q (the prepared q out), k (in place), v, n_rot,
+  // log2_base, eps. Everything else (KV, head counts, position) from attn, whose gate and q8 are required
+  // and whose q is not read.
+  AttnPrepArgs prep;
+  AttnPagedArgs attn;
+  // kAttnDecodeMaxKvHeads words, zero, left zero by every launch: owned by the stream (two launches on
+  // one stream never overlap). Needed where the plan has 2 to 16 splits.
+  unsigned* counters = nullptr;
+};
+bool attention_decode_fits(DType kv_dtype, int head_dim, int n_head, int n_head_kv, int n_tokens);
+// cudaErrorNotSupported where attention_decode_fits does not hold (or the K/V offsets are not 16-byte
+// aligned).
+cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* plan);
+cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& plan, cudaStream_t s);
 
 // rope_neox_launch (ops_launch.h) with the first token's position read from d_pos on the device.
 cudaError_t rope_neox_at_launch(float* x, int64_t head_dim, int64_t n_head, int64_t n_tokens, int64_t n_rot,

@@ -1,5 +1,5 @@
 // Host entries of the CUDA attention path (ops/cuda/cuda_ops.h): kv_append, attention_paged,
-// attention_prep, rope_neox_at, get_rows_trusted, and the public attention op over a list of chunks. The
+// attention_paged_gated_q8, attention_prep, attention_decode_q8, rope_neox_at, get_rows_trusted, and the public attention op over a list of chunks. The
 // model-path entries are called directly (no op dispatcher in front), so they check every shape, dtype
 // and limit here and report a Status naming the op and the shapes; then they launch on the context's
 // stream.
@@ -10,6 +10,7 @@
 // being handed to longer-lived users while the graph can be replayed (see attention_paged below).
 #if DS_HAVE_CUDA
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -213,10 +214,12 @@ bool attention_gated_q8_applies(int64_t head_dim) {
   return head_dim >= 32 && head_dim <= kAttnMaxHeadDim && head_dim % 32 == 0;  // whole q8 blocks per head
 }
 
-Status attention_paged_gated_q8(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
-                                int64_t max_kv, float scale, const TensorView& gate, const TensorView& o,
-                                const TensorView& act) {
-  constexpr const char* op = "attention_paged_gated_q8";
+namespace {
+
+// attention_paged_gated_q8's checks; fills *a for a launch.
+Status check_gated(const char* op, const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
+                   int64_t max_kv, float scale, const TensorView& gate, const TensorView& o, const TensorView& act,
+                   AttnPagedArgs* a) {
   DS_TRY(check_paged(op, ctx, q, kv, d_pos, max_kv, o));
   DS_TRY(ops::check_tensor(op, "gate", ctx, gate, DType::F32));
   DS_TRY(ops::check_same_shape(op, "gate", gate, "o", o));
@@ -224,25 +227,19 @@ Status attention_paged_gated_q8(const OpContext& ctx, const TensorView& q, const
     return unsupported("{}: head_dim {} must be a multiple of 32 up to {}", op, kv.head_dim, kAttnMaxHeadDim);
   }
   if (gate.nb[0] != 4) return invalid_argument("{}: gate {} rows must be contiguous", op, gate.shape_string());
-  const int64_t n_tokens = q.ne[2];
-  DS_TRY(check_q8_act(op, act, q.ne[0] * q.ne[1], n_tokens));
-  if (n_tokens == 0) return Status::ok();
-  DS_TRY(check_device_memory(op, {q.data, o.data, gate.data, act.data, d_pos, kv.slot_base}));
-  DeviceGuard guard(ctx.device.index);
-  AttnPagedArgs a = paged_args(q, kv, d_pos, max_kv, scale, o);
-  a.gate = gate.as<float>();
-  a.gate_hs = gate.nb[1] / 4;
-  a.gate_ts = gate.nb[2] / 4;
-  a.q8 = act.data;
-  return run_paged(ctx, a, AttnPath::kAuto, op, q);
+  DS_TRY(check_q8_act(op, act, q.ne[0] * q.ne[1], q.ne[2]));
+  *a = paged_args(q, kv, d_pos, max_kv, scale, o);
+  a->gate = gate.as<float>();
+  a->gate_hs = gate.nb[1] / 4;
+  a->gate_ts = gate.nb[2] / 4;
+  a->q8 = act.data;
+  return Status::ok();
 }
 
-bool attention_prep_applies(int64_t head_dim) { return head_dim >= 1 && head_dim <= kAttnPrepMaxHeadDim; }
-
-Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm, const TensorView& k,
-                      const TensorView& k_norm, const TensorView& v, float eps, int64_t n_rot, float base,
-                      const KvTable& kv, const int32_t* d_pos, const TensorView& q) {
-  constexpr const char* op = "attention_prep";
+// attention_prep's checks; fills *a for a launch.
+Status check_prep(const char* op, const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm,
+                  const TensorView& k, const TensorView& k_norm, const TensorView& v, float eps, int64_t n_rot,
+                  float base, const KvTable& kv, const int32_t* d_pos, const TensorView& q, AttnPrepArgs* a) {
   DS_TRY(check_cuda_ctx(op, ctx));
   DS_TRY(check_table(op, kv));
   const int64_t D = kv.head_dim, n = q.ne[2];
@@ -257,27 +254,98 @@ Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const Ten
                             op, q.shape_string(), k.shape_string(), D, kv.n_head_kv);
   }
   if (n > 65535) return unsupported("{}: {} tokens > 65535 in one call on CUDA", op, n);
+  a->q_in = q_heads.as<float>();
+  a->q_hs = q_heads.nb[1] / 4;
+  a->q_ts = q_heads.nb[2] / 4;
+  a->q_norm = q_norm.as<float>();
+  a->k_norm = k_norm.as<float>();
+  a->q = q.as<float>();
+  a->k = k.as<float>();
+  a->v = v.as<float>();
+  a->kv = table_args(kv);
+  a->n_head = static_cast<int32_t>(q.ne[1]);
+  a->n_rot = static_cast<int32_t>(n_rot);
+  a->log2_base = std::log2(static_cast<double>(base));
+  a->eps = eps;
+  a->d_pos = d_pos;
+  return Status::ok();
+}
+
+}  // namespace
+
+Status attention_paged_gated_q8(const OpContext& ctx, const TensorView& q, const KvTable& kv, const int32_t* d_pos,
+                                int64_t max_kv, float scale, const TensorView& gate, const TensorView& o,
+                                const TensorView& act) {
+  constexpr const char* op = "attention_paged_gated_q8";
+  AttnPagedArgs a;
+  DS_TRY(check_gated(op, ctx, q, kv, d_pos, max_kv, scale, gate, o, act, &a));
+  if (q.ne[2] == 0) return Status::ok();
+  DS_TRY(check_device_memory(op, {q.data, o.data, gate.data, act.data, d_pos, kv.slot_base}));
+  DeviceGuard guard(ctx.device.index);
+  return run_paged(ctx, a, AttnPath::kAuto, op, q);
+}
+
+bool attention_prep_applies(int64_t head_dim) { return head_dim >= 1 && head_dim <= kAttnPrepMaxHeadDim; }
+
+Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm, const TensorView& k,
+                      const TensorView& k_norm, const TensorView& v, float eps, int64_t n_rot, float base,
+                      const KvTable& kv, const int32_t* d_pos, const TensorView& q) {
+  constexpr const char* op = "attention_prep";
+  AttnPrepArgs a;
+  DS_TRY(check_prep(op, ctx, q_heads, q_norm, k, k_norm, v, eps, n_rot, base, kv, d_pos, q, &a));
+  const int64_t n = q.ne[2];
   if (n == 0) return Status::ok();
   DS_TRY(check_device_memory(op, {q_heads.data, q.data, k.data, v.data, q_norm.data, k_norm.data, d_pos,
                                   kv.slot_base}));
   DeviceGuard guard(ctx.device.index);
-  AttnPrepArgs a;
-  a.q_in = q_heads.as<float>();
-  a.q_hs = q_heads.nb[1] / 4;
-  a.q_ts = q_heads.nb[2] / 4;
-  a.q_norm = q_norm.as<float>();
-  a.k_norm = k_norm.as<float>();
-  a.q = q.as<float>();
-  a.k = k.as<float>();
-  a.v = v.as<float>();
-  a.kv = table_args(kv);
-  a.n_head = static_cast<int32_t>(q.ne[1]);
-  a.n_rot = static_cast<int32_t>(n_rot);
-  a.log2_base = std::log2(static_cast<double>(base));
-  a.eps = eps;
-  a.d_pos = d_pos;
   DS_CUDA_TRY(attention_prep_launch(a, n, stream_of(ctx)), "{} q {} k {} n_rot {} into {} chunks of {}", op,
               q.shape_string(), k.shape_string(), n_rot, dtype_name(kv.dtype), kv.chunk_tokens);
+  return Status::ok();
+}
+
+bool attention_decode_q8_applies(DType kv_dtype, int64_t head_dim, int64_t n_head, int64_t n_head_kv,
+                                 int64_t n_tokens) {
+  if (head_dim > kAttnPrepMaxHeadDim || !attention_gated_q8_applies(head_dim) || n_head > INT32_MAX ||
+      n_head_kv > INT32_MAX || n_tokens > INT32_MAX) {
+    return false;
+  }
+  return attention_decode_fits(kv_dtype, static_cast<int>(head_dim), static_cast<int>(n_head),
+                               static_cast<int>(n_head_kv), static_cast<int>(n_tokens));
+}
+
+// The split scratch as in attention_paged (see there for graphs); the last-CTA counters are the
+// stream's own (stream_resident_buffer: the first call on a stream must not be captured).
+Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm,
+                           const TensorView& k, const TensorView& k_norm, const TensorView& v, float eps,
+                           int64_t n_rot, float base, const KvTable& kv, const int32_t* d_pos, int64_t max_kv,
+                           float scale, const TensorView& gate, const TensorView& q, const TensorView& o,
+                           const TensorView& act) {
+  constexpr const char* op = "attention_decode_q8";
+  AttnDecodeArgs a;
+  DS_TRY(check_prep(op, ctx, q_heads, q_norm, k, k_norm, v, eps, n_rot, base, kv, d_pos, q, &a.prep));
+  DS_TRY(check_gated(op, ctx, q, kv, d_pos, max_kv, scale, gate, o, act, &a.attn));
+  const int64_t n = q.ne[2];
+  if (!attention_decode_q8_applies(kv.dtype, kv.head_dim, q.ne[1], kv.n_head_kv, std::max<int64_t>(n, 1))) {
+    return unsupported("{}: q {} over {} KV heads of head_dim {} ({}) does not fit the fused decode kernel", op,
+                       q.shape_string(), kv.n_head_kv, kv.head_dim, dtype_name(kv.dtype));
+  }
+  if (n == 0) return Status::ok();
+  DS_TRY(check_device_memory(op, {q_heads.data, q_norm.data, k.data, k_norm.data, v.data, q.data, o.data, gate.data,
+                                  act.data, d_pos, kv.slot_base}));
+  DeviceGuard guard(ctx.device.index);
+  AttnPlan plan;
+  DS_CUDA_TRY(attention_decode_plan(a.attn, ctx.device.index, &plan), "{} plan q {} head_dim {} chunk {}", op,
+              q.shape_string(), kv.head_dim, kv.chunk_tokens);
+  CudaBuffer scratch;
+  if (plan.scratch_bytes > 0) {
+    DS_ASSIGN_OR_RETURN(scratch, CudaBuffer::allocate(ctx.device.index, plan.scratch_bytes));
+    a.attn.scratch = static_cast<float*>(scratch.data());
+  }
+  DS_ASSIGN_OR_RETURN(void* counters, stream_resident_buffer(ctx.device.index, ctx.cuda_stream, op,
+                                                             kAttnDecodeMaxKvHeads * sizeof(unsigned)));
+  a.counters = static_cast<unsigned*>(counters);
+  DS_CUDA_TRY(attention_decode_launch(a, plan, stream_of(ctx)), "{} q {} k {} KV head_dim {} chunk {} splits {}",
+              op, q.shape_string(), k.shape_string(), kv.head_dim, kv.chunk_tokens, plan.n_split);
   return Status::ok();
 }
 

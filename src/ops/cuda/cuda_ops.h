@@ -97,6 +97,17 @@ bool attention_prep_applies(int64_t head_dim);
 Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm, const TensorView& k,
                       const TensorView& k_norm, const TensorView& v, float eps, int64_t n_rot, float base,
                       const KvTable& kv, const int32_t* d_pos, const TensorView& q);
+// attention_prep, then attention_paged_gated_q8 on its q, in one kernel launch (two where the plan has more
+// than 16 splits: the combine kernel follows): the same bits of q, k, the appended KV rows, o and act.
+// Where attention_decode_q8_applies: F16 KV, head_dim 32, 64, 128 or 256, n_tokens * n_head / n_head_kv
+// <= 16 (the model's one-token decode), n_head_kv <= 256. Arguments as in the two entries.
+bool attention_decode_q8_applies(DType kv_dtype, int64_t head_dim, int64_t n_head, int64_t n_head_kv,
+                                 int64_t n_tokens);
+Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm,
+                           const TensorView& k, const TensorView& k_norm, const TensorView& v, float eps,
+                           int64_t n_rot, float base, const KvTable& kv, const int32_t* d_pos, int64_t max_kv,
+                           float scale, const TensorView& gate, const TensorView& q, const TensorView& o,
+                           const TensorView& act);
 // rope_neox with the first token's position read from device memory.
 Status rope_neox_at(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, const int32_t* d_pos);
 // get_rows whose ids the caller has already validated (no copy to the host).
