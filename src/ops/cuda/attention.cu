@@ -100,10 +100,11 @@ __device__ __forceinline__ int64_t out_row(const KParams& p, int rho, int g) {
 
 // The output gate of o's element (row, d), row = t * H + h (gate of head h of token t). The gate is
 // written by an earlier kernel and read-only here, so its loads may be batched ahead of the stores.
-__device__ __forceinline__ float gate_at(const KParams& p, int64_t row, int d) {
+__device__ __forceinline__ const float* gate_ptr(const KParams& p, int64_t row, int d) {
   const int64_t t = row / p.H, h = row - t * p.H;
-  return __ldg(p.gate + t * p.gate_ts + h * p.gate_hs + d);
+  return p.gate + t * p.gate_ts + h * p.gate_hs + d;
 }
+__device__ __forceinline__ float gate_at(const KParams& p, int64_t row, int d) { return __ldg(gate_ptr(p, row, d)); }
 
 // Stores o[row][d] = v; with the output gate (its value `gate`, from gate_at), v * sigmoid(gate) and its
 // q8 code (the bits of mul_sigmoid then quantize_q8: kern::sigmoidf, and store_q8_block_warp writes
@@ -163,12 +164,14 @@ __device__ void write_rows(const KParams& p, const float* sO, const float* sM, c
   const int n = (row_end - row0) * D;
   const bool gated = p.n_split == 1 && p.gate != nullptr;
   for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * blockDim.x) {
-    float gv[kBatch];
+    float gv[kBatch] = {};
+    if (gated) {  // unconditional loads (past n: the last element's), so all kBatch are in flight at once
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u * blockDim.x;
-      const int r = i / D, d = i - r * D;
-      gv[u] = gated && i < n ? gate_at(p, out_row(p, row0 + r, g), d) : 0.0f;
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = min(i0 + u * static_cast<int>(blockDim.x), n - 1);
+        const int r = i / D, d = i - r * D;
+        gv[u] = gate_at(p, out_row(p, row0 + r, g), d);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -216,10 +219,11 @@ __device__ __forceinline__ void prep_head_row(const float* src, const float* w, 
                                               int n_rot, double log2_base, float* y, int lane) {
   float v[kPrepPer], wv[kPrepPer];
 #pragma unroll
-  for (int j = 0; j < kPrepPer; ++j) {
-    const int i = lane + 32 * j;
-    v[j] = i < D ? src[i] : 0.0f;
-    wv[j] = i < D ? w[i] : 1.0f;
+  for (int j = 0; j < kPrepPer; ++j) {  // unconditional loads (past D: element D - 1), selected after
+    const int i = lane + 32 * j, ic = min(i, D - 1);
+    const float x = src[ic], wx = w[ic];
+    v[j] = i < D ? x : 0.0f;
+    wv[j] = i < D ? wx : 1.0f;
   }
   const float inv = kern::warp_row_rms_inv(v, D, eps);
 #pragma unroll
@@ -655,34 +659,39 @@ __device__ void decode_combine(const KParams& p, float* smem, int g, int pos0, i
     if (lane == 0) sL[r] = Lr;
   }
   __syncthreads();
-  // Element i = r * D + d of the CTA's rows: thread x takes i = x + k * kThreads; every split's loads of
-  // all its elements are issued together.
+  // Element i = r * D + d of the CTA's rows: thread x takes i = x + k * kThreads. Every load is
+  // unconditional (padding elements and splits a row does not see read a valid element and are
+  // selected out), so a split's loads of all elements are in flight together.
   constexpr int kItems = kFuseRows * D / kThreads;
   const int last_max = last_split(p, pos0, L, p.n_tokens - 1);
   const int64_t stride = p.RT * D;
+  int off[kItems], wrow[kItems], lim[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D, rc = min(r, p.R - 1);
+    off[k] = static_cast<int>(out_row(p, rc, g) * D + d);
+    wrow[k] = rc * kFuseMaxSplits;
+    lim[k] = r < p.R ? last_split(p, pos0, L, r / p.G) : -1;
+  }
   float acc[kItems];
 #pragma unroll
   for (int k = 0; k < kItems; ++k) acc[k] = 0.0f;
   for (int s = 0; s <= last_max; ++s) {
+    const float* ps = p.part_o + s * stride;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
-      const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D;
-      if (r < p.R && s <= last_split(p, pos0, L, r / p.G)) {
-        const float x = __ldcg(p.part_o + s * stride + out_row(p, r, g) * D + d);
-        acc[k] = combine_step(acc[k], x, w[r * kFuseMaxSplits + s]);
-      }
+      const float x = __ldcg(ps + off[k]);
+      const float stepped = combine_step(acc[k], x, w[wrow[k] + s]);
+      acc[k] = s <= lim[k] ? stepped : acc[k];
     }
   }
   float gv[kItems];
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D;
-    gv[k] = r < p.R ? gate_at(p, out_row(p, r, g), d) : 0.0f;
-  }
+  for (int k = 0; k < kItems; ++k) gv[k] = __ldg(gate_ptr(p, off[k] / D, off[k] % D));
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D;
-    if (r < p.R) store_o<true>(p, out_row(p, r, g), d, acc[k] / sL[r], gv[k]);  // warp-uniform: D % 32 == 0
+    if (r < p.R) store_o<true>(p, off[k] / D, d, acc[k] / sL[r], gv[k]);  // warp-uniform: D % 32 == 0
   }
 }
 
