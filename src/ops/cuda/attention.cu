@@ -1050,7 +1050,7 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
 
 cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& plan, cudaStream_t s) {
   const AttnPagedArgs& at = a.attn;
-  const bool combine = plan.n_split <= kFuseMaxSplits;
+  const bool combine = plan.n_split <= kFuseMaxSplits && a.merge_in_kernel;
   const KernelPick k = pick_decode_kernel(at.kv.head_dim, combine);
   if (k.fn == nullptr || plan.path != AttnPath::kTensorCore || plan.rows_per_cta != kFuseRows ||
       plan.n_row_blocks != 1 || (plan.n_split > 1 && at.scratch == nullptr) || at.gate == nullptr ||

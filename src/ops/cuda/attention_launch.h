@@ -125,6 +125,7 @@ struct AttnDecodeArgs {
   // kAttnDecodeMaxKvHeads words, zero, left zero by every launch: owned by the stream (two launches on
   // one stream never overlap). Needed where the plan has 2 to 16 splits.
   unsigned* counters = nullptr;
+  bool merge_in_kernel = true;  // false: the combine kernel merges the splits even where the kernel could
 };
 bool attention_decode_fits(DType kv_dtype, int head_dim, int n_head, int n_head_kv, int n_tokens);
 // cudaErrorNotSupported where attention_decode_fits does not hold (or the K/V offsets are not 16-byte
