@@ -590,6 +590,9 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 // attn_combine_kernel does; without it attn_combine_kernel runs next.
 
 constexpr int kFuseMaxSplits = 16;
+
+// Release and acquire at GPU scope: lighter than __threadfence (a sequentially consistent fence).
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
 
 // The prep of CTA (g, split with positions [kv_begin, kv_end)); ends with a CTA barrier. y: kWarps * D
@@ -616,7 +619,7 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, int g, i
     __syncwarp();  // y is rewritten by the next row
     appended = true;
   }
-  if (appended) __threadfence();  // the new rows are in L2 before this CTA's tile copies (cp.async.cg) read them
+  if (appended) fence_acq_rel_gpu();  // the new rows are in L2 before this CTA's tile copies (cp.async.cg) read them
   const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per KV head writes q_out
   for (int rho = warp; rho < p.R; rho += kWarps) {
     const int t = rho / p.G, h = g * p.G + (rho - t * p.G);
@@ -640,15 +643,19 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, int g, i
 template <int D>
 __device__ void decode_combine(const KParams& p, float* smem, int g, int pos0, int L) {
   __shared__ unsigned s_last;
-  __threadfence();
+  // Thread 0 fences for the CTA (the grid barrier's pattern of cooperative groups): the barrier orders
+  // every thread's partial writes before its release fence and ticket, and its acquire fence (last
+  // CTA) before every thread's reads after the second barrier. A fence per warp costs microseconds.
   __syncthreads();
   if (threadIdx.x == 0) {
+    fence_acq_rel_gpu();
     const unsigned wrap = static_cast<unsigned>(p.n_split - 1);
-    s_last = atomicInc(p.counters + g, wrap) == wrap ? 1u : 0u;
+    const bool last = atomicInc(p.counters + g, wrap) == wrap;
+    if (last) fence_acq_rel_gpu();
+    s_last = last ? 1u : 0u;
   }
   __syncthreads();
   if (s_last == 0) return;
-  __threadfence();
   float* w = smem;                            // [kFuseRows][kFuseMaxSplits]
   float* lw = w + kFuseRows * kFuseMaxSplits;  // [kFuseRows][kFuseMaxSplits]
   float* sL = lw + kFuseRows * kFuseMaxSplits;  // [kFuseRows]
