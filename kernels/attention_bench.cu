@@ -356,8 +356,8 @@ void bench_decode(Runner& run, int64_t n_kv, int64_t max_kv, double read_gbs, in
   for (KvCopy& c : copies) free_copy(c);
 }
 
-// ---- one attention layer's decode: attention_prep then the gated split kernel (+ combine), against
-// attention_decode_kernel (prep, attention, gate and, up to 16 splits, the combine in one launch) ----
+// ---- one attention layer's decode: attention_prep then the gated split kernel and its combine, against
+// attention_decode_kernel (prep, attention and gate in one launch) and the combine ----
 void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
   const int64_t kv_bytes = n_kv * kHkv * kD * 2 * 2;
   const int n_copies = 4;
@@ -368,7 +368,6 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
   float *qg, *k_src, *k, *v, *norms, *q, *o, *o_chain;
   int8_t *act, *act_chain;
   int32_t* d_pos;
-  unsigned* counters;
   float* scratch;
   CK(cudaMalloc(&qg, 8 * HD));
   CK(cudaMalloc(&k_src, 4 * kHkv * kD));
@@ -381,8 +380,6 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
   CK(cudaMalloc(&act, act_bytes));
   CK(cudaMalloc(&act_chain, act_bytes));
   CK(cudaMalloc(&d_pos, 4));
-  CK(cudaMalloc(&counters, 4 * cuda::kAttnDecodeMaxKvHeads));
-  CK(cudaMemset(counters, 0, 4 * cuda::kAttnDecodeMaxKvHeads));
   fill_random_float<<<64, 256>>>(qg, 2 * HD, 21u);
   fill_random_float<<<64, 256>>>(k_src, kHkv * kD, 22u);
   fill_random_float<<<64, 256>>>(v, kHkv * kD, 23u);
@@ -428,14 +425,12 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
     a.scratch = scratch;
     CK(cuda::attention_paged_launch(a, chain_plan, st));
   };
-  auto fused = [&](int i, cudaStream_t st, float* out, int8_t* out_q8, bool merge_in_kernel = true) {
+  auto fused = [&](int i, cudaStream_t st, float* out, int8_t* out_q8) {
     const KvCopy& c = copies[i % n_copies];
     cuda::AttnDecodeArgs a;
     a.prep = prep_for(c);
     a.attn = gated_for(c, out, out_q8);
     a.attn.scratch = scratch;
-    a.counters = counters;
-    a.merge_in_kernel = merge_in_kernel;
     CK(cuda::attention_decode_launch(a, fused_plan, st));
   };
   // Same bits (k reloaded before each: the prep normalizes it in place).
@@ -455,12 +450,9 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
   if (!same) g_fail = true;
   const double us_chain = time_graph([&](int i, cudaStream_t st) { chain(i, st, o, act); }, 40, s);
   const double us_fused = time_graph([&](int i, cudaStream_t st) { fused(i, st, o, act); }, 40, s);
-  const double us_fused_ck = time_graph([&](int i, cudaStream_t st) { fused(i, st, o, act, false); }, 40, s);
-  std::printf("layer decode n_kv %6lld bound %6lld: chain %7.1f us (splits %d), fused %7.1f us (splits %d%s), "
-              "fused + combine kernel %7.1f us; KV %.1f MB\n",
-              static_cast<long long>(n_kv), static_cast<long long>(max_kv), us_chain, chain_plan.n_split, us_fused,
-              fused_plan.n_split, fused_plan.n_split > 16 ? ", + combine kernel" : ", merged in the kernel",
-              us_fused_ck, kv_bytes / 1e6);
+  std::printf("layer decode n_kv %6lld bound %6lld: chain %7.1f us, fused %7.1f us (splits %d); KV %.1f MB\n",
+              static_cast<long long>(n_kv), static_cast<long long>(max_kv), us_chain, us_fused, fused_plan.n_split,
+              kv_bytes / 1e6);
   if (g_tsv) {
     std::fprintf(g_tsv, "layer_decode\t%lld\t%lld\t%.2f\t%.2f\n", static_cast<long long>(n_kv),
                  static_cast<long long>(max_kv), us_chain, us_fused);
@@ -468,7 +460,7 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
   for (void* ptr : {static_cast<void*>(qg), static_cast<void*>(k_src), static_cast<void*>(k), static_cast<void*>(v),
                     static_cast<void*>(norms), static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(o_chain),
                     static_cast<void*>(act), static_cast<void*>(act_chain), static_cast<void*>(d_pos),
-                    static_cast<void*>(counters), static_cast<void*>(scratch)}) {
+                    static_cast<void*>(scratch)}) {
     CK(cudaFree(ptr));
   }
   for (KvCopy& c : copies) free_copy(c);

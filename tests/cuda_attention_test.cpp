@@ -529,8 +529,8 @@ struct DecodeInputs {
 };
 
 // attention_decode_q8 against attention_prep then attention_paged_gated_q8 on the same inputs: q, k (in
-// place), every KV byte, o and every activation byte equal. The bounds give one split, 2-16 splits
-// (the last CTA merges them; up to all 16 holding positions) and more than 16 (the combine kernel).
+// place), every KV byte, o and every activation byte equal. The bounds give one split (the kernel gates
+// its final rows) and up to 33 (all 16 of a 1024 bound holding positions at 1000).
 TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
   struct Shape {
     int64_t D, H, Hkv, n_rot;
@@ -605,10 +605,9 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
   EXPECT_GE(n_checked, 30);
 }
 
-// attention_decode_q8 captured once as a CUDA graph and replayed at positions that give one to all 16
-// splits of a 1024 bound (the last-CTA tickets must wrap back to zero every replay) and, with a 4096
-// bound, more splits than the kernel merges itself; each replay equals the chain run op by op on the
-// same inputs.
+// attention_decode_q8 captured once as a CUDA graph (bounds 1024 and 4096) and replayed at positions
+// from 0 to 999 (the split holding the new position moves, and the number of splits holding positions
+// goes from one to all); each replay equals the chain run op by op on the same inputs.
 TEST_F(CudaAttentionTest, DecodeQ8ReplaysAsGraph) {
   const int64_t D = 256, H = 16, Hkv = 2, n_rot = 64;
   const float eps = 1e-6f, base = 1e7f, scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -644,7 +643,7 @@ TEST_F(CudaAttentionTest, DecodeQ8ReplaysAsGraph) {
                                        scale, gate, q, o, act);
     };
     load_inputs(5, true);
-    Status s = fused();  // warm-up: the scratch block and the stream's counters exist before the capture
+    Status s = fused();  // warm-up: the scratch block comes from the cache in the capture
     ASSERT_TRUE(s.is_ok()) << s.to_string();
     cudaGraphExec_t exec = nullptr;
     ASSERT_NO_FATAL_FAILURE(capture(fused, &exec));

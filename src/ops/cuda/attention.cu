@@ -5,7 +5,9 @@
 // head and one KV range (split); it streams its range once with an online softmax (running max m,
 // normalizer l, accumulator o, in the log2 domain) and writes either the final rows (one split) or
 // partial (m, l, o) that attn_combine_kernel merges. With the output gate (attention_paged_gated_q8) the
-// combine kernel also gates o and writes its int8 activations, with one split as well.
+// kernel that writes the final rows (the attention kernel with one split, else the combine) also gates
+// o and writes its int8 activations. attn_decode_kernel (the layer's one-token decode) is the
+// tensor-core kernel with attention_prep's work done by its own CTAs: one launch fewer.
 //   attn_tc_kernel<D, RW>: F16 KV, D in {32, 64, 128, 256}; 4 warps; K/V tiles of 64 positions
 //     double-buffered in shared memory by cp.async (16-byte loads); Q K^T and P V with
 //     mma.sync.m16n8k16 (f16 in, f32 accumulate), each warp owning 16 rows. RW = row warps: 4 for
@@ -67,7 +69,7 @@ struct KParams {
   int8_t* q8;
   float2* q8_ds;
   // The fused decode (attn_decode_kernel; unset otherwise): attention_prep's inputs and outputs
-  // (AttnPrepArgs) and the last-CTA tickets of the in-kernel combine.
+  // (AttnPrepArgs).
   const float* q_in;  // q head h of token t at q_in + t * q_ts + h * q_hs
   int64_t q_hs, q_ts;
   const float* q_norm;
@@ -78,7 +80,6 @@ struct KParams {
   int n_rot;
   double log2_base;
   float eps;
-  unsigned* counters;  // [Hkv], zero between launches (each launch's last CTA wraps its counter to 0)
 };
 
 __device__ __forceinline__ int read_pos(const KParams& p) { return p.d_pos ? *p.d_pos : p.pos0_host; }
@@ -509,10 +510,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
 // ---- split combine ----
 // One output row merges the partials of the splits [0, last] that hold positions it sees: weights
 // w_s = 2^(m_s - M) (M the largest m_s of a split with l_s > 0; 0 where l_s is not positive), then
-// o[d] = (sum_s w_s part_o[s][d]) / (sum_s w_s l_s), each sum in split order. attn_combine_kernel (a
-// CTA per row) and attn_decode_kernel's last CTA (every row of its KV head) run this arithmetic through
-// the helpers below, so both give the same bits. Partials are read through L2 (__ldcg): in the fused
-// kernel they were written by other CTAs of the same launch.
+// o[d] = (sum_s w_s part_o[s][d]) / (sum_s w_s l_s), each sum in split order. With the weights computed
+// first, a thread's loads of its dims in successive splits do not wait on each other. Partials are read
+// once, through L2 (__ldcg).
 
 // The splits of [0, n_split) holding positions that rows of token t see (their partials are written).
 __device__ __forceinline__ int last_split(const KParams& p, int pos0, int L, int t) {
@@ -578,21 +578,18 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
   }
 }
 
-// ---- fused decode: prep, attention, output gate and split combine in one launch ----
-// attn_decode_kernel<D, kCombine>: one row block of at most 16 packed rows (tensor-core path, RW = 1)
-// per KV head. Each CTA (KV head g, split s) first does attention_prep's work for what it reads: the new
+// ---- fused decode: prep, attention and output gate in one launch ----
+// attn_decode_kernel<D>: one row block of at most 16 packed rows (tensor-core path, RW = 1) per KV
+// head. Each CTA (KV head g, split s) first does attention_prep's work for what it reads: the new
 // positions inside its range get k normalized and rotated (back into k_in and, as half, into the
 // cache) and v appended, each new position by exactly one CTA (the splits partition the positions);
 // its query rows are normalized and rotated straight into shared memory. Then the tensor-core
-// attention of its range. One split: the final rows, gated, with their q8 codes. Several: partials,
-// and with kCombine (n_split <= kFuseMaxSplits) the last CTA of the KV head to finish (a ticket from
-// atomicInc, which wraps the counter back to 0 for the next launch) merges them as
-// attn_combine_kernel does; without it attn_combine_kernel runs next.
+// attention of its range: with one split the final rows, gated, with their q8 codes; with several,
+// partials that attn_combine_kernel merges and gates.
+// Not taken: the last CTA of a KV head merging the splits itself (a ticket counter) instead of the
+// combine kernel: 21 us slower a launch on the H100 at one split holding positions (37 against 16),
+// for reasons not found (unconditional loads and one fence per CTA changed nothing).
 
-constexpr int kFuseMaxSplits = 16;
-
-// Release and acquire at GPU scope: lighter than __threadfence (a sequentially consistent fence).
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
 
 // The prep of CTA (g, split with positions [kv_begin, kv_end)); ends with a CTA barrier. y: kWarps * D
@@ -619,7 +616,7 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, int g, i
     __syncwarp();  // y is rewritten by the next row
     appended = true;
   }
-  if (appended) fence_acq_rel_gpu();  // the new rows are in L2 before this CTA's tile copies (cp.async.cg) read them
+  if (appended) __threadfence();  // the new rows are in L2 before this CTA's tile copies (cp.async.cg) read them
   const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per KV head writes q_out
   for (int rho = warp; rho < p.R; rho += kWarps) {
     const int t = rho / p.G, h = g * p.G + (rho - t * p.G);
@@ -637,72 +634,7 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, int g, i
   __syncthreads();
 }
 
-// The last CTA of KV head g to arrive merges the splits of its rows and stores them gated with their q8
-// codes (attn_combine_kernel's arithmetic: combine_weights, then combine_step in split order). smem:
-// 2 * kFuseRows * kFuseMaxSplits + kFuseRows floats, free once the CTA's partials are written.
 template <int D>
-__device__ void decode_combine(const KParams& p, float* smem, int g, int pos0, int L) {
-  __shared__ unsigned s_last;
-  // Thread 0 fences for the CTA (the grid barrier's pattern of cooperative groups): the barrier orders
-  // every thread's partial writes before its release fence and ticket, and its acquire fence (last
-  // CTA) before every thread's reads after the second barrier. A fence per warp costs microseconds.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    fence_acq_rel_gpu();
-    const unsigned wrap = static_cast<unsigned>(p.n_split - 1);
-    const bool last = atomicInc(p.counters + g, wrap) == wrap;
-    if (last) fence_acq_rel_gpu();
-    s_last = last ? 1u : 0u;
-  }
-  __syncthreads();
-  if (s_last == 0) return;
-  float* w = smem;                            // [kFuseRows][kFuseMaxSplits]
-  float* lw = w + kFuseRows * kFuseMaxSplits;  // [kFuseRows][kFuseMaxSplits]
-  float* sL = lw + kFuseRows * kFuseMaxSplits;  // [kFuseRows]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < p.R; r += kWarps) {
-    const float Lr = combine_weights(p, out_row(p, r, g), last_split(p, pos0, L, r / p.G), w + r * kFuseMaxSplits,
-                                     lw + r * kFuseMaxSplits, lane);
-    if (lane == 0) sL[r] = Lr;
-  }
-  __syncthreads();
-  // Element i = r * D + d of the CTA's rows: thread x takes i = x + k * kThreads. Every load is
-  // unconditional (padding elements and splits a row does not see read a valid element and are
-  // selected out), so a split's loads of all elements are in flight together.
-  constexpr int kItems = kFuseRows * D / kThreads;
-  const int last_max = last_split(p, pos0, L, p.n_tokens - 1);
-  const int64_t stride = p.RT * D;
-  int off[kItems], wrow[kItems], lim[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D, rc = min(r, p.R - 1);
-    off[k] = static_cast<int>(out_row(p, rc, g) * D + d);
-    wrow[k] = rc * kFuseMaxSplits;
-    lim[k] = r < p.R ? last_split(p, pos0, L, r / p.G) : -1;
-  }
-  float acc[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) acc[k] = 0.0f;
-  for (int s = 0; s <= last_max; ++s) {
-    const float* ps = p.part_o + s * stride;
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const float x = __ldcg(ps + off[k]);
-      const float stepped = combine_step(acc[k], x, w[wrow[k] + s]);
-      acc[k] = s <= lim[k] ? stepped : acc[k];
-    }
-  }
-  float gv[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) gv[k] = __ldg(gate_ptr(p, off[k] / D, off[k] % D));
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int i = threadIdx.x + k * kThreads, r = i / D, d = i - r * D;
-    if (r < p.R) store_o<true>(p, off[k] / D, d, acc[k] / sL[r], gv[k]);  // warp-uniform: D % 32 == 0
-  }
-}
-
-template <int D, bool kCombine>
 __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
   kern::dependency_sync();
   constexpr int SK = D + 8;
@@ -719,13 +651,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   const int n_kv = pos0 + p.n_tokens;
   const int L = split_len(n_kv, p.n_split);
   const int kv_begin = s * L, kv_end = min(n_kv, kv_begin + L);
-  if (kv_begin < kv_end) {  // else no positions: attn_combine_kernel and the last CTA read no partial of it
-    decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), g, pos0, kv_begin, kv_end);
-    tc_attend<D, 1>(p, sQ, sK, sV, g, s, pos0, 0, p.R, kv_begin, kv_end);
-  }
-  if constexpr (kCombine) {
-    if (p.n_split > 1) decode_combine<D>(p, reinterpret_cast<float*>(sK), g, pos0, L);
-  }
+  if (kv_begin >= kv_end) return;  // no positions: attn_combine_kernel reads no partial of this split
+  decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), g, pos0, kv_begin, kv_end);
+  tc_attend<D, 1>(p, sQ, sK, sV, g, s, pos0, 0, p.R, kv_begin, kv_end);
 }
 
 // ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----
@@ -1014,18 +942,16 @@ void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_bl
 }
 
 template <int D>
-KernelPick pick_decode(bool combine) {
-  return {combine ? reinterpret_cast<const void*>(attn_decode_kernel<D, true>)
-                  : reinterpret_cast<const void*>(attn_decode_kernel<D, false>),
-          tc_smem_bytes(D, 1)};
+KernelPick pick_decode() {
+  return {reinterpret_cast<const void*>(attn_decode_kernel<D>), tc_smem_bytes(D, 1)};
 }
 
-KernelPick pick_decode_kernel(int D, bool combine) {
+KernelPick pick_decode_kernel(int D) {
   switch (D) {
-    case 32: return pick_decode<32>(combine);
-    case 64: return pick_decode<64>(combine);
-    case 128: return pick_decode<128>(combine);
-    case 256: return pick_decode<256>(combine);
+    case 32: return pick_decode<32>();
+    case 64: return pick_decode<64>();
+    case 128: return pick_decode<128>();
+    case 256: return pick_decode<256>();
     default: return {};
   }
 }
@@ -1037,7 +963,7 @@ bool attention_decode_fits(DType kv_dtype, int head_dim, int n_head, int n_head_
       n_tokens < 1 || static_cast<int64_t>(n_tokens) * (n_head / n_head_kv) > kFuseRows) {
     return false;
   }
-  const KernelPick k = pick_decode_kernel(head_dim, true);
+  const KernelPick k = pick_decode_kernel(head_dim);
   const long long smem_limit = smem_optin_limit();
   return k.fn != nullptr && (smem_limit == 0 || k.smem <= static_cast<size_t>(smem_limit));
 }
@@ -1047,28 +973,25 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
       a.kv.chunk_tokens <= 0 || a.kv.k_offset % 16 != 0 || a.kv.v_offset % 16 != 0) {
     return cudaErrorNotSupported;
   }
-  int slots = 0, slots_plain = 0;
-  cudaError_t e = configure(pick_decode_kernel(a.kv.head_dim, true), device, &slots);
-  if (e == cudaSuccess) e = configure(pick_decode_kernel(a.kv.head_dim, false), device, &slots_plain);
+  int slots = 0;
+  const cudaError_t e = configure(pick_decode_kernel(a.kv.head_dim), device, &slots);
   if (e != cudaSuccess) return e;
-  fill_plan(a, AttnPath::kTensorCore, kFuseRows, 1, std::min(slots, slots_plain), plan);
+  fill_plan(a, AttnPath::kTensorCore, kFuseRows, 1, slots, plan);
   return cudaSuccess;
 }
 
 cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& plan, cudaStream_t s) {
   const AttnPagedArgs& at = a.attn;
-  const bool combine = plan.n_split <= kFuseMaxSplits && a.merge_in_kernel;
-  const KernelPick k = pick_decode_kernel(at.kv.head_dim, combine);
+  const KernelPick k = pick_decode_kernel(at.kv.head_dim);
   if (k.fn == nullptr || plan.path != AttnPath::kTensorCore || plan.rows_per_cta != kFuseRows ||
       plan.n_row_blocks != 1 || (plan.n_split > 1 && at.scratch == nullptr) || at.gate == nullptr ||
       at.q8 == nullptr || reinterpret_cast<uintptr_t>(at.q8) % 16 != 0 || a.prep.q == nullptr ||
       a.prep.k == nullptr || a.prep.v == nullptr || a.prep.q_in == nullptr || a.prep.n_rot < 2 ||
-      a.prep.n_rot % 2 != 0 || a.prep.n_rot > at.kv.head_dim ||
-      (combine && plan.n_split > 1 && a.counters == nullptr) || at.kv.n_head_kv < 1 ||
+      a.prep.n_rot % 2 != 0 || a.prep.n_rot > at.kv.head_dim || at.kv.n_head_kv < 1 ||
       static_cast<int64_t>(at.n_tokens) * (at.n_head / at.kv.n_head_kv) > kFuseRows) {
     return cudaErrorInvalidValue;
   }
-  // attention_decode_plan configured both kernels' shared-memory limit on this device.
+  // attention_decode_plan configured the kernel's shared-memory limit on this device.
   KParams p = make_params(at, plan);
   p.q = nullptr;  // the kernel prepares q itself
   p.q_in = a.prep.q_in;
@@ -1082,12 +1005,11 @@ cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& pla
   p.n_rot = a.prep.n_rot;
   p.log2_base = a.prep.log2_base;
   p.eps = a.prep.eps;
-  p.counters = a.counters;
   void* args[] = {&p};
   const dim3 grid(static_cast<unsigned>(at.kv.n_head_kv), 1, static_cast<unsigned>(plan.n_split));
   cudaError_t e = launch_kernel_packed(k.fn, grid, dim3(kThreads), args, k.smem, s);
   if (e != cudaSuccess) return e;
-  if (!combine) {
+  if (plan.n_split > 1) {
     e = launch_kernel_packed(reinterpret_cast<const void*>(attn_combine_kernel<true>), dim3(static_cast<unsigned>(p.RT)),
                              dim3(32 * kCombineWarps), args, 0, s);
     if (e != cudaSuccess) return e;

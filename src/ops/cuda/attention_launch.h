@@ -110,11 +110,10 @@ cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaS
 
 // The attention layer's decode in one launch: attention_prep_launch, then attention_paged_launch with
 // the output gate and q8 activations. Each CTA preps the query rows it attends with and appends the new
-// positions its split holds; with at most 16 splits its last CTA per KV head also merges the splits (a
-// ticket counter), else attn_combine_kernel follows. Same bits as the two launches for q, k, the
-// appended KV rows, o and the activations. Fits where attention_decode_fits: F16 KV, head_dim 32, 64,
-// 128 or 256 within the device's shared memory, at most 16 query rows per KV head (n_tokens * n_head /
-// n_head_kv), n_head_kv <= kAttnDecodeMaxKvHeads.
+// positions its split holds; with more than one split attn_combine_kernel follows (a second launch).
+// Same bits as the two in sequence for q, k, the appended KV rows, o and the activations. Fits where
+// attention_decode_fits: F16 KV, head_dim 32, 64, 128 or 256 within the device's shared memory, at most
+// 16 query rows per KV head (n_tokens * n_head / n_head_kv), n_head_kv <= kAttnDecodeMaxKvHeads.
 constexpr int kAttnDecodeMaxKvHeads = 256;
 struct AttnDecodeArgs {
   // Read from prep: q_in, q_hs, q_ts, q_norm, k_norm, q (the prepared q out), k (in place), v, n_rot,
@@ -122,10 +121,6 @@ struct AttnDecodeArgs {
   // and whose q is not read.
   AttnPrepArgs prep;
   AttnPagedArgs attn;
-  // kAttnDecodeMaxKvHeads words, zero, left zero by every launch: owned by the stream (two launches on
-  // one stream never overlap). Needed where the plan has 2 to 16 splits.
-  unsigned* counters = nullptr;
-  bool merge_in_kernel = true;  // false: the combine kernel merges the splits even where the kernel could
 };
 bool attention_decode_fits(DType kv_dtype, int head_dim, int n_head, int n_head_kv, int n_tokens);
 // cudaErrorNotSupported where attention_decode_fits does not hold (or the K/V offsets are not 16-byte

@@ -313,8 +313,7 @@ bool attention_decode_q8_applies(DType kv_dtype, int64_t head_dim, int64_t n_hea
                                static_cast<int>(n_head_kv), static_cast<int>(n_tokens));
 }
 
-// The split scratch as in attention_paged (see there for graphs); the last-CTA counters are the
-// stream's own (stream_resident_buffer: the first call on a stream must not be captured).
+// The split scratch as in attention_paged (see there for graphs).
 Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm,
                            const TensorView& k, const TensorView& k_norm, const TensorView& v, float eps,
                            int64_t n_rot, float base, const KvTable& kv, const int32_t* d_pos, int64_t max_kv,
@@ -341,9 +340,6 @@ Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, cons
     DS_ASSIGN_OR_RETURN(scratch, CudaBuffer::allocate(ctx.device.index, plan.scratch_bytes));
     a.attn.scratch = static_cast<float*>(scratch.data());
   }
-  DS_ASSIGN_OR_RETURN(void* counters, stream_resident_buffer(ctx.device.index, ctx.cuda_stream, op,
-                                                             kAttnDecodeMaxKvHeads * sizeof(unsigned)));
-  a.counters = static_cast<unsigned*>(counters);
   DS_CUDA_TRY(attention_decode_launch(a, plan, stream_of(ctx)), "{} q {} k {} KV head_dim {} chunk {} splits {}",
               op, q.shape_string(), k.shape_string(), kv.head_dim, kv.chunk_tokens, plan.n_split);
   return Status::ok();

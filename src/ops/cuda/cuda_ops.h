@@ -97,8 +97,8 @@ bool attention_prep_applies(int64_t head_dim);
 Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm, const TensorView& k,
                       const TensorView& k_norm, const TensorView& v, float eps, int64_t n_rot, float base,
                       const KvTable& kv, const int32_t* d_pos, const TensorView& q);
-// attention_prep, then attention_paged_gated_q8 on its q, in one kernel launch (two where the plan has more
-// than 16 splits: the combine kernel follows): the same bits of q, k, the appended KV rows, o and act.
+// attention_prep, then attention_paged_gated_q8 on its q, with one kernel launch fewer (the prep is done
+// by the attention kernel's CTAs): the same bits of q, k, the appended KV rows, o and act.
 // Where attention_decode_q8_applies: F16 KV, head_dim 32, 64, 128 or 256, n_tokens * n_head / n_head_kv
 // <= 16 (the model's one-token decode), n_head_kv <= 256. Arguments as in the two entries.
 bool attention_decode_q8_applies(DType kv_dtype, int64_t head_dim, int64_t n_head, int64_t n_head_kv,
