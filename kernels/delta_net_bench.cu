@@ -1,6 +1,8 @@
 // Workbench: gated DeltaNet (ops/delta_net.h) on one layer of the 27B shape (dk = dv = 128, nk = 16,
 // nv = 48): prefill of 4096 tokens and decode of one token, checked against a CPU double-precision
-// recurrence, then timed (median of N runs, CUDA events).
+// recurrence, then timed (median of N runs, CUDA events); and the model's one-token step (conv, gates,
+// norms, recurrence and output norm: the fused step kernel against its two-launch chain), timed only
+// (its bits are checked by tests/cuda_delta_net_test.cpp).
 // Build (standalone; includes the production kernels):
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc kernels/delta_net_bench.cu \
 //     -o build/delta_net_bench
@@ -251,6 +253,96 @@ void bench_decode(std::mt19937& rng) {
   free_device(d);
 }
 
+// One token's whole DeltaNet core as the model runs it: delta_net_step_q8_launch (conv with the carried
+// inputs, gates, q/k norms, the recurrence and the gated output norm with its q8 codes; clusters of the
+// nv / nk v-heads that share a q/k head) against its two-launch chain (delta_net_prep_launch, then
+// delta_net_norm_q8_launch). Each launch of the graph takes its own state copy.
+void bench_decode_step(std::mt19937& rng) {
+  constexpr int kKernel = 4;
+  const int64_t n_ch = 2 * kNk * kDk + kNv * kDv;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  auto host = [&](int64_t n, float lo, float hi) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& e : x) e = lo + (hi - lo) * u(rng);
+    return x;
+  };
+  std::vector<float> mixed(static_cast<size_t>(n_ch)), z(static_cast<size_t>(kNv * kDv));
+  for (float& e : mixed) e = nd(rng);
+  for (float& e : z) e = nd(rng);
+  float* d_mixed = upload(mixed);
+  float* d_conv_w = upload(host(n_ch * kKernel, -0.5f, 0.5f));
+  float* d_conv_state = upload(host((kKernel - 1) * n_ch, -1.f, 1.f));
+  float* d_alpha = upload(host(kNv, -1.f, 1.f));
+  float* d_b = upload(host(kNv, -1.f, 1.f));
+  float* d_dt_bias = upload(host(kNv, -0.1f, 0.1f));
+  float* d_ssm_a = upload(host(kNv, -1.5f, -0.5f));
+  float* d_w = upload(std::vector<float>(kDv, 1.0f));
+  float* d_z = upload(z);
+  float *d_conv, *d_q, *d_k, *d_g, *d_beta, *d_out, *d_y;
+  int8_t* d_act;
+  CK(cudaMalloc(&d_conv, 4 * n_ch));
+  CK(cudaMalloc(&d_q, 4 * kNk * kDk));
+  CK(cudaMalloc(&d_k, 4 * kNk * kDk));
+  CK(cudaMalloc(&d_g, 4 * kNv));
+  CK(cudaMalloc(&d_beta, 4 * kNv));
+  CK(cudaMalloc(&d_out, 4 * kNv * kDv));
+  CK(cudaMalloc(&d_y, 4 * kNv * kDv));
+  CK(cudaMalloc(&d_act, ds::cuda::kern::q8_act_bytes(kDv, kNv)));
+  const ds::cuda::DeltaNetPrepArgs p{d_mixed, d_conv_w, d_conv_state, d_conv, d_q,   d_k,  d_alpha,  d_b, d_dt_bias,
+                                     d_ssm_a, d_g,      d_beta,       n_ch,   kDk,   kNk,  kNv,      kKernel, 1e-6f};
+  ds::cuda::DeltaNetNormQ8 nq;
+  nq.w = d_w;
+  nq.z = d_z;
+  nq.eps = 1e-6f;
+  nq.y = d_y;
+  nq.q8 = d_act;
+  nq.q8_ds = reinterpret_cast<float2*>(d_act + ds::cuda::kern::q8_ds_offset(kDv, kNv));
+  int dev = 0, l2 = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const int64_t state_bytes = kStateFloats * 4;
+  const int copies = int(std::max<int64_t>(2, 4 * int64_t(l2) / state_bytes + 1));
+  float* states = nullptr;
+  CK(cudaMalloc(&states, copies * state_bytes));
+  CK(cudaMemset(states, 0, copies * state_bytes));
+  auto args_for = [&](int c) {
+    return DeltaNetArgs{d_q, d_k, d_conv + 2 * kNk * kDk, d_g, d_beta, states + c * kStateFloats, d_out,
+                        kDk, kNk, kDv, kNv, 1, kDv, n_ch};
+  };
+  if (!ds::cuda::delta_net_step_q8_fits(p, args_for(0))) {
+    std::printf("decode step: not on this device (no thread-block clusters)\n");
+  } else {
+    for (const bool fused : {false, true}) {
+      const float ms = graph_median_ms(
+          g_stream,
+          [&] {
+            for (int c = 0; c < copies; ++c) {
+              if (fused) {
+                CK(ds::cuda::delta_net_step_q8_launch(p, args_for(c), nq, g_stream));
+              } else {
+                CK(ds::cuda::delta_net_prep_launch(p, g_stream));
+                CK(ds::cuda::delta_net_norm_q8_launch(args_for(c), nq, g_stream));
+              }
+            }
+          },
+          9);
+      const double us = ms * 1e3 / copies;
+      std::printf("decode step %-28s %7.2f us/layer  %7.0f GB/s state read+write (graph of %d layers)\n",
+                  fused ? "delta_net_step_q8" : "prep + norm_q8 (two launches)", us,
+                  2.0 * state_bytes / (us * 1e-6) / 1e9, copies);
+    }
+  }
+  for (void* ptr : {static_cast<void*>(d_mixed), static_cast<void*>(d_conv_w), static_cast<void*>(d_conv_state),
+                    static_cast<void*>(d_alpha), static_cast<void*>(d_b), static_cast<void*>(d_dt_bias),
+                    static_cast<void*>(d_ssm_a), static_cast<void*>(d_w), static_cast<void*>(d_z),
+                    static_cast<void*>(d_conv), static_cast<void*>(d_q), static_cast<void*>(d_k),
+                    static_cast<void*>(d_g), static_cast<void*>(d_beta), static_cast<void*>(d_out),
+                    static_cast<void*>(d_y), static_cast<void*>(d_act), static_cast<void*>(states)}) {
+    CK(cudaFree(ptr));
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -263,6 +355,7 @@ int main() {
   check(rng);
   bench_prefill(rng);
   bench_decode(rng);
+  bench_decode_step(rng);
   CK(cudaStreamDestroy(g_stream));
   return 0;
 }
