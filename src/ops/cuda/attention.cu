@@ -1,5 +1,5 @@
-// CUDA causal GQA attention over a chunked (paged) KV cache, the KV append that fills it, and the fused
-// attention prep (q/k RMSNorm + RoPE + KV append) of the model's attention layers.
+// CUDA causal GQA attention over a chunked (paged) KV cache (the KV append and the layer's prep are in
+// attention_prep.cu; the launch arguments and row stores in attention_rows.cuh).
 // Two attention kernels share one work decomposition: a CTA takes a block of packed query rows (row
 // = token * group + head-in-group, so every query head of a GQA group shares each K/V load), one KV
 // head and one KV range (split); it streams its range once with an online softmax (running max m,
@@ -30,218 +30,21 @@
 #include <utility>
 
 #include "ops/cuda/attention_launch.h"
-#include "ops/cuda/activation.cuh"
+#include "ops/cuda/attention_prep.cuh"
+#include "ops/cuda/attention_rows.cuh"
 #include "ops/cuda/launch.cuh"
-#include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/mma.cuh"
-#include "ops/cuda/norm_warp.cuh"
-#include "ops/cuda/rope.cuh"
 
 namespace ds::cuda {
 namespace {
 
+using namespace attn;  // NOLINT(google-build-using-namespace): the attention kernels' shared pieces
+
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kBN = 64;          // KV positions per tensor-core tile; split lengths are multiples of it
 constexpr int kOPad = 4;         // floats of padding per staged output row (bank spread)
 constexpr int kMaxSplit = 1024;
 constexpr int kCombineWarps = 8;
-
-// Everything a kernel needs, passed by value.
-struct KParams {
-  const float* q;
-  float* o;
-  float* part_ml;  // [n_split][RT][2]: m (log2 domain), l
-  float* part_o;   // [n_split][RT][D]: unnormalized accumulator
-  const uint8_t* const* k_base;
-  const uint8_t* const* v_base;
-  int64_t k_off, v_off;
-  const int32_t* d_pos;
-  int pos0_host;
-  int C, Hkv, D, H, G, n_tokens, R;  // R = n_tokens * G rows per KV head
-  int64_t RT;                        // n_tokens * H output rows
-  int n_split;
-  float scale_log2;
-  // Output gate (attention_paged_gated_q8; null otherwise): o = o * sigmoid(gate), gate of head h of
-  // token t at gate + t * gate_ts + h * gate_hs, and the q8 activations of o's [n_tokens, H * D] rows.
-  const float* gate;
-  int64_t gate_hs, gate_ts;
-  int8_t* q8;
-  float2* q8_ds;
-  // The fused decode (attn_decode_kernel; unset otherwise): attention_prep's inputs and outputs
-  // (AttnPrepArgs).
-  const float* q_in;  // q head h of token t at q_in + t * q_ts + h * q_hs
-  int64_t q_hs, q_ts;
-  const float* q_norm;
-  const float* k_norm;
-  float* q_out;        // [n_tokens, H, D]: the normalized, rotated q
-  float* k_in;         // [n_tokens, Hkv, D]: normalized and rotated in place
-  const float* v_in;   // [n_tokens, Hkv, D]
-  int n_rot;
-  double log2_base;
-  float eps;
-};
-
-__device__ __forceinline__ int read_pos(const KParams& p) { return p.d_pos ? *p.d_pos : p.pos0_host; }
-
-// Positions per split for n_kv keys over n_split splits: equal shares rounded up to kBN.
-__device__ __forceinline__ int split_len(int n_kv, int n_split) {
-  const int per = (n_kv + n_split - 1) / n_split;
-  return (per + kBN - 1) / kBN * kBN;
-}
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-// Output row of packed row rho of KV head g.
-__device__ __forceinline__ int64_t out_row(const KParams& p, int rho, int g) {
-  const int t = rho / p.G;
-  return static_cast<int64_t>(t) * p.H + g * p.G + (rho - t * p.G);
-}
-
-// The output gate of o's element (row, d), row = t * H + h (gate of head h of token t). The gate is
-// written by an earlier kernel and read-only here, so its loads may be batched ahead of the stores.
-__device__ __forceinline__ const float* gate_ptr(const KParams& p, int64_t row, int d) {
-  const int64_t t = row / p.H, h = row - t * p.H;
-  return p.gate + t * p.gate_ts + h * p.gate_hs + d;
-}
-__device__ __forceinline__ float gate_at(const KParams& p, int64_t row, int d) { return __ldg(gate_ptr(p, row, d)); }
-
-// Stores o[row][d] = v; with the output gate (its value `gate`, from gate_at), v * sigmoid(gate) and its
-// q8 code (the bits of mul_sigmoid then quantize_q8: kern::sigmoidf, and store_q8_block_warp writes
-// quantize_q8's codes and scales). Gated: every lane of a warp calls it at once with the 32 dims of one
-// block (D % 32 == 0).
-template <bool kGatedQ8>
-__device__ __forceinline__ void store_o(const KParams& p, int64_t row, int d, float v, float gate) {
-  if constexpr (kGatedQ8) {
-    v = v * kern::sigmoidf(gate);
-    // Element (t, h * D + d) of o's [n_tokens, H * D] rows; d % 32 is the lane (blockDim.x % 32 == 0).
-    kern::store_q8_block_warp(v, p.q8, p.q8_ds, row * p.D + d - d % 32);
-  }
-  p.o[row * p.D + d] = v;
-}
-
-// Final rows: o[row][d] = v, gated with q8 codes where p.gate is set (uniform over the launch).
-__device__ __forceinline__ void store_final(const KParams& p, int64_t row, int d, float v, float gate) {
-  if (p.gate != nullptr) {
-    store_o<true>(p, row, d, v, gate);
-  } else {
-    store_o<false>(p, row, d, v, 0.0f);
-  }
-}
-
-// Rows [row0, row_end) of KV head g become NaN (an invalid position), as final rows.
-__device__ void write_nan_rows(const KParams& p, int row0, int row_end, int g) {
-  const int n = (row_end - row0) * p.D;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {  // a warp: 32 dims of one row where gated
-    const int r = i / p.D, d = i - r * p.D;
-    const int64_t row = out_row(p, row0 + r, g);
-    store_final(p, row, d, NAN, p.gate != nullptr ? gate_at(p, row, d) : 0.0f);
-  }
-}
-
-// A CTA with no positions in its split: empty partials (m = -inf, l = 0); with a single split this
-// happens only for an invalid position, whose rows become NaN.
-__device__ void write_empty(const KParams& p, int row0, int row_end, int g, int s) {
-  if (p.n_split == 1) {
-    write_nan_rows(p, row0, row_end, g);
-    return;
-  }
-  for (int rho = row0 + static_cast<int>(threadIdx.x); rho < row_end; rho += blockDim.x) {
-    const int64_t prow = static_cast<int64_t>(s) * p.RT + out_row(p, rho, g);
-    p.part_ml[2 * prow] = -INFINITY;
-    p.part_ml[2 * prow + 1] = 0.0f;
-  }
-}
-
-// Merges the KW per-warp partials staged in shared memory (sM / sL [KW][BM], sO [KW][BM][ostride])
-// of rows [row0, row_end) and writes the final rows (one split; gated with their q8 codes where p.gate
-// is set) or this split's partial. A thread takes kBatch elements at a time, their gate values loaded
-// together.
-__device__ void write_rows(const KParams& p, const float* sO, const float* sM, const float* sL, int KW, int BM,
-                           int ostride, int row0, int row_end, int g, int s) {
-  constexpr int kBatch = 4;
-  const int D = p.D;
-  const int n = (row_end - row0) * D;
-  const bool gated = p.n_split == 1 && p.gate != nullptr;
-  for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * blockDim.x) {
-    float gv[kBatch] = {};
-    if (gated) {  // unconditional loads (past n: the last element's), so all kBatch are in flight at once
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int i = min(i0 + u * static_cast<int>(blockDim.x), n - 1);
-        const int r = i / D, d = i - r * D;
-        gv[u] = gate_at(p, out_row(p, row0 + r, g), d);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u * blockDim.x;
-      if (i >= n) break;  // warp-uniform where gated (n % 32 == 0)
-      const int r = i / D, d = i - r * D;
-      const int64_t row = out_row(p, row0 + r, g);
-      float M = -INFINITY;
-      for (int k = 0; k < KW; ++k) M = fmaxf(M, sM[k * BM + r]);
-      float L = 0.0f, acc = 0.0f;
-      for (int k = 0; k < KW; ++k) {
-        const float lk = sL[k * BM + r];
-        if (lk > 0.0f) {
-          const float w = exp2f(sM[k * BM + r] - M);
-          L += lk * w;
-          acc += sO[(k * BM + r) * ostride + d] * w;
-        }
-      }
-      if (p.n_split == 1) {
-        store_final(p, row, d, acc / L, gv[u]);
-      } else {
-        const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
-        p.part_o[prow * D + d] = acc;
-        if (d == 0) {
-          p.part_ml[2 * prow] = M;
-          p.part_ml[2 * prow + 1] = L;
-        }
-      }
-    }
-  }
-}
-
-// ---- one head row of the attention prep (attention_prep's arithmetic) ----
-
-__device__ __forceinline__ void store_kv(float* dst, float v) { *dst = v; }
-__device__ __forceinline__ void store_kv(__half* dst, float v) { *dst = __float2half_rn(v); }
-
-constexpr int kPrepPer = kern::kWarpRowPer;
-static_assert(kAttnPrepMaxHeadDim == 32 * kPrepPer, "one warp holds a head");
-
-// One full warp: y[0, D) = RMSNorm(src[0, D)) * w (norm_kernel's bits through kern::warp_row_rms_inv),
-// then its first n_rot dims rotated (NeoX) at position pos (kern::rope_neox_pair). D <= 256; y: D floats
-// of shared memory, complete in every lane on return.
-__device__ __forceinline__ void prep_head_row(const float* src, const float* w, int D, float eps, int64_t pos,
-                                              int n_rot, double log2_base, float* y, int lane) {
-  float v[kPrepPer], wv[kPrepPer];
-#pragma unroll
-  for (int j = 0; j < kPrepPer; ++j) {  // unconditional loads (past D: element D - 1), selected after
-    const int i = lane + 32 * j, ic = min(i, D - 1);
-    const float x = src[ic], wx = w[ic];
-    v[j] = i < D ? x : 0.0f;
-    wv[j] = i < D ? wx : 1.0f;
-  }
-  const float inv = kern::warp_row_rms_inv(v, D, eps);
-#pragma unroll
-  for (int j = 0; j < kPrepPer; ++j) {
-    const int i = lane + 32 * j;
-    if (i < D) y[i] = v[j] * inv * wv[j];
-  }
-  __syncwarp();
-  const int half = n_rot / 2;
-  for (int d = lane; d < half; d += 32) {
-    float x0 = y[d], x1 = y[d + half];
-    kern::rope_neox_pair(x0, x1, pos, d, n_rot, log2_base);
-    y[d] = x0;
-    y[d + half] = x1;
-  }
-  __syncwarp();
-}
 
 // ---- tensor-core path (F16 KV) ----
 
@@ -603,15 +406,15 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, int g, i
   bool appended = false;
   for (int j = max(kv_begin, pos0) + warp; j < kv_end; j += kWarps) {
     const int64_t in = (static_cast<int64_t>(j - pos0) * p.Hkv + g) * D;
-    prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane);
+    kern::prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane);
     const int c = j / p.C, r = j - c * p.C;
     const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
     __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
     __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
     for (int i = lane; i < D; i += 32) {
       p.k_in[in + i] = y[i];
-      store_kv(kd + i, y[i]);
-      store_kv(vd + i, p.v_in[in + i]);
+      kern::store_kv(kd + i, y[i]);
+      kern::store_kv(vd + i, p.v_in[in + i]);
     }
     __syncwarp();  // y is rewritten by the next row
     appended = true;
@@ -620,7 +423,7 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, int g, i
   const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per KV head writes q_out
   for (int rho = warp; rho < p.R; rho += kWarps) {
     const int t = rho / p.G, h = g * p.G + (rho - t * p.G);
-    prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t, p.n_rot,
+    kern::prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t, p.n_rot,
                   p.log2_base, y, lane);
     for (int d = lane; d < D; d += 32) {
       sQ[rho * SK + d] = __float2half_rn(y[d]);
@@ -749,69 +552,6 @@ __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
   }
   __syncthreads();
   write_rows(p, sO, sM, sL, kWarps, RB, D + kOPad, row0, row_end, g, s);
-}
-
-// ---- KV append ----
-
-template <typename T>
-__global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* const* k_base,
-                                 const uint8_t* const* v_base, int64_t k_off, int64_t v_off, int C, int64_t row,
-                                 const int32_t* d_pos, int64_t total) {
-  kern::dependency_sync();
-  const int pos0 = *d_pos;
-  if (pos0 < 0) return;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / row, rem = i - t * row;
-    const int64_t pos = pos0 + t;
-    const int64_t c = pos / C, r = pos - c * C;
-    const int64_t off = (r * row + rem) * static_cast<int64_t>(sizeof(T));
-    store_kv(reinterpret_cast<T*>(const_cast<uint8_t*>(k_base[c]) + k_off + off), k[i]);
-    store_kv(reinterpret_cast<T*>(const_cast<uint8_t*>(v_base[c]) + v_off + off), v[i]);
-  }
-}
-
-// ---- attention prep: q/k RMSNorm + RoPE + KV append ----
-
-// One warp per (token, head slot): slots [0, n_head) are q heads, then n_head_kv k heads, then n_head_kv
-// v heads. The norm is norm_kernel's arithmetic for a row of at most 256 (kern::warp_row_rms_inv), the
-// rotation kern::rope_neox_pair, the stores kv_append's: the result has the bits of rms_norm,
-// rope_neox_at and kv_append in sequence.
-constexpr int kPrepWarps = 4;
-
-template <typename T>
-__global__ void __launch_bounds__(32 * kPrepWarps) attention_prep_kernel(AttnPrepArgs a) {
-  __shared__ float rows[kPrepWarps][kAttnPrepMaxHeadDim];
-  kern::dependency_sync();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int slot = blockIdx.x * kPrepWarps + warp, t = blockIdx.y;
-  const int H = a.n_head, Hkv = a.kv.n_head_kv, D = a.kv.head_dim;
-  if (slot >= H + 2 * Hkv) return;  // warp-uniform
-  const int pos0 = *a.d_pos;
-  const int64_t pos = static_cast<int64_t>(pos0) + t;
-  const int64_t row = static_cast<int64_t>(Hkv) * D;
-  const int64_t c = pos / a.kv.chunk_tokens, r = pos - c * a.kv.chunk_tokens;
-  if (slot >= H + Hkv) {  // v head: append only
-    const int hv = slot - H - Hkv;
-    if (pos0 < 0) return;
-    const float* src = a.v + t * row + static_cast<int64_t>(hv) * D;
-    T* dst = reinterpret_cast<T*>(const_cast<uint8_t*>(a.kv.v_base[c]) + a.kv.v_offset) + r * row +
-             static_cast<int64_t>(hv) * D;
-    for (int i = lane; i < D; i += 32) store_kv(dst + i, src[i]);
-    return;
-  }
-  const bool is_q = slot < H;
-  const int h = is_q ? slot : slot - H;
-  const float* src = is_q ? a.q_in + t * a.q_ts + static_cast<int64_t>(h) * a.q_hs : a.k + t * row + static_cast<int64_t>(h) * D;
-  const float* w = is_q ? a.q_norm : a.k_norm;
-  float* y = rows[warp];
-  prep_head_row(src, w, D, a.eps, pos, a.n_rot, a.log2_base, y, lane);
-  float* out = is_q ? a.q + (static_cast<int64_t>(t) * H + h) * D : a.k + t * row + static_cast<int64_t>(h) * D;
-  for (int i = lane; i < D; i += 32) out[i] = y[i];
-  if (is_q || pos0 < 0) return;
-  T* dst = reinterpret_cast<T*>(const_cast<uint8_t*>(a.kv.k_base[c]) + a.kv.k_offset) + r * row +
-           static_cast<int64_t>(h) * D;
-  for (int i = lane; i < D; i += 32) store_kv(dst + i, y[i]);
 }
 
 // ---- host side: kernel choice, one-time configuration, launch ----
@@ -1066,42 +806,6 @@ cudaError_t attention_paged_launch(const AttnPagedArgs& a, const AttnPlan& plan,
                                             : reinterpret_cast<const void*>(attn_combine_kernel<false>);
     e = launch_kernel_packed(combine, dim3(static_cast<unsigned>(p.RT)), dim3(32 * kCombineWarps), args, 0, s);
     if (e != cudaSuccess) return e;
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& kv, const int32_t* d_pos,
-                             int64_t n_tokens, cudaStream_t s) {
-  const int64_t row = static_cast<int64_t>(kv.n_head_kv) * kv.head_dim;
-  const int64_t total = n_tokens * row;
-  if (total <= 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
-  if (kv.dtype == DType::F16) {
-    launch_kernel(kv_append_kernel<__half>, blocks, 256, 0, s, k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
-                  kv.chunk_tokens, row, d_pos, total);
-  } else if (kv.dtype == DType::F32) {
-    launch_kernel(kv_append_kernel<float>, blocks, 256, 0, s, k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
-                  kv.chunk_tokens, row, d_pos, total);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaStream_t s) {
-  if (n_tokens <= 0) return cudaSuccess;
-  if (a.kv.head_dim < 1 || a.kv.head_dim > kAttnPrepMaxHeadDim || a.n_rot < 2 || a.n_rot % 2 != 0 ||
-      a.n_rot > a.kv.head_dim || a.n_head < 1 || a.kv.n_head_kv < 1 || a.kv.chunk_tokens < 1 || n_tokens > 65535) {
-    return cudaErrorInvalidValue;
-  }
-  const dim3 grid(static_cast<unsigned>((a.n_head + 2 * a.kv.n_head_kv + kPrepWarps - 1) / kPrepWarps),
-                  static_cast<unsigned>(n_tokens));
-  if (a.kv.dtype == DType::F16) {
-    launch_kernel(attention_prep_kernel<__half>, grid, 32 * kPrepWarps, 0, s, a);
-  } else if (a.kv.dtype == DType::F32) {
-    launch_kernel(attention_prep_kernel<float>, grid, 32 * kPrepWarps, 0, s, a);
-  } else {
-    return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
