@@ -542,8 +542,9 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
   int64_t n_checked = 0;
   for (const Shape& sh : {Shape{256, 24, 4, 64}, Shape{256, 16, 2, 64}, Shape{128, 8, 4, 32}, Shape{64, 4, 1, 64},
                           Shape{32, 2, 1, 16}}) {
-    for (const Case& cs : {Case{0, 1, 1}, Case{0, 1, 1024}, Case{61, 1, 200}, Case{61, 2, 1024}, Case{1000, 1, 1024},
-                           Case{1000, 2, 1024}, Case{4097, 1, 4098}, Case{4097, 1, 32768}}) {
+    // {63, 2, 1024}: the two new positions fall in two splits, each appended by its own CTA.
+    for (const Case& cs : {Case{0, 1, 1}, Case{0, 1, 1024}, Case{61, 1, 200}, Case{61, 2, 1024}, Case{63, 2, 1024},
+                           Case{1000, 1, 1024}, Case{1000, 2, 1024}, Case{4097, 1, 4098}, Case{4097, 1, 32768}}) {
       const int64_t D = sh.D, H = sh.H, Hkv = sh.Hkv, n = cs.n, pos0 = cs.pos0;
       if (!cuda::attention_decode_q8_applies(DType::F16, D, H, Hkv, n)) continue;
       SCOPED_TRACE(::testing::Message() << "D=" << D << " H=" << H << " Hkv=" << Hkv << " pos0=" << pos0 << " n=" << n
