@@ -222,17 +222,29 @@ void bench_prefill(std::mt19937& rng) {
   free_device(d);
 }
 
-void bench_decode(std::mt19937& rng) {
-  const HostInputs in = make_inputs(1, rng);
-  DeviceInputs d = to_device(in, 1);
+// Enough copies of a layer's state (*n_copies, more than 4x the L2 together) that each launch of a decode
+// graph reads its own from device memory; each a copy of `init` (device memory), or zeros.
+float* state_copies(const float* init, int* n_copies) {
   int dev = 0, l2 = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   const int64_t state_bytes = kStateFloats * 4;
-  const int copies = int(std::max<int64_t>(2, 4 * int64_t(l2) / state_bytes + 1));
+  *n_copies = int(std::max<int64_t>(2, 4 * int64_t(l2) / state_bytes + 1));
   float* states = nullptr;
-  CK(cudaMalloc(&states, copies * state_bytes));
-  for (int c = 0; c < copies; ++c) CK(cudaMemcpy(states + c * kStateFloats, d.state, state_bytes, cudaMemcpyDeviceToDevice));
+  CK(cudaMalloc(&states, *n_copies * state_bytes));
+  CK(cudaMemset(states, 0, *n_copies * state_bytes));
+  for (int c = 0; init != nullptr && c < *n_copies; ++c) {
+    CK(cudaMemcpy(states + c * kStateFloats, init, state_bytes, cudaMemcpyDeviceToDevice));
+  }
+  return states;
+}
+
+void bench_decode(std::mt19937& rng) {
+  const HostInputs in = make_inputs(1, rng);
+  DeviceInputs d = to_device(in, 1);
+  const int64_t state_bytes = kStateFloats * 4;
+  int copies = 0;
+  float* states = state_copies(d.state, &copies);
   for (Version ver : {Version::kRecurrent, Version::kGeneric}) {
     // One layer per state copy, captured once as a graph (as the model's decode step will be).
     const float ms = graph_median_ms(
@@ -298,14 +310,9 @@ void bench_decode_step(std::mt19937& rng) {
   nq.y = d_y;
   nq.q8 = d_act;
   nq.q8_ds = reinterpret_cast<float2*>(d_act + ds::cuda::kern::q8_ds_offset(kDv, kNv));
-  int dev = 0, l2 = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   const int64_t state_bytes = kStateFloats * 4;
-  const int copies = int(std::max<int64_t>(2, 4 * int64_t(l2) / state_bytes + 1));
-  float* states = nullptr;
-  CK(cudaMalloc(&states, copies * state_bytes));
-  CK(cudaMemset(states, 0, copies * state_bytes));
+  int copies = 0;
+  float* states = state_copies(nullptr, &copies);
   auto args_for = [&](int c) {
     return DeltaNetArgs{d_q, d_k, d_conv + 2 * kNk * kDk, d_g, d_beta, states + c * kStateFloats, d_out,
                         kDk, kNk, kDv, kNv, 1, kDv, n_ch};

@@ -174,6 +174,40 @@ class CudaAttentionTest : public test::CudaTest {
     return p;
   }
 
+  // Head h of token t of a projection row qg [2 D H, n] (each head's q, then its gate) from element
+  // `first` of the head: first 0 gives the q heads, first D the gates, as [D, H, n] strided views.
+  static TensorView qg_heads(const TensorView& qg, int64_t D, int64_t H, int64_t n, int64_t first) {
+    TensorView v = qg;
+    v.data = static_cast<float*>(qg.data) + first;
+    v.ne = {D, H, n, 1};
+    v.nb = {4, 8 * D, 8 * D * H, 8 * D * H * n};
+    return v;
+  }
+
+  // attention_prep's inputs, random: the projection rows qg (q_heads and gate: its views), k and v
+  // [D, Hkv, n], the norm weights [D]; on the device but for k, which the callers upload (the prep
+  // normalizes it in place).
+  struct PrepInputs {
+    Host qg, k, v, qn, kn;
+    TensorView dqg, dqn, dkn, dv, q_heads, gate;
+  };
+  PrepInputs prep_inputs(int64_t D, int64_t H, int64_t Hkv, int64_t n) {
+    PrepInputs in{Host({2 * D * H, n}), Host({D, Hkv, n}), Host({D, Hkv, n}), Host({D}), Host({D}), {}, {}, {}, {},
+                  {}, {}};
+    in.qg.random(rng_, -3.0f, 3.0f);
+    in.k.random(rng_, -3.0f, 3.0f);
+    in.v.random(rng_);
+    in.qn.random(rng_, 0.5f, 1.5f);
+    in.kn.random(rng_, 0.5f, 1.5f);
+    in.dqg = up(in.qg);
+    in.dqn = up(in.qn);
+    in.dkn = up(in.kn);
+    in.dv = up(in.v);
+    in.q_heads = qg_heads(in.dqg, D, H, n, 0);
+    in.gate = qg_heads(in.dqg, D, H, n, D);
+    return in;
+  }
+
   // attention_paged at pos0 for n tokens against the CPU attention op.
   void check_paged(DType dtype, int64_t D, int64_t Hkv, int64_t G, int64_t chunk, int64_t pos0, int64_t n,
                    int64_t max_kv, float q_amp) {
@@ -416,16 +450,9 @@ TEST_F(CudaAttentionTest, AttentionPrepMatchesTheChain) {
                                           << " n_rot=" << cs.n_rot << " pos0=" << pos0 << " n=" << n);
         bufs_.clear();
         auto p = make_paged(dtype, D, Hkv, chunk, pos0 + n);
-        Host qg({2 * D * H, n}), k({D, Hkv, n}), v({D, Hkv, n}), qn({D}), kn({D});
-        qg.random(rng_, -3.0f, 3.0f);
-        k.random(rng_, -3.0f, 3.0f);
-        v.random(rng_);
-        qn.random(rng_, 0.5f, 1.5f);
-        kn.random(rng_, 0.5f, 1.5f);
-        const TensorView dqg = up(qg), dqn = up(qn), dkn = up(kn), dv = up(v);
-        TensorView q_heads = dqg;  // q of head h, token t at qg[t][h][0:D] (the gate follows it)
-        q_heads.ne = {D, H, n, 1};
-        q_heads.nb = {4, 8 * D, 8 * D * H, 8 * D * H * n};
+        const PrepInputs in = prep_inputs(D, H, Hkv, n);
+        const Host &qg = in.qg, &k = in.k, &qn = in.qn;
+        const TensorView &dqn = in.dqn, &dkn = in.dkn, &dv = in.dv, &q_heads = in.q_heads;
         const int64_t all_slots = (p->n_chunks + 1) * p->layout.kv_slot_bytes();
         std::vector<uint8_t> initial(static_cast<size_t>(all_slots)), chain(initial.size()), fused(initial.size());
         down(initial.data(), p->d_slots, all_slots);
@@ -490,10 +517,7 @@ TEST_F(CudaAttentionTest, GatedQ8MatchesTheChain) {
           qg.random(rng_, -4.0f, 4.0f);
           if (pos0 == 61) qg.v[D + 5] = NAN;  // a NaN gate: its block's scale is NaN in both
           const TensorView dq = up(q), dqg = up(qg);
-          TensorView gate = dqg;  // gate of head h, token t at qg[t][h][D:2D]
-          gate.data = static_cast<float*>(dqg.data) + D;
-          gate.ne = {D, H, n, 1};
-          gate.nb = {4, 8 * D, 8 * D * H, 8 * D * H * n};
+          const TensorView gate = qg_heads(dqg, D, H, n, D);  // gate of head h, token t at qg[t][h][D:2D]
           const float scale = 1.0f / std::sqrt(static_cast<float>(D));
           int32_t* d_pos = dev_pos(static_cast<int32_t>(pos0));
           const int64_t act_bytes = cuda::norm_q8_act_bytes(D * H, n);
@@ -521,13 +545,6 @@ TEST_F(CudaAttentionTest, GatedQ8MatchesTheChain) {
   }
 }
 
-// The fused decode's inputs: q_heads (a strided view of qg, the gate after each head's q), k, v and
-// the norms on the device, and the CPU values to reload them from.
-struct DecodeInputs {
-  Host qg, k, v, qn, kn;
-  TensorView dqg, q_heads, gate, dqn, dkn, dk, dv;
-};
-
 // attention_decode_q8 against attention_prep then attention_paged_gated_q8 on the same inputs: q, k (in
 // place), every KV byte, o and every activation byte equal. The bounds give one split (the kernel gates
 // its final rows) and up to 33 (all 16 of a 1024 bound holding positions at 1000).
@@ -551,17 +568,9 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
                                         << " max_kv=" << cs.max_kv);
       bufs_.clear();
       auto p = make_paged(DType::F16, D, Hkv, 16, pos0 + n);
-      Host qg({2 * D * H, n}), k({D, Hkv, n}), v({D, Hkv, n}), qn({D}), kn({D});
-      qg.random(rng_, -3.0f, 3.0f);
-      k.random(rng_, -3.0f, 3.0f);
-      v.random(rng_);
-      qn.random(rng_, 0.5f, 1.5f);
-      kn.random(rng_, 0.5f, 1.5f);
-      const TensorView dqg = up(qg), dqn = up(qn), dkn = up(kn), dv = up(v);
-      TensorView q_heads = dqg, gate = dqg;  // head h of token t: q at qg[t][h][0:D], gate at qg[t][h][D:2D]
-      q_heads.ne = gate.ne = {D, H, n, 1};
-      q_heads.nb = gate.nb = {4, 8 * D, 8 * D * H, 8 * D * H * n};
-      gate.data = static_cast<float*>(dqg.data) + D;
+      const PrepInputs in = prep_inputs(D, H, Hkv, n);
+      const Host& k = in.k;
+      const TensorView &dqn = in.dqn, &dkn = in.dkn, &dv = in.dv, &q_heads = in.q_heads, &gate = in.gate;
       const int64_t all_slots = (p->n_chunks + 1) * p->layout.kv_slot_bytes();
       std::vector<uint8_t> initial(static_cast<size_t>(all_slots)), chain(initial.size()), fused(initial.size());
       down(initial.data(), p->d_slots, all_slots);
@@ -620,10 +629,7 @@ TEST_F(CudaAttentionTest, DecodeQ8ReplaysAsGraph) {
     qn.random(rng_, 0.5f, 1.5f);
     kn.random(rng_, 0.5f, 1.5f);
     const TensorView dqg = up(qg), dk = up(k), dv = up(v), dqn = up(qn), dkn = up(kn);
-    TensorView q_heads = dqg, gate = dqg;
-    q_heads.ne = gate.ne = {D, H, 1, 1};
-    q_heads.nb = gate.nb = {4, 8 * D, 8 * D * H, 8 * D * H};
-    gate.data = static_cast<float*>(dqg.data) + D;
+    const TensorView q_heads = qg_heads(dqg, D, H, 1, 0), gate = qg_heads(dqg, D, H, 1, D);
     const int64_t act_bytes = cuda::norm_q8_act_bytes(D * H, 1);
     Host act_h({(act_bytes + 3) / 4});
     const TensorView q = up(rows), o = up(rows), act = up(act_h);

@@ -75,42 +75,43 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
     kv.head_dim = D;
     kv.dtype = st.layout().kv_dtype;
     DS_CHECK(kv.slot_base != nullptr, "attention on CUDA: the state has no device block table");
+    // One token: the output gate and the o product's int8 activations come out of the kernel that writes
+    // o (same bits as attention_paged, mul_sigmoid and the product's own quantizer); where it fits, that
+    // kernel also does the prep (the bits of attention_prep then attention_paged_gated_q8).
     const int64_t HD = H * D;
-    if (call.x_q8.data != nullptr && cuda::attention_decode_q8_applies(kv.dtype, D, H, Hkv, n)) {
-      // One token: prep, attention, the output gate and the o product's int8 activations in one kernel
-      // (the bits of attention_prep then attention_paged_gated_q8 below).
-      DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(HD, n) + 3) / 4}));
+    const bool q8_out = call.x_q8.data != nullptr && cuda::attention_gated_q8_applies(D);
+    TensorView o_q8{};
+    if (q8_out) {
+      DS_ASSIGN_OR_RETURN(o_q8, S.f32({(cuda::norm_q8_act_bytes(HD, n) + 3) / 4}));
+    }
+    if (q8_out && cuda::attention_decode_q8_applies(kv.dtype, D, H, Hkv, n)) {
       DS_TRY(cuda::attention_decode_q8(ctx, q_heads, w.q_norm, k, w.k_norm, v, c.rms_eps, c.n_rot, c.rope_base, kv,
                                        call.d_pos, call.max_kv, scale, gate, q, o, o_q8));
-      call.dump("attn.q", q);
-      call.dump("attn.k", k);
-      call.dump("attn.v", v);
-      call.dump("attn.gated", o);
-      return cuda::matmul_q8(ctx, w.wo, reshape(o, {HD, n}), o_q8, out);
-    }
-    if (cuda::attention_prep_applies(D)) {
-      // q/k norms, RoPE at the device position and the KV append in one kernel (same bits as below).
-      DS_TRY(cuda::attention_prep(ctx, q_heads, w.q_norm, k, w.k_norm, v, c.rms_eps, c.n_rot, c.rope_base, kv,
-                                  call.d_pos, q));
     } else {
-      DS_TRY(rms_norm(ctx, q_heads, w.q_norm, c.rms_eps, q));  // per head over D
-      DS_TRY(rms_norm(ctx, k, w.k_norm, c.rms_eps, k));
-      DS_TRY(cuda::rope_neox_at(ctx, q, c.n_rot, c.rope_base, call.d_pos));
-      DS_TRY(cuda::rope_neox_at(ctx, k, c.n_rot, c.rope_base, call.d_pos));
-      DS_TRY(cuda::kv_append(ctx, k, v, kv, call.d_pos));
+      if (cuda::attention_prep_applies(D)) {
+        // q/k norms, RoPE at the device position and the KV append in one kernel (same bits as below).
+        DS_TRY(cuda::attention_prep(ctx, q_heads, w.q_norm, k, w.k_norm, v, c.rms_eps, c.n_rot, c.rope_base, kv,
+                                    call.d_pos, q));
+      } else {
+        DS_TRY(rms_norm(ctx, q_heads, w.q_norm, c.rms_eps, q));  // per head over D
+        DS_TRY(rms_norm(ctx, k, w.k_norm, c.rms_eps, k));
+        DS_TRY(cuda::rope_neox_at(ctx, q, c.n_rot, c.rope_base, call.d_pos));
+        DS_TRY(cuda::rope_neox_at(ctx, k, c.n_rot, c.rope_base, call.d_pos));
+        DS_TRY(cuda::kv_append(ctx, k, v, kv, call.d_pos));
+      }
+      if (q8_out) {
+        DS_TRY(cuda::attention_paged_gated_q8(ctx, q, kv, call.d_pos, call.max_kv, scale, gate, o, o_q8));
+      } else {
+        DS_TRY(cuda::attention_paged(ctx, q, kv, call.d_pos, call.max_kv, scale, o));
+      }
     }
     call.dump("attn.q", q);
     call.dump("attn.k", k);
     call.dump("attn.v", v);
-    if (call.x_q8.data != nullptr && cuda::attention_gated_q8_applies(D)) {
-      // One token: the output gate and the o product's int8 activations come out of the attention
-      // combine (same bits as attention_paged, mul_sigmoid and the product's own quantizer).
-      DS_ASSIGN_OR_RETURN(TensorView o_q8, S.f32({(cuda::norm_q8_act_bytes(HD, n) + 3) / 4}));
-      DS_TRY(cuda::attention_paged_gated_q8(ctx, q, kv, call.d_pos, call.max_kv, scale, gate, o, o_q8));
+    if (q8_out) {
       call.dump("attn.gated", o);
       return cuda::matmul_q8(ctx, w.wo, reshape(o, {HD, n}), o_q8, out);
     }
-    DS_TRY(cuda::attention_paged(ctx, q, kv, call.d_pos, call.max_kv, scale, o));
     return attention_output(call, w, gate, o, out);
   }
 #endif

@@ -128,8 +128,10 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
 // kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
 // or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
 template <int D, int RW>
-__device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV, int g, int s,
-                                          int pos0, int row0, int row_end, int kv_begin, int kv_end) {
+__device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV,
+                                          const CtaWork& w) {
+  const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
+            kv_end = w.kv_end;
   constexpr int KW = kWarps / RW;  // warps sharing the same rows, splitting each tile's positions
   constexpr int BM = 16 * RW;      // rows per CTA
   constexpr int PW = kBN / KW;     // positions per warp per tile
@@ -281,33 +283,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
   __half* sK = sQ + BM * SK;        // [2][kBN][SK]
   __half* sV = sK + 2 * kBN * SK;   // [2][kBN][SK]
 
-  const int g = blockIdx.x, s = blockIdx.z;
-  const int row0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest causal rows start first
-  const int row_end = min(row0 + BM, p.R);
-  const int pos0 = read_pos(p);
-  if (pos0 < 0) {
-    write_empty(p, row0, row_end, g, s);
-    return;
-  }
-  const int n_kv = pos0 + p.n_tokens;
-  const int t_last = (row_end - 1) / p.G;
-  const int L = split_len(n_kv, p.n_split);
-  const int kv_begin = s * L;
-  const int kv_end = min(pos0 + t_last + 1, kv_begin + L);
-  if (kv_begin >= kv_end) {
-    write_empty(p, row0, row_end, g, s);
-    return;
-  }
+  const CtaWork w = cta_work(p, BM);
+  if (!w.live) return;
 
   // Q rows as half (zeros past the last row).
   for (int i = threadIdx.x; i < BM * D; i += kThreads) {
     const int r = i / D, d = i - r * D;
-    const int rho = row0 + r;
+    const int rho = w.row0 + r;
     float v = 0.0f;
-    if (rho < p.R) v = p.q[out_row(p, rho, g) * D + d];
+    if (rho < p.R) v = p.q[out_row(p, rho, w.g) * D + d];
     sQ[r * SK + d] = __float2half_rn(v);
   }
-  tc_attend<D, RW>(p, sQ, sK, sV, g, s, pos0, row0, row_end, kv_begin, kv_end);
+  tc_attend<D, RW>(p, sQ, sK, sV, w);
 }
 
 // ---- split combine ----
@@ -395,11 +382,12 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 
 constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
 
-// The prep of CTA (g, split with positions [kv_begin, kv_end)); ends with a CTA barrier. y: kWarps * D
-// floats of shared memory (a warp's staging row).
+// The prep of a CTA with work w (one row block: every row of its KV head); ends with a CTA barrier.
+// y: kWarps * D floats of shared memory (a warp's staging row).
 template <int D>
-__device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, int g, int pos0, int kv_begin, int kv_end) {
+__device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const CtaWork& w) {
   constexpr int SK = D + 8;
+  const int g = w.g, pos0 = w.pos0, kv_begin = w.kv_begin, kv_end = w.kv_end;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* y = y_all + warp * D;
   const int n_kv = pos0 + p.n_tokens;
@@ -445,18 +433,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + kFuseRows * SK;  // [2][kBN][SK]
   __half* sV = sK + 2 * kBN * SK;    // [2][kBN][SK]
-  const int g = blockIdx.x, s = blockIdx.z;
-  const int pos0 = read_pos(p);
-  if (pos0 < 0) {
-    if (s == 0) write_nan_rows(p, 0, p.R, g);
-    return;
-  }
-  const int n_kv = pos0 + p.n_tokens;
-  const int L = split_len(n_kv, p.n_split);
-  const int kv_begin = s * L, kv_end = min(n_kv, kv_begin + L);
-  if (kv_begin >= kv_end) return;  // no positions: attn_combine_kernel reads no partial of this split
-  decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), g, pos0, kv_begin, kv_end);
-  tc_attend<D, 1>(p, sQ, sK, sV, g, s, pos0, 0, p.R, kv_begin, kv_end);
+  const CtaWork w = cta_work(p, kFuseRows);  // one row block: rows [0, R)
+  if (!w.live) return;
+  decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), w);
+  tc_attend<D, 1>(p, sQ, sK, sV, w);
 }
 
 // ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----
@@ -471,23 +451,10 @@ template <typename T, int E, int RB>
 __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
   kern::dependency_sync();
   extern __shared__ float4 smem_f4[];
-  const int g = blockIdx.x, s = blockIdx.z;
-  const int row0 = (gridDim.y - 1 - blockIdx.y) * RB;  // the longest causal rows start first
-  const int row_end = min(row0 + RB, p.R);
-  const int pos0 = read_pos(p);
-  if (pos0 < 0) {
-    write_empty(p, row0, row_end, g, s);
-    return;
-  }
-  const int n_kv = pos0 + p.n_tokens;
-  const int t_last = (row_end - 1) / p.G;
-  const int L = split_len(n_kv, p.n_split);
-  const int kv_begin = s * L;
-  const int kv_end = min(pos0 + t_last + 1, kv_begin + L);
-  if (kv_begin >= kv_end) {
-    write_empty(p, row0, row_end, g, s);
-    return;
-  }
+  const CtaWork w = cta_work(p, RB);
+  if (!w.live) return;
+  const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
+            kv_end = w.kv_end;
   const int D = p.D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float q[RB][E], acc[RB][E], m[RB], l[RB];

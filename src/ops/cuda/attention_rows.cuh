@@ -125,6 +125,33 @@ __device__ inline void write_empty(const KParams& p, int row0, int row_end, int 
   }
 }
 
+// What CTA (KV head blockIdx.x, row block blockIdx.y, split blockIdx.z) of an attention kernel with BM
+// packed rows per CTA attends: rows [row0, row_end) (the row blocks in reverse, so the longest causal
+// rows start first) over positions [kv_begin, kv_end) of its split. live is false for a CTA with no
+// positions (an invalid position, or a split past what its rows see), which has written its empty
+// partials or NaN rows (write_empty) and has nothing left to do.
+struct CtaWork {
+  bool live;
+  int g, s, row0, row_end, pos0, kv_begin, kv_end;
+};
+__device__ inline CtaWork cta_work(const KParams& p, int BM) {
+  CtaWork w{};
+  w.g = blockIdx.x;
+  w.s = blockIdx.z;
+  w.row0 = (gridDim.y - 1 - blockIdx.y) * BM;
+  w.row_end = min(w.row0 + BM, p.R);
+  w.pos0 = read_pos(p);
+  if (w.pos0 >= 0) {
+    const int t_last = (w.row_end - 1) / p.G;
+    const int L = split_len(w.pos0 + p.n_tokens, p.n_split);
+    w.kv_begin = w.s * L;
+    w.kv_end = min(w.pos0 + t_last + 1, w.kv_begin + L);
+    w.live = w.kv_begin < w.kv_end;
+  }
+  if (!w.live) write_empty(p, w.row0, w.row_end, w.g, w.s);
+  return w;
+}
+
 // Merges the KW per-warp partials staged in shared memory (sM / sL [KW][BM], sO [KW][BM][ostride])
 // of rows [row0, row_end) and writes the final rows (one split; gated with their q8 codes where p.gate
 // is set) or this split's partial. A thread takes kBatch elements at a time, their gate values loaded
