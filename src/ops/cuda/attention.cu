@@ -304,11 +304,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
 // first, a thread's loads of its dims in successive splits do not wait on each other. Partials are read
 // once, through L2 (__ldcg).
 
-// The splits of [0, n_split) holding positions that rows of token t see (their partials are written).
-__device__ __forceinline__ int last_split(const KParams& p, int pos0, int L, int t) {
-  return min(p.n_split - 1, (pos0 + t) / L);
-}
-
 // One full warp: fills w[0..last] with row's weights (lw[0..last]: scratch) and returns the weights'
 // sum over l, the same bits in every lane (a butterfly adds the same pairs in every lane).
 __device__ float combine_weights(const KParams& p, int64_t row, int last, float* w, float* lw, int lane) {
@@ -332,10 +327,6 @@ __device__ float combine_weights(const KParams& p, int64_t row, int last, float*
   return kern::warp_sum(L);
 }
 
-// One step of a row's weighted sum: split s's value x with weight ws (a split without positions for
-// the row has ws = 0 and adds nothing, whatever its memory holds).
-__device__ __forceinline__ float combine_step(float acc, float x, float ws) { return ws > 0.0f ? fmaf(x, ws, acc) : acc; }
-
 // One CTA per output row: a warp computes the row's weights, then every thread sums dims.
 template <bool kGatedQ8>
 __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const KParams p) {
@@ -351,7 +342,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
   }
   const int t = static_cast<int>(row / p.H);
   const int L = split_len(pos0 + p.n_tokens, p.n_split);
-  const int last = last_split(p, pos0, L, t);
+  const int last = min(p.n_split - 1, (pos0 + t) / L);  // splits holding positions this row sees
   if (threadIdx.x < 32) {
     const float Ls = combine_weights(p, row, last, s_w, s_lw, static_cast<int>(threadIdx.x));
     if (threadIdx.x == 0) s_L = Ls;
@@ -363,7 +354,10 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
     const float* po = p.part_o + row * D + d;
     float acc = 0.0f;
 #pragma unroll 8
-    for (int s = 0; s <= last; ++s) acc = combine_step(acc, __ldcg(po + s * stride), s_w[s]);
+    for (int s = 0; s <= last; ++s) {  // a weight of 0 adds nothing, whatever the partial holds
+      const float x = __ldcg(po + s * stride), ws = s_w[s];
+      acc = ws > 0.0f ? fmaf(x, ws, acc) : acc;
+    }
     store_o<kGatedQ8>(p, row, d, acc / s_L, gv);
   }
 }

@@ -72,11 +72,10 @@ __device__ __forceinline__ int64_t out_row(const KParams& p, int rho, int g) {
 
 // The output gate of o's element (row, d), row = t * H + h (gate of head h of token t). The gate is
 // written by an earlier kernel and read-only here, so its loads may be batched ahead of the stores.
-__device__ __forceinline__ const float* gate_ptr(const KParams& p, int64_t row, int d) {
+__device__ __forceinline__ float gate_at(const KParams& p, int64_t row, int d) {
   const int64_t t = row / p.H, h = row - t * p.H;
-  return p.gate + t * p.gate_ts + h * p.gate_hs + d;
+  return __ldg(p.gate + t * p.gate_ts + h * p.gate_hs + d);
 }
-__device__ __forceinline__ float gate_at(const KParams& p, int64_t row, int d) { return __ldg(gate_ptr(p, row, d)); }
 
 // Stores o[row][d] = v; with the output gate (its value `gate`, from gate_at), v * sigmoid(gate) and its
 // q8 code (the bits of mul_sigmoid then quantize_q8: kern::sigmoidf, and store_q8_block_warp writes
