@@ -277,10 +277,6 @@ TEST_F(CudaAttentionTest, PagedRealModelShapes) {
 // set_smem_optin_cap), head_dim 256 does not fit the tensor-core kernel's staging: the plan takes the
 // SIMT kernel, which still matches the CPU; head_dim 128 keeps the tensor cores.
 TEST_F(CudaAttentionTest, SmallSharedMemoryDeviceTakesSimtAtHeadDim256) {
-  struct Cap {
-    explicit Cap(long long b) { cuda::set_smem_optin_cap(b); }
-    ~Cap() { cuda::set_smem_optin_cap(0); }
-  };
   const auto plan_path = [&](int64_t D) {
     cuda::AttnPagedArgs a{};  // the plan reads the KV layout, not the KV
     a.kv.dtype = DType::F16;
@@ -296,7 +292,7 @@ TEST_F(CudaAttentionTest, SmallSharedMemoryDeviceTakesSimtAtHeadDim256) {
   };
   EXPECT_EQ(plan_path(256), cuda::AttnPath::kTensorCore);  // an H100 opts into 227 KB
   {
-    const Cap cap(99 * 1024);
+    const test::SmemOptinCap cap(99 * 1024);
     EXPECT_EQ(plan_path(256), cuda::AttnPath::kSimt);
     EXPECT_EQ(plan_path(128), cuda::AttnPath::kTensorCore);
     for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 64}, {300, 17}, {4096, 1}}) {

@@ -249,10 +249,6 @@ TEST_F(CudaDeltaNetTest, FallbackShapes) {
 // set_smem_optin_cap), the chunked form at dk 128 (110 KB) does not fit: every mode runs the recurrence
 // and still matches the CPU; dk 64 keeps the chunked form.
 TEST_F(CudaDeltaNetTest, SmallSharedMemoryDeviceRunsTheRecurrenceAtDk128) {
-  struct Cap {
-    explicit Cap(long long b) { cuda::set_smem_optin_cap(b); }
-    ~Cap() { cuda::set_smem_optin_cap(0); }
-  };
   const auto chunked_ok = [](int64_t dk) {
     cuda::DeltaNetArgs a{};
     a.q = a.k = reinterpret_cast<const float*>(uintptr_t{256});
@@ -263,7 +259,7 @@ TEST_F(CudaDeltaNetTest, SmallSharedMemoryDeviceRunsTheRecurrenceAtDk128) {
     return cuda::delta_net_chunked_ok(a);
   };
   EXPECT_TRUE(chunked_ok(128));
-  const Cap cap(99 * 1024);
+  const test::SmemOptinCap cap(99 * 1024);
   EXPECT_FALSE(chunked_ok(128));
   EXPECT_TRUE(chunked_ok(64));
   check_all_modes(k27B, 200);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/pdl.h"
 #include "ops_test_util.h"
 
 namespace ds::test {
@@ -85,6 +86,15 @@ class CudaTest : public ::testing::Test {
   std::vector<cuda::CudaBuffer> bufs_;
   std::vector<cudaGraph_t> graphs_;
   std::vector<cudaGraphExec_t> execs_;
+};
+
+// Caps the shared memory a CTA may opt into (cuda::set_smem_optin_cap) for its lifetime, so a test on
+// a large GPU takes the paths of a smaller one (99 KB: sm_86 / sm_89); no cap again when it ends.
+struct SmemOptinCap {
+  explicit SmemOptinCap(long long bytes) { cuda::set_smem_optin_cap(bytes); }
+  ~SmemOptinCap() { cuda::set_smem_optin_cap(0); }
+  SmemOptinCap(const SmemOptinCap&) = delete;
+  SmemOptinCap& operator=(const SmemOptinCap&) = delete;
 };
 
 }  // namespace ds::test
