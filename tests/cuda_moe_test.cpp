@@ -918,80 +918,73 @@ TEST_F(CudaMoeBlockTest, AddNormMatchesTheChain) {
   }
 }
 
-// The fused SwiGLU + down + combine launch against quantize_q8's SwiGLU mode, the gathered down launch
-// and moe_block_combine on the same selectors, g, u and coefficients: y bit for bit (types of the int8
-// kernel, rows of 256 to 1024, k of 2 to 12, 1 to 3 tokens, selectors that repeat an expert, output
-// rows that end inside a CTA's row groups), with the device's shared memory and capped at 99 KB and at
-// 48 KB (fewer row groups per CTA).
+// The fused down + combine launch against the gathered down launch followed by moe_block_combine on the
+// same selectors, h codes and coefficients: y bit for bit (types of the int8 kernel, rows of 512 and
+// 1024, k of 8, 2 and 12, 1 and 3 tokens, selectors that repeat an expert).
 TEST_F(CudaMoeBlockTest, DownCombineMatchesTheChain) {
   struct Case {
     DType t;
     int64_t E, F, X;
     int k, T;
   };
-  for (const long long cap : {0LL, 99LL * 1024, 48LL * 1024}) {
-    const test::SmemOptinCap capped(cap);
-    for (const Case& c : {Case{DType::Q6_K, 2048, 512, 16, 8, 1}, Case{DType::Q4_K, 2048, 512, 16, 8, 3},
-                          Case{DType::Q8_0, 96, 1024, 5, 2, 2}, Case{DType::Q4_0, 64, 256, 6, 12, 1},
-                          Case{DType::Q5_K, 130, 768, 4, 3, 2}}) {
-      const int64_t E = c.E, F = c.F, X = c.X, P = c.k + 1, T = c.T;
-      const std::string where = fmt::format("{} n_embd {} n_ff {} experts {} k {} tokens {} smem cap {}",
-                                            dtype_name(c.t), E, F, X, c.k, T, cap);
-      ASSERT_TRUE(cuda::moe_down_combine_fits(c.t, F, c.k)) << where;
-      const std::vector<uint8_t> wb = random_rows(c.t, E * X, F, rng_);
-      const int64_t row_bytes = dtype_row_bytes(c.t, F), expert_units = E * row_bytes / cuda::kMoeSelUnit;
-      ASSERT_EQ(E * row_bytes % cuda::kMoeSelUnit, 0) << where;
-      std::vector<int32_t> sel(static_cast<size_t>(T * P));
-      for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>((rng_() % X) * expert_units);
-      sel[0] = sel[sel.size() - 1];  // one expert twice
-      test::Host gu({2 * F, T * P}), coef({P, T});
-      gu.random(rng_, -3.0f, 3.0f);
-      coef.random(rng_, 0.0f, 1.0f);
-      const TensorView dw =
-          up(TensorView::contiguous(nullptr, c.t, {F, E * X}), wb.data(), static_cast<int64_t>(wb.size()));
-      const TensorView dsel = up(TensorView::contiguous(nullptr, DType::I32, {P, T}), sel.data(), 4 * T * P);
-      const TensorView dgu = up(gu), dcoef = up(coef);
-      const int64_t act_bytes = cuda::matvec_q8_act_bytes(F, T * P);
-      void* hq = dev(act_bytes);
-      const auto s = static_cast<cudaStream_t>(stream_.handle());
-      ASSERT_EQ(cuda::quantize_q8_launch(dgu.as<float>(), 2 * F, dgu.as<float>() + F, T * P, F, hq, nullptr, 0, s),
-                cudaSuccess);
+  for (const Case& c : {Case{DType::Q6_K, 2048, 512, 16, 8, 1}, Case{DType::Q4_K, 2048, 512, 16, 8, 3},
+                        Case{DType::Q8_0, 96, 1024, 5, 2, 2}, Case{DType::Q4_0, 64, 256, 6, 12, 1},
+                        Case{DType::Q5_K, 130, 768, 4, 3, 2}}) {
+    const int64_t E = c.E, F = c.F, X = c.X, P = c.k + 1, T = c.T;
+    const std::string where = fmt::format("{} n_embd {} n_ff {} experts {} k {} tokens {}", dtype_name(c.t), E, F, X,
+                                          c.k, T);
+    ASSERT_TRUE(cuda::moe_down_combine_fits(c.t, F, c.k)) << where;
+    const std::vector<uint8_t> wb = random_rows(c.t, E * X, F, rng_);
+    const int64_t row_bytes = dtype_row_bytes(c.t, F), expert_units = E * row_bytes / cuda::kMoeSelUnit;
+    ASSERT_EQ(E * row_bytes % cuda::kMoeSelUnit, 0) << where;
+    std::vector<int32_t> sel(static_cast<size_t>(T * P));
+    for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>((rng_() % X) * expert_units);
+    sel[0] = sel[sel.size() - 1];  // one expert twice
+    test::Host h({F, T * P}), coef({P, T});
+    h.random(rng_, -2.0f, 2.0f);
+    coef.random(rng_, 0.0f, 1.0f);
+    const TensorView dw = up(TensorView::contiguous(nullptr, c.t, {F, E * X}), wb.data(), static_cast<int64_t>(wb.size()));
+    const TensorView dsel = up(TensorView::contiguous(nullptr, DType::I32, {P, T}), sel.data(), 4 * T * P);
+    const TensorView dh = up(h), dcoef = up(coef);
+    const int64_t act_bytes = cuda::matvec_q8_act_bytes(F, T * P);
+    void* hq = dev(act_bytes);
+    const auto s = static_cast<cudaStream_t>(stream_.handle());
+    ASSERT_EQ(cuda::quantize_q8_launch(dh.as<float>(), F, nullptr, T * P, F, hq, nullptr, 0, s), cudaSuccess);
 
-      test::Host y1({E, T}), y2({E, T}), d({E, T * P});
-      y1.random(rng_);
-      y2.v = y1.v;
-      const TensorView dy1 = up(y1), dy2 = up(y2), dd = up(d);
-      cuda::MoeMatvecLaunch m{dw.data, row_bytes, cuda::kMoeSelUnit};
-      m.n_rows = E;
-      m.k = F;
-      m.ids = dsel.as<int32_t>();
-      m.n_expert = INT32_MAX;
-      m.n_slots = static_cast<int>(T * P);
-      m.act = hq;
-      m.act_rows = T * P;
-      m.y = dd.as<float>();
-      m.y_stride = E;
-      ASSERT_EQ(cuda::moe_matvec_launch(c.t, m, cuda::MatvecKernel::kQ8, s), cudaSuccess) << where;
-      ASSERT_EQ(cuda::moe_block_combine_launch(dd.as<float>(), dcoef.as<float>(), T, c.k, E, dy1.as<float>(), s),
-                cudaSuccess);
+    test::Host y1({E, T}), y2({E, T}), d({E, T * P});
+    y1.random(rng_);
+    y2.v = y1.v;
+    const TensorView dy1 = up(y1), dy2 = up(y2), dd = up(d);
+    cuda::MoeMatvecLaunch m{dw.data, row_bytes, cuda::kMoeSelUnit};
+    m.n_rows = E;
+    m.k = F;
+    m.ids = dsel.as<int32_t>();
+    m.n_expert = INT32_MAX;
+    m.n_slots = static_cast<int>(T * P);
+    m.act = hq;
+    m.act_rows = T * P;
+    m.y = dd.as<float>();
+    m.y_stride = E;
+    ASSERT_EQ(cuda::moe_matvec_launch(c.t, m, cuda::MatvecKernel::kQ8, s), cudaSuccess) << where;
+    ASSERT_EQ(cuda::moe_block_combine_launch(dd.as<float>(), dcoef.as<float>(), T, c.k, E, dy1.as<float>(), s),
+              cudaSuccess);
 
-      cuda::MoeDownCombineLaunch dc;
-      dc.w = dw.data;
-      dc.w_stride = row_bytes;
-      dc.sel = dsel.as<int32_t>();
-      dc.gu = dgu.as<float>();
-      dc.coef = dcoef.as<float>();
-      dc.y = dy2.as<float>();
-      dc.n_embd = E;
-      dc.n_ff = F;
-      dc.n_tokens = static_cast<int>(T);
-      dc.k = c.k;
-      ASSERT_EQ(cuda::moe_down_combine_launch(c.t, dc, s), cudaSuccess) << where;
-      const std::vector<float> chain = down(dy1), fused = down(dy2);
-      EXPECT_EQ(0, std::memcmp(chain.data(), fused.data(), 4 * chain.size())) << where;
-      EXPECT_NE(chain, y1.v) << where << ": nothing written";
-      bufs_.clear();
-    }
+    cuda::MoeDownCombineLaunch dc;
+    dc.w = dw.data;
+    dc.w_stride = row_bytes;
+    dc.sel = dsel.as<int32_t>();
+    dc.hq = hq;
+    dc.coef = dcoef.as<float>();
+    dc.y = dy2.as<float>();
+    dc.n_embd = E;
+    dc.n_ff = F;
+    dc.n_tokens = static_cast<int>(T);
+    dc.k = c.k;
+    ASSERT_EQ(cuda::moe_down_combine_launch(c.t, dc, s), cudaSuccess) << where;
+    const std::vector<float> chain = down(dy1), fused = down(dy2);
+    EXPECT_EQ(0, std::memcmp(chain.data(), fused.data(), 4 * chain.size())) << where;
+    EXPECT_NE(chain, y1.v) << where << ": nothing written";
+    bufs_.clear();
   }
   EXPECT_FALSE(cuda::moe_down_combine_fits(DType::Q4_K, 2048, 8));  // two steps of the row
   EXPECT_FALSE(cuda::moe_down_combine_fits(DType::Q4_K, 512, 16));  // 17 pairs

@@ -1,5 +1,5 @@
 // Host entry of moe_block_decode (ops/cuda/cuda_ops.h): the qwen35moe FFN block of a decode step
-// (router, routing, routed experts, sigmoid-gated shared expert) in three to seven launches on the context's
+// (router, routing, routed experts, sigmoid-gated shared expert) in five launches on the context's
 // stream, none of which waits for the host:
 //   1. moe_route_fused: router + shexp_gate logits, int8 x, routing, selectors, coefficients;
 //   2. gate and up of every (token, expert) pair incl. the shared expert: one gathered q8 launch;
@@ -7,7 +7,7 @@
 //   4. down of every pair: one gathered q8 launch;
 //   5. y = weighted sum of the routed pairs + sigmoid(shexp_gate . x) * shared pair.
 // Launches 2 and 4 split in two when the shared expert's type differs from the routed experts'. With
-// one down group and rows of at most 1024 (moe_down_combine_fits), 3, 4 and 5 are one launch.
+// one down group and rows of at most 1024 (moe_down_combine_fits), 4 and 5 are one launch.
 // moe_block_decode_add_norm takes the input as the residual add and norm before the block: launch 1 then
 // computes the norm itself (moe_route_norm_fits), or a norm launch comes first.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
@@ -226,11 +226,10 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
   // Scratch, 16-byte aligned pieces: logits | shexp logit | x q8 | coef | selectors | g/u | h q8 | d.
   const int64_t logits_b = align16(4 * T * X), shl_b = align16(4 * T), xq_b = align16(matvec_q8_act_bytes(E, T));
   const int64_t coef_b = align16(4 * T * P), selgu_b = align16(4 * T * 2 * P), seld_b = align16(4 * T * P);
-  const int64_t gu_b = align16(4 * T * 2 * P * F);
+  const int64_t gu_b = align16(4 * T * 2 * P * F), hq_b = align16(matvec_q8_act_bytes(F, T * P));
   // Down and combine in one launch where the fused kernel takes the shape (one down group).
   const bool down_combined = p.n_down == 1 && moe_down_combine_fits(p.down[0].dtype, F, static_cast<int>(k));
   const int64_t d_b = down_combined ? 0 : align16(4 * T * P * E);
-  const int64_t hq_b = down_combined ? 0 : align16(matvec_q8_act_bytes(F, T * P));
   // The input norm in the router kernel where it takes the shape; else add_rms_norm first, into x_b.
   const auto a16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool norm_fused = norm != nullptr && moe_route_norm_fits(E, static_cast<int>(T), static_cast<int>(X)) &&
@@ -310,24 +309,24 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
     m.y_stride = F;
     DS_CUDA_TRY(moe_matvec_launch(p.gu[g].dtype, m, MatvecKernel::kQ8, s), "{}: gate/up: {}", kOp, shapes());
   }
+  // h[pair] = silu(g[2 pair]) * g[2 pair + 1]: rows of F at stride 2F, up rows F further.
+  DS_CUDA_TRY(quantize_q8_launch(gu, 2 * F, gu + F, T * P, F, hq, nullptr, 0, s), "{}: swiglu + quantize h: {}", kOp,
+              shapes());
   if (down_combined) {
     MoeDownCombineLaunch dc;
     dc.w = p.down[0].base;
     dc.w_stride = p.down[0].w_stride;
     dc.sel = r.sel_down[0];
-    dc.gu = gu;
+    dc.hq = hq;
     dc.coef = r.coef;
     dc.y = y.as<float>();
     dc.n_embd = E;
     dc.n_ff = F;
     dc.n_tokens = static_cast<int>(T);
     dc.k = static_cast<int>(k);
-    DS_CUDA_TRY(moe_down_combine_launch(p.down[0].dtype, dc, s), "{}: swiglu + down + combine: {}", kOp, shapes());
+    DS_CUDA_TRY(moe_down_combine_launch(p.down[0].dtype, dc, s), "{}: down + combine: {}", kOp, shapes());
     return Status::ok();
   }
-  // h[pair] = silu(g[2 pair]) * g[2 pair + 1]: rows of F at stride 2F, up rows F further.
-  DS_CUDA_TRY(quantize_q8_launch(gu, 2 * F, gu + F, T * P, F, hq, nullptr, 0, s), "{}: swiglu + quantize h: {}", kOp,
-              shapes());
   for (int g = 0; g < p.n_down; ++g) {
     MoeMatvecLaunch m{p.down[g].base, p.down[g].w_stride, kMoeSelUnit};
     m.n_rows = E;

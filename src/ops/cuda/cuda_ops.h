@@ -178,7 +178,7 @@ struct MoeBlockWeights {
   TensorView up_shexp;    // {n_embd, n_ff}
   TensorView down_shexp;  // {n_ff, n_embd}
 };
-// The whole MoE FFN of a decode step in three to seven launches, no host round trip (capturable):
+// The whole MoE FFN of a decode step in four or five launches, no host round trip (capturable):
 //   logits = router x; ids, weights = moe_route(logits, k)   (also written to `ids`, `weights`)
 //   y = sum_j weights_j down_j(silu(gate_j x) * up_j x) + sigmoid(shexp_gate . x) * shared(x)
 // x, y [n_tokens, n_embd] F32 contiguous (y must not alias x); ids I32 / weights F32 [n_tokens, k].

@@ -109,37 +109,6 @@ __device__ __forceinline__ void store_q8_block_warp(float v, int8_t* q8, float2*
   if (threadIdx.x % 32 == 0) q8_ds[e0 / kQ8Block] = make_float2(d, d * static_cast<float>(sum));
 }
 
-// One 32-element block held by one lane (v[i]: element i): the codes, packed 4 to a word as they lie in
-// memory (xv[j] holds codes 4j .. 4j + 3, code 4j in the low byte), and (d, d * sum of the codes), the
-// bits quantize_block_q8 gives for those 32 values (max and the integer sum do not depend on the grouping).
-__device__ __forceinline__ void quantize_block_q8_lane(const float (&v)[kQ8Block], int (&xv)[8], float2& ds) {
-  float amax = 0.0f;
-  bool nan = false;
-#pragma unroll
-  for (int i = 0; i < kQ8Block; ++i) {
-    amax = fmaxf(amax, fabsf(v[i]));
-    nan |= v[i] != v[i];
-  }
-  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-  int sum = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    uint32_t w = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int q = max(-127, min(127, __float2int_rn(v[4 * j + i] * id)));
-      sum += q;
-      w |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * i);
-    }
-    xv[j] = static_cast<int>(w);
-  }
-  const float d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
-  ds = make_float2(d, d * static_cast<float>(sum));
-}
-
-// silu(g) * u as quantize_q8's SwiGLU mode takes it (EltKind::kSwiglu's arithmetic).
-__device__ __forceinline__ float swiglu_q8_value(float g, float u) { return g * (1.0f / (1.0f + __expf(-g))) * u; }
-
 // 8 lanes per block of 32, 4 elements per lane. A block holding a NaN gets d = NaN, so NaN activations
 // still give NaN outputs (fmaxf alone would drop them).
 template <bool kSwiglu>
@@ -165,7 +134,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_q8(QuantizeQ8Args a) {
     if constexpr (kSwiglu) {
       const float* ur = a.up + row * a.x_stride + e0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = swiglu_q8_value(v[i], ur[i]);
+      for (int i = 0; i < 4; ++i) v[i] = v[i] * (1.0f / (1.0f + __expf(-v[i]))) * ur[i];  // as EltKind::kSwiglu
     }
   }
   int qi[4];
@@ -330,23 +299,6 @@ __device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (
   return kMin ? fmaf(wu.mw, ds.y, s) : s;
 }
 
-// The 32-element units of chunk c (one per lane; lanes from this count on have none).
-__device__ __forceinline__ int q8_chunk_units(const MatvecQ8Args& a, int c) {
-  const int64_t k0 = static_cast<int64_t>(c) * kQ8ChunkElems;
-  return static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - k0) / kQ8Block);
-}
-
-// This lane's unit of chunk c of every staged row r0 + r, decoded (the lane below q8_chunk_units).
-template <DType T, int kRows>
-__device__ __forceinline__ void q8_decode_units(const uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
-                                                const MatvecQ8Args& a, int64_t r0, int c, int lane,
-                                                qdec::Q8Unit (&wu)[kRows]) {
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    qdec::decode_unit_q8<T>(&stage[r][q8_chunk_phase<T>(w_base, a.w_stride, r0 + r, c)], lane, wu[r]);
-  }
-}
-
 // Adds to acc[r][t] the products of chunk c of the staged rows r0 + r with activation rows t: each lane
 // decodes its 32-element unit of every row and takes the dp4a dot with the activation block. Rows past
 // n_rows decode stale shared memory; their sums are never written.
@@ -355,9 +307,13 @@ __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kR
                                              const MatvecQ8Args& a, const int8_t* xq, const float2* xds, int64_t r0,
                                              int c, int lane, float (&acc)[kRows][kNT]) {
   const int64_t k0 = static_cast<int64_t>(c) * kQ8ChunkElems;
-  if (lane >= q8_chunk_units(a, c)) return;
+  const int units = static_cast<int>(min(static_cast<int64_t>(kQ8ChunkElems), a.k - k0) / kQ8Block);
+  if (lane >= units) return;
   qdec::Q8Unit wu[kRows];
-  q8_decode_units<T, kRows>(stage, w_base, a, r0, c, lane, wu);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    qdec::decode_unit_q8<T>(&stage[r][q8_chunk_phase<T>(w_base, a.w_stride, r0 + r, c)], lane, wu[r]);
+  }
   const int64_t gu = k0 / kQ8Block + lane;  // activation block index
 #pragma unroll
   for (int t = 0; t < kNT; ++t) {

@@ -7,15 +7,13 @@
 //    CTA first computes x = RMSNorm(res + delta) itself into shared memory (norm_kernel's bits, through
 //    norm_warp.cuh), so the block needs no norm launch before it; the routing CTA writes res += delta.
 //  - moe_block_combine: y = sum of the routed experts' weighted down rows + sigmoid-gated shared row.
-//  - moe_down_combine: h = silu(g) * u of a token's pairs quantized to int8, their down products and
-//    that sum in one kernel (rows of at most 1024 elements: the 35B-A3B's 512), so neither h nor the
-//    pairs' rows go to memory.
+//  - moe_down_combine: the down products of a token's pairs and that sum in one kernel (rows of at most
+//    1024 elements: the 35B-A3B's 512), so the pairs' rows never go to memory.
 // Non-obvious choice: "last CTA routes" (each CTA fences its writes, then takes a ticket with
 // atomicInc, which wraps the counter back to 0 for the next launch) instead of a second launch: the
 // routing costs the same in either place, and a second launch adds a kernel boundary to the chain.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -291,101 +289,59 @@ __global__ void moe_block_combine(const float* d, const float* coef, int64_t n_t
   y[i] = acc + ct[k] * dt[k * n_embd];
 }
 
-// Pairs per CTA of moe_down_combine (one warp each), and its groups of kQ8Rows output rows.
+// Pairs per CTA of moe_down_combine (one warp each).
 constexpr int kDownCombineMaxPairs = 16;
-constexpr int kDownCombineMaxGroups = 4;
 
-// Shared memory of moe_down_combine's rings: one step of kQ8Rows rows per pair and row group.
+// Shared memory of moe_down_combine's rings: one step of kQ8Rows rows per pair.
 template <DType T>
-constexpr int down_combine_ring_bytes(int pairs, int groups) {
-  return pairs * groups * kern::kQ8Rows * kern::Q8Smem<T, kern::kQ8Rows>::kRowBytes;
+constexpr int down_combine_ring_bytes(int pairs) {
+  return pairs * kern::kQ8Rows * kern::Q8Smem<T, kern::kQ8Rows>::kRowBytes;
 }
 
-// Row groups per CTA: the most (up to kDownCombineMaxGroups) whose rings fit the device's shared memory
-// per CTA; 0 where not even one does. Each CTA quantizes every pair's h once for all its groups, so more
-// groups mean fewer reads of g and u (8 bytes an element, where the int8 h was 1.25).
+// Rows [r0, r0 + kQ8Rows) of token blockIdx.y: warp j takes pair j's one-step product exactly as
+// matvec_q8 takes a row group of k <= 1024 (one chunk, its copy and the dot), the sums go through shared
+// memory, and the combine's arithmetic (moe_block_combine, same order) gives y.
 template <DType T>
-int down_combine_groups(int pairs) {
-  const long long limit = std::max<long long>(kern::kQ8StaticSmem, smem_optin_limit());
-  for (int g = kDownCombineMaxGroups; g >= 1; g /= 2) {
-    if (down_combine_ring_bytes<T>(pairs, g) <= limit) return g;
-  }
-  return 0;
-}
-
-// Rows [r0, r0 + groups * kQ8Rows) of token blockIdx.y. Warp j takes pair j: it stages the pair's rows
-// of each group as matvec_q8 stages a row group of k <= 1024 (one chunk), and, once the gate/up product
-// before it is done, lane l makes h's block l itself from g and u (silu(g) * u quantized as quantize_q8's
-// SwiGLU mode does, bit for bit) and takes the dot of its unit of every row with it. The sums go through
-// shared memory, and the combine's arithmetic (moe_block_combine, same order) gives y.
-// Non-obvious choice: the selectors and weight copies come before the dependency wait. The selectors
-// are the router's, the kernel before the previous one, complete when this one starts (launch.cuh), and
-// the weights are no kernel's output, so the down weights stream while the gate/up product drains.
-template <DType T>
-__global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(MoeDownCombineLaunch a, int groups) {
+__global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(MoeDownCombineLaunch a) {
   constexpr int kRows = kern::kQ8Rows;
   using S = kern::Q8Smem<T, kRows>;
   extern __shared__ __align__(16) uint8_t ring_raw[];
-  __shared__ float part[kDownCombineMaxPairs][kDownCombineMaxGroups * kRows];
-  auto* ring = reinterpret_cast<uint8_t(*)[kRows][S::kRowBytes]>(ring_raw);  // [warp * groups + group]
+  __shared__ float part[kDownCombineMaxPairs][kRows];
+  auto* ring = reinterpret_cast<uint8_t(*)[kRows][S::kRowBytes]>(ring_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, P = a.k + 1, t = blockIdx.y;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * groups * kRows;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  kern::dependency_wait();  // selectors, coefficients and h are earlier kernels' outputs
+  kern::allow_dependents();
   const int64_t pair = static_cast<int64_t>(t) * P + warp;
   const int32_t sel = a.sel[pair];
-  kern::MatvecQ8Args m{};
-  m.w_stride = a.w_stride;
-  m.k = a.n_ff;
-  m.n_rows = a.n_embd;
-  m.n_tokens = 1;
-  const uintptr_t w_base = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(sel) * kMoeSelUnit;
-  if (sel >= 0) {
-    const uintptr_t w_hi = kern::q8_weights_end<T>(w_base, m);
-    for (int g = 0; g < groups && r0 + g * kRows < a.n_embd; ++g) {
-      kern::q8_issue_chunk<T, kRows>(ring[warp * groups + g], w_base, w_hi, m, r0 + g * kRows, 0, lane);
-    }
-    kern::cp_async_commit();
-  }
-  kern::dependency_wait();  // g and u are the previous kernel's output
-  kern::allow_dependents();
-  const bool unit = sel >= 0 && lane < kern::q8_chunk_units(m, 0);
-  int xv[8] = {};
-  float2 ds{};
-  if (unit) {
-    const float* gr = a.gu + pair * 2 * a.n_ff + lane * kern::kQ8Block;
-    const float* ur = gr + a.n_ff;
-    float v[kern::kQ8Block];
+  float acc[kRows][1];
 #pragma unroll
-    for (int i = 0; i < kern::kQ8Block; i += 4) {
-      const float4 g4 = *reinterpret_cast<const float4*>(gr + i), u4 = *reinterpret_cast<const float4*>(ur + i);
-      v[i] = kern::swiglu_q8_value(g4.x, u4.x);
-      v[i + 1] = kern::swiglu_q8_value(g4.y, u4.y);
-      v[i + 2] = kern::swiglu_q8_value(g4.z, u4.z);
-      v[i + 3] = kern::swiglu_q8_value(g4.w, u4.w);
-    }
-    kern::quantize_block_q8_lane(v, xv, ds);
-  }
+  for (int r = 0; r < kRows; ++r) acc[r][0] = 0.0f;
   if (sel >= 0) {
+    kern::MatvecQ8Args m{};
+    m.w_stride = a.w_stride;
+    m.k = a.n_ff;
+    m.n_rows = a.n_embd;
+    m.n_tokens = 1;
+    const uintptr_t w_base = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(sel) * kMoeSelUnit;
+    const auto* hq = static_cast<const uint8_t*>(a.hq);
+    const int8_t* xq = reinterpret_cast<const int8_t*>(hq) + pair * a.n_ff;
+    const float2* xds = reinterpret_cast<const float2*>(hq + kern::q8_ds_offset(a.n_ff, static_cast<int64_t>(a.n_tokens) * P)) +
+                        pair * (a.n_ff / kern::kQ8Block);
+    kern::q8_issue_chunk<T, kRows>(ring[warp], w_base, kern::q8_weights_end<T>(w_base, m), m, r0, 0, lane);
+    kern::cp_async_commit();
     kern::cp_async_wait<0>();
     __syncwarp();
+    kern::q8_chunk_dot<T, 1, kRows>(ring[warp], w_base, m, xq, xds, r0, 0, lane, acc);
   }
-  const int2 xs = kern::q8_half_sums<T>(xv);
-  for (int g = 0; g < groups; ++g) {
-    float acc[kRows] = {};
-    if (unit) {
-      qdec::Q8Unit wu[kRows];
-      kern::q8_decode_units<T, kRows>(ring[warp * groups + g], w_base, m, r0 + g * kRows, 0, lane, wu);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r] = kern::q8_unit_dot<T>(wu[r], xv, xs, ds, acc[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float s = kern::warp_sum(acc[r]);
-      if (lane == 0) part[warp][g * kRows + r] = s;
-    }
+  for (int r = 0; r < kRows; ++r) {
+    const float s = kern::warp_sum(acc[r][0]);
+    if (lane == 0) part[warp][r] = s;
   }
   __syncthreads();
   const int r = threadIdx.x;
-  if (r < groups * kRows && r0 + r < a.n_embd) {
+  if (r < kRows && r0 + r < a.n_embd) {
     const float* ct = a.coef + static_cast<int64_t>(t) * P;
     float y = 0.0f;
     for (int j = 0; j < a.k; ++j) y += ct[j] * part[j][r];
@@ -395,13 +351,10 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
 
 template <DType T>
 cudaError_t launch_down_combine(const MoeDownCombineLaunch& a, cudaStream_t stream) {
-  const int pairs = a.k + 1, groups = down_combine_groups<T>(pairs);
-  const int rows = groups * kern::kQ8Rows;
-  const int smem = down_combine_ring_bytes<T>(pairs, groups);
-  const cudaError_t e = cudaFuncSetAttribute(moe_down_combine<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>((a.n_embd + rows - 1) / rows), static_cast<unsigned>(a.n_tokens));
-  return launch_kernel(moe_down_combine<T>, grid, 32 * pairs, static_cast<size_t>(smem), stream, a, groups);
+  const dim3 grid(static_cast<unsigned>((a.n_embd + kern::kQ8Rows - 1) / kern::kQ8Rows), static_cast<unsigned>(a.n_tokens));
+  const int pairs = a.k + 1;
+  return launch_kernel(moe_down_combine<T>, grid, 32 * pairs, static_cast<size_t>(down_combine_ring_bytes<T>(pairs)),
+                       stream, a);
 }
 
 }  // namespace
@@ -411,13 +364,15 @@ bool moe_down_combine_fits(DType t, int64_t n_ff, int k) {
       k < 1 || k + 1 > kDownCombineMaxPairs) {
     return false;
   }
+  int bytes = 0;
   switch (t) {
 #define X(name) \
-  case DType::name: return down_combine_groups<DType::name>(k + 1) > 0;
+  case DType::name: bytes = down_combine_ring_bytes<DType::name>(k + 1); break;
     X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
 #undef X
     default: return false;
   }
+  return bytes <= kern::kQ8StaticSmem;
 }
 
 cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cudaStream_t stream) {
@@ -425,7 +380,7 @@ cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cuda
   const int64_t row_align = qdec::q8_aligned16(t) ? 16 : 2;
   if (!moe_down_combine_fits(t, a.n_ff, a.k) || a.n_tokens > 65535 || a.sel == nullptr || a.coef == nullptr ||
       a.y == nullptr || reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || a.w_stride % row_align != 0 ||
-      a.gu == nullptr || reinterpret_cast<uintptr_t>(a.gu) % 16 != 0) {
+      reinterpret_cast<uintptr_t>(a.hq) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   switch (t) {

@@ -113,23 +113,21 @@ bool moe_route_norm_fits(int64_t n_embd, int n_tokens, int n_expert);
 cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k,
                                      int64_t n_embd, float* y, cudaStream_t stream);
 
-// h of every pair, its down products and their weighted sum in one launch: the bits of quantize_q8's
-// SwiGLU mode, the gathered down launch (one group) and moe_block_combine, without h or the pairs' rows
-// d in memory. A CTA takes up to 16 output rows of one token; warp j makes pair j's int8 h from g and u
-// and multiplies the pair's rows with it, the CTA sums the pairs.
+// The down products of every pair and their weighted sum in one launch: the bits of the gathered down
+// launch (one group) followed by moe_block_combine, without the pairs' rows d in memory. A CTA takes
+// kQ8Rows output rows of one token; warp j multiplies pair j's rows with its h, the CTA sums the pairs.
 struct MoeDownCombineLaunch {
   const void* w = nullptr;       // the launch's weight base: pair p's rows start selector * kMoeSelUnit on
   int64_t w_stride = 0;          // bytes between rows
   const int32_t* sel = nullptr;  // [n_tokens, k + 1] selectors (moe_route_fused's sel_down[0])
-  const float* gu = nullptr;     // n_tokens * (k + 1) rows of 2 * n_ff: g at [0, n_ff), u at [n_ff, 2 n_ff)
+  const void* hq = nullptr;      // q8 rows of h: n_tokens * (k + 1) rows of n_ff (quantize_q8_launch layout)
   const float* coef = nullptr;   // [n_tokens, k + 1]
   float* y = nullptr;            // [n_tokens, n_embd]
   int64_t n_embd = 0, n_ff = 0;
   int n_tokens = 0, k = 0;
 };
 // Whether the fused launch takes the shape: an int8-activation type, a row of one 1024-element step
-// (n_ff <= 1024, whole blocks), k + 1 <= 16 pairs, the rings of one row group within the device's shared
-// memory per CTA.
+// (n_ff <= 1024, whole blocks), k + 1 <= 16 pairs, rings within the 48 KB of shared memory.
 bool moe_down_combine_fits(DType t, int64_t n_ff, int k);
 cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cudaStream_t stream);
 
