@@ -8,10 +8,9 @@
 // kernel that writes the final rows (the attention kernel with one split, else the combine) also gates
 // o and writes its int8 activations. attn_decode_kernel (the layer's one-token decode) is the
 // tensor-core kernel with attention_prep's work done by its own CTAs: one launch fewer.
-//   attn_tc_kernel<D, RW, NS>: F16 KV, D in {32, 64, 128, 256}; 4 warps; K/V tiles of 64 positions
-//     in NS stages of shared memory (3 at head_dim 256 where they fit, else 2) filled by cp.async
-//     (16-byte loads); Q K^T and P V with mma.sync.m16n8k16 (f16 in, f32 accumulate), each warp
-//     owning 16 rows. RW = row warps: 4 for
+//   attn_tc_kernel<D, RW>: F16 KV, D in {32, 64, 128, 256}; 4 warps; K/V tiles of 64 positions
+//     double-buffered in shared memory by cp.async (16-byte loads); Q K^T and P V with
+//     mma.sync.m16n8k16 (f16 in, f32 accumulate), each warp owning 16 rows. RW = row warps: 4 for
 //     prefill (64 rows, every warp all positions of a tile); 1 or 2 for decode (16 / 32 rows, the
 //     other warps take other positions of each tile and are merged at the end).
 //   attn_simt_kernel<T, E, RB>: F32 or F16 KV, any D <= 512 (E = ceil(D / 32) values per lane); warps
@@ -69,12 +68,12 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Shared memory of attn_tc_kernel<D, RW, NS>: Q [BM][D + 8] half, then K and V [NS stages][kBN][D + 8]
+// Shared memory of attn_tc_kernel<D, RW>: Q [BM][D + 8] half, then K and V [2 stages][kBN][D + 8]
 // half; the K/V area is reused at the end for the per-warp partials.
-constexpr size_t tc_smem_bytes(int D, int RW, int NS) {
+constexpr size_t tc_smem_bytes(int D, int RW) {
   const int BM = 16 * RW, KW = kWarps / RW, SK = D + 8;
   const size_t q = static_cast<size_t>(BM) * SK * 2;
-  const size_t kv = static_cast<size_t>(2 * NS) * kBN * SK * 2;
+  const size_t kv = static_cast<size_t>(4) * kBN * SK * 2;
   const size_t part = (static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4;
   return q + (kv > part ? kv : part);
 }
@@ -127,9 +126,8 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
 
 // The tensor-core attention of packed rows [row0, row_end) of KV head g over the positions [kv_begin,
 // kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
-// or the split's partial (write_rows). sK / sV: the NS K/V stages (tiles NS - 1 ahead in flight);
-// reused for the partials at the end.
-template <int D, int RW, int NS>
+// or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
+template <int D, int RW>
 __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV,
                                           const CtaWork& w) {
   const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
@@ -158,19 +156,14 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
   tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g);
   cp_async_commit();
-#pragma unroll
-  for (int i = 1; i < NS - 1; ++i) {
-    if (i < n_tiles) tc_load_tile<D>(p, sK + i * kBN * SK, sV + i * kBN * SK, kv_begin + i * kBN, kv_end, g);
-    cp_async_commit();  // empty groups keep the count uniform
-  }
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int stage = tile % NS;
-    if (tile + NS - 1 < n_tiles) {
-      const int nx = (tile + NS - 1) % NS;
-      tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + NS - 1) * kBN, kv_end, g);
+    const int stage = tile & 1;
+    if (tile + 1 < n_tiles) {
+      const int nx = (tile + 1) & 1;
+      tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, g);
     }
     cp_async_commit();
-    cp_async_wait<NS - 1>();  // this tile's group has landed (the next ones may be in flight)
+    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
     __syncthreads();
 
     const uint32_t k_addr = smem_addr(sK + stage * kBN * SK + k_row * SK + k_col);
@@ -281,14 +274,14 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
   write_rows(p, sO, sM, sL, KW, BM, D + kOPad, row0, row_end, g, s);
 }
 
-template <int D, int RW, int NS>
+template <int D, int RW>
 __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
   kern::dependency_sync();
   constexpr int BM = 16 * RW, SK = D + 8;
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
-  __half* sK = sQ + BM * SK;         // [NS][kBN][SK]
-  __half* sV = sK + NS * kBN * SK;   // [NS][kBN][SK]
+  __half* sK = sQ + BM * SK;        // [2][kBN][SK]
+  __half* sV = sK + 2 * kBN * SK;   // [2][kBN][SK]
 
   const CtaWork w = cta_work(p, BM);
   if (!w.live) return;
@@ -301,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
     if (rho < p.R) v = p.q[out_row(p, rho, w.g) * D + d];
     sQ[r * SK + d] = __float2half_rn(v);
   }
-  tc_attend<D, RW, NS>(p, sQ, sK, sV, w);
+  tc_attend<D, RW>(p, sQ, sK, sV, w);
 }
 
 // ---- split combine ----
@@ -370,7 +363,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 }
 
 // ---- fused decode: prep, attention and output gate in one launch ----
-// attn_decode_kernel<D, NS>: one row block of at most 16 packed rows (tensor-core path, RW = 1) per KV
+// attn_decode_kernel<D>: one row block of at most 16 packed rows (tensor-core path, RW = 1) per KV
 // head. Each CTA (KV head g, split s) first does attention_prep's work for what it reads: the new
 // positions inside its range get k normalized and rotated (back into k_in and, as half, into the
 // cache) and v appended, each new position by exactly one CTA (the splits partition the positions);
@@ -426,18 +419,18 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const Ct
   __syncthreads();
 }
 
-template <int D, int NS>
+template <int D>
 __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
   kern::dependency_sync();
   constexpr int SK = D + 8;
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
-  __half* sK = sQ + kFuseRows * SK;  // [NS][kBN][SK]
-  __half* sV = sK + NS * kBN * SK;   // [NS][kBN][SK]
+  __half* sK = sQ + kFuseRows * SK;  // [2][kBN][SK]
+  __half* sV = sK + 2 * kBN * SK;    // [2][kBN][SK]
   const CtaWork w = cta_work(p, kFuseRows);  // one row block: rows [0, R)
   if (!w.live) return;
   decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), w);
-  tc_attend<D, 1, NS>(p, sQ, sK, sV, w);
+  tc_attend<D, 1>(p, sQ, sK, sV, w);
 }
 
 // ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----
@@ -529,32 +522,12 @@ struct KernelPick {
   size_t smem = 0;
 };
 
-// Three K/V stages instead of two where a CTA has an SM to itself anyway (head_dim 256 with at most 32
-// rows: two stages already take more than half of an H100 SM's shared memory) and the third fits the
-// device: one tile more in flight per SM, which decode over a long context needs to keep the reads
-// streaming. Elsewhere the smaller staging keeps more CTAs per SM.
-template <int D>
-bool tc_deep(int rw) {
-  if constexpr (D != 256) {
-    return false;
-  } else {
-    const long long limit = smem_optin_limit();
-    return rw <= 2 && limit > 0 && tc_smem_bytes(D, rw, 3) <= static_cast<size_t>(limit);
-  }
-}
-
 template <int D>
 KernelPick pick_tc(int rw) {
-  if constexpr (D == 256) {
-    if (tc_deep<D>(rw)) {
-      return rw == 1 ? KernelPick{reinterpret_cast<const void*>(attn_tc_kernel<D, 1, 3>), tc_smem_bytes(D, 1, 3)}
-                     : KernelPick{reinterpret_cast<const void*>(attn_tc_kernel<D, 2, 3>), tc_smem_bytes(D, 2, 3)};
-    }
-  }
   switch (rw) {
-    case 1: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 1, 2>), tc_smem_bytes(D, 1, 2)};
-    case 2: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 2, 2>), tc_smem_bytes(D, 2, 2)};
-    default: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 4, 2>), tc_smem_bytes(D, 4, 2)};
+    case 1: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 1>), tc_smem_bytes(D, 1)};
+    case 2: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 2>), tc_smem_bytes(D, 2)};
+    default: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 4>), tc_smem_bytes(D, 4)};
   }
 }
 
@@ -671,10 +644,7 @@ void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_bl
 
 template <int D>
 KernelPick pick_decode() {
-  if constexpr (D == 256) {
-    if (tc_deep<D>(1)) return {reinterpret_cast<const void*>(attn_decode_kernel<D, 3>), tc_smem_bytes(D, 1, 3)};
-  }
-  return {reinterpret_cast<const void*>(attn_decode_kernel<D, 2>), tc_smem_bytes(D, 1, 2)};
+  return {reinterpret_cast<const void*>(attn_decode_kernel<D>), tc_smem_bytes(D, 1)};
 }
 
 KernelPick pick_decode_kernel(int D) {
