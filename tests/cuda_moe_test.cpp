@@ -469,6 +469,49 @@ TEST_F(CudaMoeGroupedTest, RealExpertShape) {
   run({DType::Q4_K, DType::Q4_K, DType::Q6_K, true, 2048, 512, 16, 8}, 33, true, false);
 }
 
+// moe_swiglu_bf16 (between the grouped gate/up and down products) writes h = silu(g) * u in BF16 for
+// exactly the places of the plan's runs (slots with ids outside [0, n_expert) have none), within the
+// BF16 rounding of the float result, and nothing past them.
+TEST_F(CudaMoeGroupedTest, SwigluBf16ForThePlansPlaces) {
+  const int n_slots = 40, n_expert = 6;
+  const int64_t F = 96;
+  std::vector<int32_t> ids(n_slots);
+  int valid = 0;
+  for (int i = 0; i < n_slots; ++i) {
+    ids[static_cast<size_t>(i)] = i % 7 == 3 ? -1 : i % 11 == 5 ? n_expert : static_cast<int32_t>(rng_() % n_expert);
+    valid += ids[static_cast<size_t>(i)] >= 0 && ids[static_cast<size_t>(i)] < n_expert;
+  }
+  const TensorView dids = up(TensorView::contiguous(nullptr, DType::I32, {n_slots}), ids.data(), 4 * n_slots);
+  const int64_t max_tiles = cuda::moe_group_max_tiles(n_slots, n_expert);
+  auto* order = static_cast<int32_t*>(dev(4 * n_slots));
+  auto* tiles = static_cast<int4*>(dev(16 * max_tiles));
+  auto* n_tiles = static_cast<int*>(dev(16));
+  test::Host gu({2 * F, n_slots});
+  gu.random(rng_, -4.0f, 4.0f);
+  const TensorView dgu = up(gu);
+  const std::vector<uint16_t> poison(static_cast<size_t>(n_slots * F), 0xFFFF);
+  auto* h = static_cast<uint16_t*>(dev(2 * n_slots * F));
+  const auto s = static_cast<cudaStream_t>(stream_.handle());
+  ASSERT_TRUE(cuda::copy_to_device(h, poison.data(), 2 * n_slots * F, stream_).is_ok());
+  ASSERT_EQ(cuda::moe_group_plan_launch(dids.as<int32_t>(), n_slots, n_expert, order, tiles, n_tiles, s), cudaSuccess);
+  ASSERT_EQ(cuda::moe_swiglu_bf16_launch(dgu.as<float>(), F, n_slots, tiles, n_tiles, h, s), cudaSuccess);
+  std::vector<uint16_t> got(poison.size());
+  ASSERT_TRUE(cuda::copy_to_host(got.data(), h, 2 * n_slots * F, stream_).is_ok());
+  ASSERT_TRUE(stream_.synchronize().is_ok());
+  for (int r = 0; r < n_slots; ++r) {
+    for (int64_t j = 0; j < F; ++j) {
+      const uint16_t v = got[static_cast<size_t>(r * F + j)];
+      if (r >= valid) {
+        ASSERT_EQ(v, 0xFFFF) << "place " << r << " of " << valid << " written";
+        continue;
+      }
+      const float g = gu.v[static_cast<size_t>(r * 2 * F + j)], u = gu.v[static_cast<size_t>(r * 2 * F + F + j)];
+      const float want = g / (1.0f + std::exp(-g)) * u;
+      ASSERT_NEAR(bf16_to_f32(v), want, 1e-6f + std::fabs(want) / 128) << "place " << r << " element " << j;
+    }
+  }
+}
+
 TEST(CudaMoeGrouped, FloatExpertsAndBadArgumentsAreRefused) {
   const int64_t E = 64, F = 32, X = 16, k = 2, n_tokens = 4;
   OpContext ctx;

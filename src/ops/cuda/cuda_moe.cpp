@@ -3,7 +3,7 @@
 // stream. Gathered (a decode step): quantize x (q8 projections) -> gate and up of every slot -> SwiGLU
 // (fused with the q8 quantization of h when the down projection is q8) -> down of every slot -> y =
 // weighted sum of the slots. Grouped (a prefill batch): the plan (pairs sorted per expert, tiles) ->
-// gate and up of every tile -> down of every tile, SwiGLU in its activation loads -> the weighted sum.
+// gate and up of every tile -> h = SwiGLU in BF16 once per pair -> down of every tile -> the weighted sum.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choice: the scratch is one block from the device's caching allocator, returned on exit:
 // no cudaMalloc once the cache is warm and no synchronization, so a step can be captured into a CUDA
@@ -224,18 +224,20 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
   }
 
   // Scratch, 16-byte aligned pieces: order [slots] | tiles [max_tiles] | n_tiles | gu [slots, 2 n_ff] by place
-  // (gate then up) | d [slots, n_embd] by slot.
+  // (gate then up) | h [slots, n_ff] BF16 by place | d [slots, n_embd] by slot.
   const int64_t max_tiles = moe_group_max_tiles(n_slots, n_expert);
   const int64_t order_bytes = align16(4 * n_slots), tiles_bytes = 16 * max_tiles, count_bytes = 16;
-  const int64_t gu_bytes = align16(4 * n_slots * 2 * n_ff), d_bytes = 4 * n_slots * n_embd;
-  DS_ASSIGN_OR_RETURN(CudaBuffer scratch,
-                      CudaBuffer::allocate(dev, order_bytes + tiles_bytes + count_bytes + gu_bytes + d_bytes));
+  const int64_t gu_bytes = align16(4 * n_slots * 2 * n_ff), h_bytes = align16(2 * n_slots * n_ff);
+  const int64_t d_bytes = 4 * n_slots * n_embd;
+  DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, order_bytes + tiles_bytes + count_bytes +
+                                                                        gu_bytes + h_bytes + d_bytes));
   auto* base = static_cast<uint8_t*>(scratch.data());
   auto* order = reinterpret_cast<int32_t*>(base);
   auto* tiles = reinterpret_cast<int4*>(base + order_bytes);
   auto* n_tiles = reinterpret_cast<int*>(base + order_bytes + tiles_bytes);
   auto* gu = reinterpret_cast<float*>(base + order_bytes + tiles_bytes + count_bytes);
-  auto* d = reinterpret_cast<float*>(base + order_bytes + tiles_bytes + count_bytes + gu_bytes);
+  auto* h = reinterpret_cast<uint16_t*>(base + order_bytes + tiles_bytes + count_bytes + gu_bytes);
+  auto* d = reinterpret_cast<float*>(base + order_bytes + tiles_bytes + count_bytes + gu_bytes + h_bytes);
 
   const auto shapes = [&] {
     return fmt::format("x {} ids {} gate {} down {}", x.shape_string(), ids.shape_string(),
@@ -259,7 +261,7 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
     p.x_div = static_cast<int>(k);
     p.y = gu + col0;
     p.y_stride = 2 * n_ff;
-    DS_CUDA_TRY(moe_grouped_product_launch(t, p, false, s), "{}: {} products: {}", kGroupedOp,
+    DS_CUDA_TRY(moe_grouped_product_launch(t, p, s), "{}: {} products: {}", kGroupedOp,
                 col0 == 0 ? "gate" : "up", shapes());
     return Status::ok();
   };
@@ -269,15 +271,16 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
     DS_TRY(gate_up(grouped(experts.gate, 0, n_ff), experts.gate.dtype, 0));
     DS_TRY(gate_up(grouped(experts.up, 0, n_ff), experts.up.dtype, n_ff));
   }
-  // d[slot] = down (silu(gate x) * up x).
+  // h[place] = silu(gate x) * up x in BF16, once; d[slot] = down h.
+  DS_CUDA_TRY(moe_swiglu_bf16_launch(gu, n_ff, n_slots, tiles, n_tiles, h, s), "{}: swiglu: {}", kGroupedOp,
+              shapes());
   MoeGroupedLaunch down = with_plan(grouped(experts.down, 0, n_embd));
-  down.a = gu;
-  down.a_stride = 2 * n_ff;
-  down.a_up = n_ff;
+  down.h = h;
+  down.a_stride = n_ff;
   down.y = d;
   down.y_stride = n_embd;
   down.y_by_slot = true;
-  DS_CUDA_TRY(moe_grouped_product_launch(experts.down.dtype, down, true, s), "{}: down products: {}", kGroupedOp,
+  DS_CUDA_TRY(moe_grouped_product_launch(experts.down.dtype, down, s), "{}: down products: {}", kGroupedOp,
               shapes());
   DS_CUDA_TRY(moe_combine_launch(d, ids.as<int32_t>(), weights.as<float>(), n_tokens, k, n_embd,
                                  static_cast<int>(n_expert), y.as<float>(), s),

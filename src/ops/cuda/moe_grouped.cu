@@ -2,7 +2,10 @@
 // the pairs grouped per expert on the device. moe_group_plan sorts the (token, slot) pairs by expert and
 // cuts each expert's run into tiles of kMoeGroupM pairs; moe_grouped_product multiplies a tile's
 // activation rows with kGroupN rows of its expert on the tensor cores (BF16 operands, F32 sums, as the
-// dense prefill GEMM), dequantizing the weights into shared memory step by step.
+// dense prefill GEMM), dequantizing the weights into shared memory step by step. Between the gate/up
+// and the down products, moe_swiglu_bf16 makes h = silu(g) * u once per pair, rounded to BF16 as the
+// product rounds any activation it stages, so the down products stage it as loaded (they used to read
+// the F32 g and u and evaluate SwiGLU again in each of their row blocks: same bits, 16 times the work).
 // Non-obvious choice: the product's grid is sized for the most tiles any routing can produce (pairs /
 // kMoeGroupM + experts) and CTAs past the plan's count exit at once, so the routing never reaches the
 // host: a prefill chunk's MoE layers run without a synchronization and in a handful of launches.
@@ -216,19 +219,42 @@ __device__ __forceinline__ void step_decode(const StepRaw<T>& r, const uint8_t* 
   }
 }
 
-// A thread's activation units of a step (kAUnits of 8 elements), loaded a step ahead like the weights.
-template <bool kSwiglu>
+// A thread's activation units of a step (kAUnits of 8 elements), loaded a step ahead like the weights:
+// F32 (converted when staged) or BF16 as staged.
+template <bool kBf16>
 struct ActRaw {
-  float4 g[kAUnits][2];
-  float4 u[kSwiglu ? kAUnits : 1][2];
+  float4 f[kBf16 ? 1 : kAUnits][2];
+  uint4 h[kBf16 ? kAUnits : 1];
 };
 
+// h[place] = silu(g) * u of the gate/up products' row `place` (g at [0, n_ff), u at [n_ff, 2 n_ff)),
+// rounded to BF16 once for every down product that reads it; one thread per 8 elements, the places the
+// plan's runs hold (the last tile's end).
+__global__ void moe_swiglu_bf16(const float* gu, int64_t n_ff, int64_t max_places, const int4* tiles,
+                                const int* n_tiles, uint16_t* h) {
+  kern::dependency_sync();
+  const int n_t = *n_tiles;
+  const int64_t places = n_t > 0 ? static_cast<int64_t>(tiles[n_t - 1].y) + tiles[n_t - 1].z : 0;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, units = n_ff / 8;
+  if (i >= std::min(places, max_places) * units) return;
+  const int64_t r = i / units, e0 = 8 * (i - r * units);
+  const float* g = gu + r * 2 * n_ff + e0;
+  const float4 g0 = *reinterpret_cast<const float4*>(g), g1 = *reinterpret_cast<const float4*>(g + 4);
+  const float4 u0 = *reinterpret_cast<const float4*>(g + n_ff), u1 = *reinterpret_cast<const float4*>(g + n_ff + 4);
+  const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+  const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = gv[j] / (1.0f + __expf(-gv[j])) * uv[j];
+  kern::store_bf16x8(h + r * n_ff + e0, v);
+}
+
 // One tile of one expert times rows [n0, n0 + kGroupN) of its weights (grid: x = tile, y = row block).
-// Activation row m of the tile: kSwiglu ? silu(a[p]) * a[p + a_up] (p = the pair's place in the runs)
-// : a[order[p] / x_div] (the pair's token). Output row: y_by_slot ? the pair's slot : its place.
+// Activation row m of the tile: kBf16 ? h[p] (p = the pair's place in the runs) : a[order[p] / x_div]
+// (the pair's token). Output row: y_by_slot ? the pair's slot : its place.
 // Warp w computes the tile's 32 rows x 32 weight rows [32 w, 32 w + 32) of the block: two m16 by four n8
 // tensor-core tiles per 16 elements of k.
-template <DType T, bool kSwiglu>
+template <DType T, bool kBf16>
 __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_product(MoeGroupedLaunch p) {
   __shared__ __align__(16) uint16_t as[kMoeGroupM * kGroupPitch];
   __shared__ __align__(16) uint16_t bs[kGroupN * kGroupPitch];
@@ -242,7 +268,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
     int64_t src = -1, dst = -1;
     if (static_cast<int>(threadIdx.x) < count) {
       const int place = begin + static_cast<int>(threadIdx.x), slot = p.order[place];
-      src = kSwiglu ? place : slot / p.x_div;
+      src = kBf16 ? place : slot / p.x_div;
       dst = p.y_by_slot ? slot : place;
     }
     src_row[threadIdx.x] = src;
@@ -255,26 +281,26 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
   const int64_t my_row = n0 + threadIdx.x;
   const uint8_t* w_row = my_row < p.n_rows ? w + my_row * p.w_stride : nullptr;
   float acc[2][4][4] = {};
-  const auto act_load = [&](int64_t k0, ActRaw<kSwiglu>& ar) {
+  const auto act_load = [&](int64_t k0, ActRaw<kBf16>& ar) {
 #pragma unroll
     for (int it = 0; it < kAUnits; ++it) {
       const int i = static_cast<int>(threadIdx.x) + it * kGroupThreads;
       const int64_t kk = k0 + 8 * (i % kGroupUnits), r = src_row[i / kGroupUnits];
-      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      ar.g[it][0] = ar.g[it][1] = zero;
-      if constexpr (kSwiglu) ar.u[it][0] = ar.u[it][1] = zero;
-      if (r >= 0 && kk < p.k) {
-        const float* src = p.a + r * p.a_stride + kk;
-        ar.g[it][0] = *reinterpret_cast<const float4*>(src);
-        ar.g[it][1] = *reinterpret_cast<const float4*>(src + 4);
-        if constexpr (kSwiglu) {
-          ar.u[it][0] = *reinterpret_cast<const float4*>(src + p.a_up);
-          ar.u[it][1] = *reinterpret_cast<const float4*>(src + p.a_up + 4);
+      const bool live = r >= 0 && kk < p.k;
+      if constexpr (kBf16) {
+        ar.h[it] = live ? *reinterpret_cast<const uint4*>(p.h + r * p.a_stride + kk) : make_uint4(0, 0, 0, 0);
+      } else {
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ar.f[it][0] = ar.f[it][1] = zero;
+        if (live) {
+          const float* src = p.a + r * p.a_stride + kk;
+          ar.f[it][0] = *reinterpret_cast<const float4*>(src);
+          ar.f[it][1] = *reinterpret_cast<const float4*>(src + 4);
         }
       }
     }
   };
-  ActRaw<kSwiglu> ar;
+  ActRaw<kBf16> ar;
   StepRaw<T> br;
   act_load(0, ar);
   if (w_row != nullptr) step_load<T>(w_row, 0, br);
@@ -282,15 +308,14 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
 #pragma unroll
     for (int it = 0; it < kAUnits; ++it) {
       const int i = static_cast<int>(threadIdx.x) + it * kGroupThreads;
-      float v[8] = {ar.g[it][0].x, ar.g[it][0].y, ar.g[it][0].z, ar.g[it][0].w,
-                    ar.g[it][1].x, ar.g[it][1].y, ar.g[it][1].z, ar.g[it][1].w};
-      if constexpr (kSwiglu) {
-        const float up[8] = {ar.u[it][0].x, ar.u[it][0].y, ar.u[it][0].z, ar.u[it][0].w,
-                             ar.u[it][1].x, ar.u[it][1].y, ar.u[it][1].z, ar.u[it][1].w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * up[j];
+      uint16_t* dst = as + (i / kGroupUnits) * kGroupPitch + 8 * (i % kGroupUnits);
+      if constexpr (kBf16) {
+        *reinterpret_cast<uint4*>(dst) = ar.h[it];
+      } else {
+        const float v[8] = {ar.f[it][0].x, ar.f[it][0].y, ar.f[it][0].z, ar.f[it][0].w,
+                            ar.f[it][1].x, ar.f[it][1].y, ar.f[it][1].z, ar.f[it][1].w};
+        kern::store_bf16x8(dst, v);
       }
-      kern::store_bf16x8(as + (i / kGroupUnits) * kGroupPitch + 8 * (i % kGroupUnits), v);
     }
     // Thread n decodes weight row n0 + n (whole-block row lengths for K-quants: the step is complete).
     if (w_row != nullptr) {
@@ -350,10 +375,10 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
 }
 
 template <DType T>
-cudaError_t launch_grouped(const MoeGroupedLaunch& p, bool swiglu, cudaStream_t stream) {
+cudaError_t launch_grouped(const MoeGroupedLaunch& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.max_tiles), static_cast<unsigned>((p.n_rows + kGroupN - 1) / kGroupN));
-  return swiglu ? launch_kernel(moe_grouped_product<T, true>, grid, kGroupThreads, 0, stream, p)
-                : launch_kernel(moe_grouped_product<T, false>, grid, kGroupThreads, 0, stream, p);
+  return p.h != nullptr ? launch_kernel(moe_grouped_product<T, true>, grid, kGroupThreads, 0, stream, p)
+                        : launch_kernel(moe_grouped_product<T, false>, grid, kGroupThreads, 0, stream, p);
 }
 
 }  // namespace
@@ -377,24 +402,37 @@ bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert
          reinterpret_cast<uintptr_t>(w) % align == 0 && w_stride % align == 0 && w_expert_stride % align == 0;
 }
 
-cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, bool swiglu, cudaStream_t stream) {
+cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, cudaStream_t stream) {
   if (p.n_rows <= 0 || p.max_tiles <= 0) return cudaSuccess;
-  if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 1 || p.a_stride % 4 != 0 ||
-      (swiglu && p.a_up % 4 != 0) || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 ||
+  const bool act_ok = p.h != nullptr ? reinterpret_cast<uintptr_t>(p.h) % 16 == 0 && p.a_stride % 8 == 0
+                                     : p.a != nullptr && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 && p.a_stride % 4 == 0;
+  if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 1 || !act_ok ||
       (p.n_rows + kGroupN - 1) / kGroupN > 65535) {
     return cudaErrorInvalidValue;
   }
   switch (t) {
-    case DType::F16: return launch_grouped<DType::F16>(p, swiglu, stream);
-    case DType::BF16: return launch_grouped<DType::BF16>(p, swiglu, stream);
-    case DType::Q4_0: return launch_grouped<DType::Q4_0>(p, swiglu, stream);
-    case DType::Q5_0: return launch_grouped<DType::Q5_0>(p, swiglu, stream);
-    case DType::Q8_0: return launch_grouped<DType::Q8_0>(p, swiglu, stream);
-    case DType::Q4_K: return launch_grouped<DType::Q4_K>(p, swiglu, stream);
-    case DType::Q5_K: return launch_grouped<DType::Q5_K>(p, swiglu, stream);
-    case DType::Q6_K: return launch_grouped<DType::Q6_K>(p, swiglu, stream);
+    case DType::F16: return launch_grouped<DType::F16>(p, stream);
+    case DType::BF16: return launch_grouped<DType::BF16>(p, stream);
+    case DType::Q4_0: return launch_grouped<DType::Q4_0>(p, stream);
+    case DType::Q5_0: return launch_grouped<DType::Q5_0>(p, stream);
+    case DType::Q8_0: return launch_grouped<DType::Q8_0>(p, stream);
+    case DType::Q4_K: return launch_grouped<DType::Q4_K>(p, stream);
+    case DType::Q5_K: return launch_grouped<DType::Q5_K>(p, stream);
+    case DType::Q6_K: return launch_grouped<DType::Q6_K>(p, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t moe_swiglu_bf16_launch(const float* gu, int64_t n_ff, int64_t max_places, const int4* tiles,
+                                   const int* n_tiles, uint16_t* h, cudaStream_t stream) {
+  if (max_places <= 0 || n_ff <= 0) return cudaSuccess;
+  if (n_ff % 8 != 0 || reinterpret_cast<uintptr_t>(gu) % 16 != 0 || reinterpret_cast<uintptr_t>(h) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  constexpr int kThreads = 256;
+  const int64_t units = max_places * (n_ff / 8);
+  return launch_kernel(moe_swiglu_bf16, static_cast<unsigned>((units + kThreads - 1) / kThreads), kThreads, 0, stream,
+                       gu, n_ff, max_places, tiles, n_tiles, h);
 }
 
 }  // namespace ds::cuda

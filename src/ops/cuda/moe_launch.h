@@ -152,12 +152,12 @@ struct MoeGroupedLaunch {
   int64_t w_expert_stride = 0;  // bytes between experts
   int64_t n_rows = 0;
   int64_t k = 0;                // multiple of 8 and of the type's block
-  // Activation rows (F32, 16-byte aligned, a_stride a multiple of 4): with swiglu, row `place` holds g at
-  // [0, k) and u at [a_up, a_up + k) and the product reads silu(g) * u; otherwise the product reads row
-  // slot / x_div (the pair's token).
+  // Activation rows, one of: a (F32, 16-byte aligned, a_stride a multiple of 4), the product reading row
+  // slot / x_div (the pair's token); h (BF16 bits, 16-byte aligned, a_stride a multiple of 8), the
+  // product reading row `place` (moe_swiglu_bf16_launch's h of the down products).
   const float* a = nullptr;
+  const uint16_t* h = nullptr;
   int64_t a_stride = 0;         // elements between rows
-  int64_t a_up = 0;             // elements, swiglu only (multiple of 4)
   int x_div = 1;
   const int32_t* order = nullptr;  // the plan (device)
   const int4* tiles = nullptr;
@@ -170,6 +170,10 @@ struct MoeGroupedLaunch {
 // Whether the grouped product takes weights of type t at w with these strides (bytes) and row length k:
 // F16, BF16 and the quantized types (F32 weights keep F32 products elsewhere), rows aligned for decode8.
 bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert_stride, int64_t k);
-cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, bool swiglu, cudaStream_t stream);
+cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, cudaStream_t stream);
+// h[place, 0 .. n_ff) = silu(g) * u rounded to BF16 for the places of the plan's runs, from gu [max_places,
+// 2 n_ff] by place (g at [0, n_ff), u after it, as the gate/up products write them); n_ff a multiple of 8.
+cudaError_t moe_swiglu_bf16_launch(const float* gu, int64_t n_ff, int64_t max_places, const int4* tiles,
+                                   const int* n_tiles, uint16_t* h, cudaStream_t stream);
 
 }  // namespace ds::cuda
