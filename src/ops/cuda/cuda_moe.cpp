@@ -3,7 +3,8 @@
 // stream. Gathered (a decode step): quantize x (q8 projections) -> gate and up of every slot -> SwiGLU
 // (fused with the q8 quantization of h when the down projection is q8) -> down of every slot -> y =
 // weighted sum of the slots. Grouped (a prefill batch): the plan (pairs sorted per expert, tiles) ->
-// gate and up of every tile -> h = SwiGLU in BF16 once per pair -> down of every tile -> the weighted sum.
+// x in BF16 -> gate and up of every tile -> h = SwiGLU in BF16 once per pair -> down of every tile -> the
+// weighted sum.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choice: the scratch is one block from the device's caching allocator, returned on exit:
 // no cudaMalloc once the cache is warm and no synchronization, so a step can be captured into a CUDA
@@ -223,21 +224,28 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
     return Status::ok();
   }
 
-  // Scratch, 16-byte aligned pieces: order [slots] | tiles [max_tiles] | n_tiles | gu [slots, 2 n_ff] by place
-  // (gate then up) | h [slots, n_ff] BF16 by place | d [slots, n_embd] by slot.
+  // Scratch, 16-byte aligned pieces: order [slots] | tiles [max_tiles] | n_tiles | xb [tokens, n_embd] BF16 |
+  // gu [slots, 2 n_ff] by place (gate then up) | h [slots, n_ff] BF16 by place | d [slots, n_embd] by slot.
   const int64_t max_tiles = moe_group_max_tiles(n_slots, n_expert);
   const int64_t order_bytes = align16(4 * n_slots), tiles_bytes = 16 * max_tiles, count_bytes = 16;
+  const int64_t xb_bytes = align16(2 * n_tokens * n_embd);
   const int64_t gu_bytes = align16(4 * n_slots * 2 * n_ff), h_bytes = align16(2 * n_slots * n_ff);
   const int64_t d_bytes = 4 * n_slots * n_embd;
   DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, order_bytes + tiles_bytes + count_bytes +
-                                                                        gu_bytes + h_bytes + d_bytes));
-  auto* base = static_cast<uint8_t*>(scratch.data());
-  auto* order = reinterpret_cast<int32_t*>(base);
-  auto* tiles = reinterpret_cast<int4*>(base + order_bytes);
-  auto* n_tiles = reinterpret_cast<int*>(base + order_bytes + tiles_bytes);
-  auto* gu = reinterpret_cast<float*>(base + order_bytes + tiles_bytes + count_bytes);
-  auto* h = reinterpret_cast<uint16_t*>(base + order_bytes + tiles_bytes + count_bytes + gu_bytes);
-  auto* d = reinterpret_cast<float*>(base + order_bytes + tiles_bytes + count_bytes + gu_bytes + h_bytes);
+                                                                        xb_bytes + gu_bytes + h_bytes + d_bytes));
+  uint8_t* next = static_cast<uint8_t*>(scratch.data());
+  const auto take = [&](int64_t bytes) {
+    uint8_t* r = next;
+    next += bytes;
+    return r;
+  };
+  auto* order = reinterpret_cast<int32_t*>(take(order_bytes));
+  auto* tiles = reinterpret_cast<int4*>(take(tiles_bytes));
+  auto* n_tiles = reinterpret_cast<int*>(take(count_bytes));
+  auto* xb = reinterpret_cast<uint16_t*>(take(xb_bytes));
+  auto* gu = reinterpret_cast<float*>(take(gu_bytes));
+  auto* h = reinterpret_cast<uint16_t*>(take(h_bytes));
+  auto* d = reinterpret_cast<float*>(take(d_bytes));
 
   const auto shapes = [&] {
     return fmt::format("x {} ids {} gate {} down {}", x.shape_string(), ids.shape_string(),
@@ -253,10 +261,12 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
     p.max_tiles = max_tiles;
     return p;
   };
-  // gu[place] = [gate x | up x] of the pair's token.
+  // gu[place] = [gate x | up x] of the pair's token, x in BF16 once.
+  DS_CUDA_TRY(f32_to_bf16_launch(x.as<float>(), n_embd, n_tokens, n_embd, xb, s), "{}: x to bf16: {}", kGroupedOp,
+              shapes());
   const auto gate_up = [&](MoeGroupedLaunch p, DType t, int64_t col0) -> Status {
     p = with_plan(p);
-    p.a = x.as<float>();
+    p.h = xb;
     p.a_stride = n_embd;
     p.x_div = static_cast<int>(k);
     p.y = gu + col0;
@@ -277,6 +287,7 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
   MoeGroupedLaunch down = with_plan(grouped(experts.down, 0, n_embd));
   down.h = h;
   down.a_stride = n_ff;
+  down.x_div = 0;  // h by place
   down.y = d;
   down.y_stride = n_embd;
   down.y_by_slot = true;

@@ -2,10 +2,11 @@
 // the pairs grouped per expert on the device. moe_group_plan sorts the (token, slot) pairs by expert and
 // cuts each expert's run into tiles of kMoeGroupM pairs; moe_grouped_product multiplies a tile's
 // activation rows with kGroupN rows of its expert on the tensor cores (BF16 operands, F32 sums, as the
-// dense prefill GEMM), dequantizing the weights into shared memory step by step. Between the gate/up
-// and the down products, moe_swiglu_bf16 makes h = silu(g) * u once per pair, rounded to BF16 as the
-// product rounds any activation it stages, so the down products stage it as loaded (they used to read
-// the F32 g and u and evaluate SwiGLU again in each of their row blocks: same bits, 16 times the work).
+// dense prefill GEMM), dequantizing the weights into shared memory step by step. The activations come
+// in BF16, rounded once as the product would round them when staging: x per token for the gate/up
+// products (f32_to_bf16), and h = silu(g) * u per pair for the down products (moe_swiglu_bf16, between
+// them). The down products used to read the F32 g and u and evaluate SwiGLU again in each of their row
+// blocks, the gate/up products to convert x again in each of theirs: same bits, many times the work.
 // Non-obvious choice: the product's grid is sized for the most tiles any routing can produce (pairs /
 // kMoeGroupM + experts) and CTAs past the plan's count exit at once, so the routing never reaches the
 // host: a prefill chunk's MoE layers run without a synchronization and in a handful of launches.
@@ -250,8 +251,8 @@ __global__ void moe_swiglu_bf16(const float* gu, int64_t n_ff, int64_t max_place
 }
 
 // One tile of one expert times rows [n0, n0 + kGroupN) of its weights (grid: x = tile, y = row block).
-// Activation row m of the tile: kBf16 ? h[p] (p = the pair's place in the runs) : a[order[p] / x_div]
-// (the pair's token). Output row: y_by_slot ? the pair's slot : its place.
+// Activation row m of the tile (of h when kBf16, else of a): order[p] / x_div (the pair's token), or p
+// with x_div 0 (the pair's place in the runs). Output row: y_by_slot ? the pair's slot : its place.
 // Warp w computes the tile's 32 rows x 32 weight rows [32 w, 32 w + 32) of the block: two m16 by four n8
 // tensor-core tiles per 16 elements of k.
 template <DType T, bool kBf16>
@@ -268,7 +269,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
     int64_t src = -1, dst = -1;
     if (static_cast<int>(threadIdx.x) < count) {
       const int place = begin + static_cast<int>(threadIdx.x), slot = p.order[place];
-      src = kBf16 ? place : slot / p.x_div;
+      src = p.x_div > 0 ? slot / p.x_div : place;
       dst = p.y_by_slot ? slot : place;
     }
     src_row[threadIdx.x] = src;
@@ -405,8 +406,9 @@ bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert
 cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, cudaStream_t stream) {
   if (p.n_rows <= 0 || p.max_tiles <= 0) return cudaSuccess;
   const bool act_ok = p.h != nullptr ? reinterpret_cast<uintptr_t>(p.h) % 16 == 0 && p.a_stride % 8 == 0
-                                     : p.a != nullptr && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 && p.a_stride % 4 == 0;
-  if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 1 || !act_ok ||
+                                     : p.a != nullptr && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
+                                           p.a_stride % 4 == 0 && p.x_div > 0;
+  if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 0 || !act_ok ||
       (p.n_rows + kGroupN - 1) / kGroupN > 65535) {
     return cudaErrorInvalidValue;
   }

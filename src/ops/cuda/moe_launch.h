@@ -152,9 +152,9 @@ struct MoeGroupedLaunch {
   int64_t w_expert_stride = 0;  // bytes between experts
   int64_t n_rows = 0;
   int64_t k = 0;                // multiple of 8 and of the type's block
-  // Activation rows, one of: a (F32, 16-byte aligned, a_stride a multiple of 4), the product reading row
-  // slot / x_div (the pair's token); h (BF16 bits, 16-byte aligned, a_stride a multiple of 8), the
-  // product reading row `place` (moe_swiglu_bf16_launch's h of the down products).
+  // Activation rows, one of: a (F32, 16-byte aligned, a_stride a multiple of 4) or h (BF16 bits, 16-byte
+  // aligned, a_stride a multiple of 8). The product reads row slot / x_div (the pair's token) or, with
+  // x_div 0 (h only), row `place` (moe_swiglu_bf16_launch's h of the down products).
   const float* a = nullptr;
   const uint16_t* h = nullptr;
   int64_t a_stride = 0;         // elements between rows
