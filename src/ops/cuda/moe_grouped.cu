@@ -3,10 +3,10 @@
 // cuts each expert's run into tiles of kMoeGroupM pairs; moe_grouped_product multiplies a tile's
 // activation rows with kGroupN rows of its expert on the tensor cores (BF16 operands, F32 sums, as the
 // dense prefill GEMM), dequantizing the weights into shared memory step by step. The activations come
-// in BF16, rounded once as the product would round them when staging: x per token for the gate/up
-// products (f32_to_bf16), and h = silu(g) * u per pair for the down products (moe_swiglu_bf16, between
-// them). The down products used to read the F32 g and u and evaluate SwiGLU again in each of their row
-// blocks, the gate/up products to convert x again in each of theirs: same bits, many times the work.
+// in BF16, rounded once (round to nearest even, as any BF16 operand of the products): x per token for
+// the gate/up products (f32_to_bf16), and h = silu(g) * u per pair for the down products
+// (moe_swiglu_bf16, between them). Staged from F32 instead, every CTA would convert (and evaluate
+// SwiGLU) again for its row block: same bits, many times the work.
 // Non-obvious choice: the product's grid is sized for the most tiles any routing can produce (pairs /
 // kMoeGroupM + experts) and CTAs past the plan's count exit at once, so the routing never reaches the
 // host: a prefill chunk's MoE layers run without a synchronization and in a handful of launches.
@@ -220,13 +220,6 @@ __device__ __forceinline__ void step_decode(const StepRaw<T>& r, const uint8_t* 
   }
 }
 
-// A thread's activation units of a step (kAUnits of 8 elements), loaded a step ahead like the weights:
-// F32 (converted when staged) or BF16 as staged.
-template <bool kBf16>
-struct ActRaw {
-  float4 f[kBf16 ? 1 : kAUnits][2];
-  uint4 h[kBf16 ? kAUnits : 1];
-};
 
 // h[place] = silu(g) * u of the gate/up products' row `place` (g at [0, n_ff), u at [n_ff, 2 n_ff)),
 // rounded to BF16 once for every down product that reads it; one thread per 8 elements, the places the
@@ -251,11 +244,12 @@ __global__ void moe_swiglu_bf16(const float* gu, int64_t n_ff, int64_t max_place
 }
 
 // One tile of one expert times rows [n0, n0 + kGroupN) of its weights (grid: x = tile, y = row block).
-// Activation row m of the tile (of h when kBf16, else of a): order[p] / x_div (the pair's token), or p
-// with x_div 0 (the pair's place in the runs). Output row: y_by_slot ? the pair's slot : its place.
+// Activation row m of the tile (BF16 rows of h): order[p] / x_div (the pair's token), or p with x_div 0
+// (the pair's place in the runs). Output row: y_by_slot ? the pair's slot : its place. A thread's
+// activation units of a step (kAUnits of 8 elements) are loaded a step ahead like the weights.
 // Warp w computes the tile's 32 rows x 32 weight rows [32 w, 32 w + 32) of the block: two m16 by four n8
 // tensor-core tiles per 16 elements of k.
-template <DType T, bool kBf16>
+template <DType T>
 __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_product(MoeGroupedLaunch p) {
   __shared__ __align__(16) uint16_t as[kMoeGroupM * kGroupPitch];
   __shared__ __align__(16) uint16_t bs[kGroupN * kGroupPitch];
@@ -282,26 +276,15 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
   const int64_t my_row = n0 + threadIdx.x;
   const uint8_t* w_row = my_row < p.n_rows ? w + my_row * p.w_stride : nullptr;
   float acc[2][4][4] = {};
-  const auto act_load = [&](int64_t k0, ActRaw<kBf16>& ar) {
+  const auto act_load = [&](int64_t k0, uint4 (&ar)[kAUnits]) {
 #pragma unroll
     for (int it = 0; it < kAUnits; ++it) {
       const int i = static_cast<int>(threadIdx.x) + it * kGroupThreads;
       const int64_t kk = k0 + 8 * (i % kGroupUnits), r = src_row[i / kGroupUnits];
-      const bool live = r >= 0 && kk < p.k;
-      if constexpr (kBf16) {
-        ar.h[it] = live ? *reinterpret_cast<const uint4*>(p.h + r * p.a_stride + kk) : make_uint4(0, 0, 0, 0);
-      } else {
-        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        ar.f[it][0] = ar.f[it][1] = zero;
-        if (live) {
-          const float* src = p.a + r * p.a_stride + kk;
-          ar.f[it][0] = *reinterpret_cast<const float4*>(src);
-          ar.f[it][1] = *reinterpret_cast<const float4*>(src + 4);
-        }
-      }
+      ar[it] = r >= 0 && kk < p.k ? *reinterpret_cast<const uint4*>(p.h + r * p.a_stride + kk) : make_uint4(0, 0, 0, 0);
     }
   };
-  ActRaw<kBf16> ar;
+  uint4 ar[kAUnits];
   StepRaw<T> br;
   act_load(0, ar);
   if (w_row != nullptr) step_load<T>(w_row, 0, br);
@@ -309,14 +292,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
 #pragma unroll
     for (int it = 0; it < kAUnits; ++it) {
       const int i = static_cast<int>(threadIdx.x) + it * kGroupThreads;
-      uint16_t* dst = as + (i / kGroupUnits) * kGroupPitch + 8 * (i % kGroupUnits);
-      if constexpr (kBf16) {
-        *reinterpret_cast<uint4*>(dst) = ar.h[it];
-      } else {
-        const float v[8] = {ar.f[it][0].x, ar.f[it][0].y, ar.f[it][0].z, ar.f[it][0].w,
-                            ar.f[it][1].x, ar.f[it][1].y, ar.f[it][1].z, ar.f[it][1].w};
-        kern::store_bf16x8(dst, v);
-      }
+      *reinterpret_cast<uint4*>(as + (i / kGroupUnits) * kGroupPitch + 8 * (i % kGroupUnits)) = ar[it];
     }
     // Thread n decodes weight row n0 + n (whole-block row lengths for K-quants: the step is complete).
     if (w_row != nullptr) {
@@ -378,8 +354,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
 template <DType T>
 cudaError_t launch_grouped(const MoeGroupedLaunch& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.max_tiles), static_cast<unsigned>((p.n_rows + kGroupN - 1) / kGroupN));
-  return p.h != nullptr ? launch_kernel(moe_grouped_product<T, true>, grid, kGroupThreads, 0, stream, p)
-                        : launch_kernel(moe_grouped_product<T, false>, grid, kGroupThreads, 0, stream, p);
+  return launch_kernel(moe_grouped_product<T>, grid, kGroupThreads, 0, stream, p);
 }
 
 }  // namespace
@@ -405,10 +380,8 @@ bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert
 
 cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, cudaStream_t stream) {
   if (p.n_rows <= 0 || p.max_tiles <= 0) return cudaSuccess;
-  const bool act_ok = p.h != nullptr ? reinterpret_cast<uintptr_t>(p.h) % 16 == 0 && p.a_stride % 8 == 0
-                                     : p.a != nullptr && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
-                                           p.a_stride % 4 == 0 && p.x_div > 0;
-  if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 0 || !act_ok ||
+  if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 0 || p.h == nullptr ||
+      reinterpret_cast<uintptr_t>(p.h) % 16 != 0 || p.a_stride % 8 != 0 ||
       (p.n_rows + kGroupN - 1) / kGroupN > 65535) {
     return cudaErrorInvalidValue;
   }

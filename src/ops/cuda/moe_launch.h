@@ -145,17 +145,16 @@ cudaError_t moe_group_plan_launch(const int32_t* ids, int n_slots, int n_expert,
                                   int* n_tiles, cudaStream_t stream);
 
 // One projection of every tile of a plan: y[out row, 0 .. n_rows) = (rows of expert e) * (activation row),
-// on the tensor cores (activations and weights rounded to BF16, F32 sums).
+// on the tensor cores (BF16 activations, weights rounded to BF16, F32 sums).
 struct MoeGroupedLaunch {
   const void* w = nullptr;      // expert 0, first row of this projection
   int64_t w_stride = 0;         // bytes between rows
   int64_t w_expert_stride = 0;  // bytes between experts
   int64_t n_rows = 0;
   int64_t k = 0;                // multiple of 8 and of the type's block
-  // Activation rows, one of: a (F32, 16-byte aligned, a_stride a multiple of 4) or h (BF16 bits, 16-byte
-  // aligned, a_stride a multiple of 8). The product reads row slot / x_div (the pair's token) or, with
-  // x_div 0 (h only), row `place` (moe_swiglu_bf16_launch's h of the down products).
-  const float* a = nullptr;
+  // Activation rows h (BF16 bits, 16-byte aligned, a_stride a multiple of 8): the product reads row
+  // slot / x_div (the pair's token: x as f32_to_bf16_launch makes it) or, with x_div 0, row `place`
+  // (moe_swiglu_bf16_launch's h of the down products).
   const uint16_t* h = nullptr;
   int64_t a_stride = 0;         // elements between rows
   int x_div = 1;
