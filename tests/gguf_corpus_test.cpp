@@ -131,6 +131,14 @@ std::map<std::string, std::vector<uint8_t>> make_seeds() {
     std::memcpy(bad.data() + name_at + 22 + 4 + 8 + 4, &zero, 8);
   }
   seeds["overlap.gguf"] = bad;
+  {
+    GgufWriter w;  // metadata only, general.alignment then raised to 1 GiB (a copy would pad to it)
+    w.set_alignment(64);
+    w.set_u32("x.key", 1);
+    bad = must_write(w);
+    patch_u32(bad, find_bytes(bad, "general.alignment") + 17 + 4, 1u << 30);
+    seeds["huge_alignment.gguf"] = bad;
+  }
   return seeds;
 }
 

@@ -367,12 +367,25 @@ TEST(GgufReader, OverlappingTensorData) {
   EXPECT_STATUS(parse(g), kCorrupt, "tensor 'b'", "overlaps tensor 'a'");
 }
 
-TEST(GgufReader, AlignmentMustBePowerOfTwo) {
+TEST(GgufReader, AlignmentMustBeABoundedPowerOfTwo) {
   for (uint32_t a : {0u, 24u}) {
     GgufBytes g;
     g.header(0, 1).kv_u32("general.alignment", a);
     EXPECT_STATUS(parse(g), kCorrupt, "offset 24", "general.alignment",
                   fmt::format("{} is not a nonzero power of two", a).c_str());
+  }
+  for (uint32_t a : {kGgufMaxAlignment * 2, 1u << 30}) {  // a copy would pad its data to a gigabyte
+    GgufBytes g;
+    g.header(0, 1).kv_u32("general.alignment", a);
+    EXPECT_STATUS(parse(g), kCorrupt, "offset 24", "general.alignment",
+                  fmt::format("{} is larger than the largest accepted, {}", a, kGgufMaxAlignment).c_str());
+  }
+  {
+    GgufBytes g;
+    g.header(0, 1).kv_u32("general.alignment", kGgufMaxAlignment);
+    auto f = GgufFile::from_memory(g.b);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    EXPECT_EQ((*f)->alignment(), kGgufMaxAlignment);
   }
   GgufBytes g;
   g.header(0, 1).kv_str("general.alignment", "64");

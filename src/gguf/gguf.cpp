@@ -256,6 +256,10 @@ Status GgufFile::parse() {
       return corrupt("{}: offset {}: general.alignment {} is not a nonzero power of two", name_,
                      kv->file_offset, a);
     }
+    if (a > kGgufMaxAlignment) {
+      return corrupt("{}: offset {}: general.alignment {} is larger than the largest accepted, {}", name_,
+                     kv->file_offset, a, kGgufMaxAlignment);
+    }
     alignment_ = static_cast<uint32_t>(a);
   }
 
