@@ -381,19 +381,18 @@ __device__ __forceinline__ float4 reduce_row_groups(float4 p) {
 
 // The gated output norm of one (token, v-head) row o[0, dv) in shared memory, by one warp, with
 // norm_kernel's arithmetic for a row of at most 256 (kern::warp_row_rms_inv) and its q8 output: the bits
-// of rms_norm_gated_q8 on that row. w: the norm weight [dv]; zr: the row's gate [dv] (nq.w and the row
-// of nq.z, or copies of them in shared memory).
-__device__ void gated_norm_q8_row(const float* o, const float* w, const float* zr, const DeltaNetNormQ8& nq, int dv,
-                                  int64_t row) {
+// of rms_norm_gated_q8 on that row.
+__device__ void gated_norm_q8_row(const float* o, const DeltaNetNormQ8& nq, int dv, int64_t row) {
   constexpr int kPer = kern::kWarpRowPer;
   const int lane = threadIdx.x % 32;
+  const float* zr = nq.z + row * dv;
   float v[kPer], wv[kPer], gv[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;
     const bool in = i < dv;
     v[j] = in ? o[i] : 0.0f;
-    wv[j] = in ? w[i] : 1.0f;
+    wv[j] = in ? nq.w[i] : 1.0f;
     gv[j] = in ? zr[i] : 0.0f;
   }
   const float inv = kern::warp_row_rms_inv(v, dv, nq.eps);
@@ -465,8 +464,6 @@ __global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecT
   __shared__ __align__(16) float vs[kStep ? kBV * kRecNormGroups : 1];  // the step's v row
   __shared__ float qk_part[kStep ? 2 * 32 : 1];                         // its q / k sums of squares
   __shared__ float step_gate[2];                                        // its decay, beta
-  __shared__ float norm_w[kStep ? kBV * kRecNormGroups : 1];            // its output norm's weight
-  __shared__ float norm_z[kStep ? kBV * kRecNormGroups : 1];            // and gate row
   const int grp = kNormQ8 ? static_cast<int>(threadIdx.x) / kRecThreads : 0;
   const int tid = static_cast<int>(threadIdx.x) % kRecThreads, cq = tid & 7, rg = tid >> 3, lane = tid & 31,
             warp = tid >> 5;
@@ -488,19 +485,10 @@ __global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecT
     const int ctid = static_cast<int>(threadIdx.x);
     ch = step_channel_load<DK>(sp, ctid, hk, h, dv);
     const float dt_bias = ctid == 0 ? sp.dt_bias[h] : 0.0f, ssm_a = ctid == 0 ? sp.ssm_a[h] : 0.0f;
-    const float w_pre = ctid < dv ? nq.w[ctid] : 0.0f;  // a weight: no kernel writes it
     kern::cluster_arrive();  // this CTA's reads of the carried inputs are done
     kern::dependency_sync();
-    // Every load the step makes after the wait is issued here, together: the conv input, the gate
-    // inputs (thread 0) and the output norm's gate row, so the prologue waits for one round trip.
-    const float alpha = ctid == 0 ? sp.alpha[h] : 0.0f, b_in = ctid == 0 ? sp.b[h] : 0.0f;
-    const float z_pre = ctid < dv ? nq.z[static_cast<int64_t>(h) * dv + ctid] : 0.0f;
-    if (ch.c >= 0) cur = sp.mixed[ch.c];
-    if (ctid < dv) {
-      norm_w[ctid] = w_pre;
-      norm_z[ctid] = z_pre;
-    }
     if (ch.c >= 0) {
+      cur = sp.mixed[ch.c];
       const float y = kern::conv_out(ch.taps, ch.win, cur, sp.kernel, true);
       if (ctid < 2 * DK) {
         (ctid < DK ? qs : ks)[ctid % DK] = y;  // raw; normalized below
@@ -512,7 +500,7 @@ __global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecT
       }
     }
     if (ctid == 0) {
-      const kern::DeltaNetGate gt = kern::gate_of(alpha, b_in, dt_bias, ssm_a);
+      const kern::DeltaNetGate gt = kern::gate_of(sp.alpha[h], sp.b[h], dt_bias, ssm_a);
       sp.g[h] = gt.g;
       sp.beta[h] = gt.beta;
       step_gate[0] = expf(gt.g);
@@ -605,13 +593,7 @@ __global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecT
     }
     if constexpr (kNormQ8) {
       __syncthreads();
-      if (threadIdx.x < 32) {
-        if constexpr (kStep) {
-          gated_norm_q8_row(o_row, norm_w, norm_z, nq, dv, t * nv + h);
-        } else {
-          gated_norm_q8_row(o_row, nq.w, nq.z + (t * nv + h) * dv, nq, dv, t * nv + h);
-        }
-      }
+      if (threadIdx.x < 32) gated_norm_q8_row(o_row, nq, dv, t * nv + h);
     }
   }
 #pragma unroll
