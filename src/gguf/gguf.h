@@ -28,8 +28,8 @@ size_t gguf_scalar_size(GgufType t);
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint32_t kGgufDefaultAlignment = 32;
-// The largest general.alignment the reader accepts (files use 32 to 4096). A file may not make a copy
-// of it (the writer pads the data section to it) or a reader's offsets grow by gigabytes of padding.
+// The largest general.alignment the reader accepts (files use 32 to 4096). The writer pads a copy's data
+// section to the file's alignment, so a larger one could make a copy of a small file gigabytes long.
 constexpr uint32_t kGgufMaxAlignment = 1u << 20;
 
 // A metadata value. Scalars are held decoded; strings and array payloads point into the mapping.

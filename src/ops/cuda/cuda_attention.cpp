@@ -1,8 +1,8 @@
 // Host entries of the CUDA attention path (ops/cuda/cuda_ops.h): kv_append, attention_paged,
-// attention_paged_gated_q8, attention_prep, attention_decode_q8, rope_neox_at, get_rows_trusted, and the public attention op over a list of chunks. The
-// model-path entries are called directly (no op dispatcher in front), so they check every shape, dtype
-// and limit here and report a Status naming the op and the shapes; then they launch on the context's
-// stream.
+// attention_paged_gated_q8, attention_prep, attention_decode_q8, rope_neox_at, get_rows_trusted, and the
+// public attention op over a list of chunks. The model-path entries are called directly (no op
+// dispatcher in front), so they check every shape, dtype and limit here and report a Status naming the op
+// and the shapes; then they launch on the context's stream.
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choice: attention_paged takes its split scratch from the caching allocator on every
 // call (no host synchronization; after the first call of a shape the block comes from the cache). A
@@ -166,15 +166,22 @@ AttnPagedArgs paged_args(const TensorView& q, const KvTable& kv, const int32_t* 
 }
 
 // Plans, takes the split scratch from the caching allocator and launches.
+// The split partials of a plan (none for one split) from the caching allocator, set in a->scratch; the
+// caller holds the block until its launches are enqueued.
+Result<CudaBuffer> split_scratch(const OpContext& ctx, const AttnPlan& plan, AttnPagedArgs* a) {
+  CudaBuffer scratch;
+  if (plan.scratch_bytes > 0) {
+    DS_ASSIGN_OR_RETURN(scratch, CudaBuffer::allocate(ctx.device.index, plan.scratch_bytes));
+    a->scratch = static_cast<float*>(scratch.data());
+  }
+  return scratch;
+}
+
 Status run_paged(const OpContext& ctx, AttnPagedArgs a, AttnPath path, const char* op, const TensorView& q) {
   AttnPlan plan;
   DS_CUDA_TRY(attention_paged_plan(a, path, ctx.device.index, &plan), "{} plan q {} head_dim {} {}", op,
               q.shape_string(), a.kv.head_dim, dtype_name(a.kv.dtype));
-  CudaBuffer scratch;
-  if (plan.scratch_bytes > 0) {
-    DS_ASSIGN_OR_RETURN(scratch, CudaBuffer::allocate(ctx.device.index, plan.scratch_bytes));
-    a.scratch = static_cast<float*>(scratch.data());
-  }
+  DS_ASSIGN_OR_RETURN(CudaBuffer scratch, split_scratch(ctx, plan, &a));
   DS_CUDA_TRY(attention_paged_launch(a, plan, stream_of(ctx)), "{} q {} KV {} head_dim {} chunk {} splits {}", op,
               q.shape_string(), dtype_name(a.kv.dtype), a.kv.head_dim, a.kv.chunk_tokens, plan.n_split);
   // The scratch returns to the cache here; later work on this stream is ordered after the kernels.
@@ -335,11 +342,7 @@ Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, cons
   AttnPlan plan;
   DS_CUDA_TRY(attention_decode_plan(a.attn, ctx.device.index, &plan), "{} plan q {} head_dim {} chunk {}", op,
               q.shape_string(), kv.head_dim, kv.chunk_tokens);
-  CudaBuffer scratch;
-  if (plan.scratch_bytes > 0) {
-    DS_ASSIGN_OR_RETURN(scratch, CudaBuffer::allocate(ctx.device.index, plan.scratch_bytes));
-    a.attn.scratch = static_cast<float*>(scratch.data());
-  }
+  DS_ASSIGN_OR_RETURN(CudaBuffer scratch, split_scratch(ctx, plan, &a.attn));
   DS_CUDA_TRY(attention_decode_launch(a, plan, stream_of(ctx)), "{} q {} k {} KV head_dim {} chunk {} splits {}",
               op, q.shape_string(), k.shape_string(), kv.head_dim, kv.chunk_tokens, plan.n_split);
   return Status::ok();

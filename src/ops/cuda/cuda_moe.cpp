@@ -267,7 +267,7 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
   const auto gate_up = [&](MoeGroupedLaunch p, DType t, int64_t col0) -> Status {
     p = with_plan(p);
     p.h = xb;
-    p.a_stride = n_embd;
+    p.h_stride = n_embd;
     p.x_div = static_cast<int>(k);
     p.y = gu + col0;
     p.y_stride = 2 * n_ff;
@@ -286,7 +286,7 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
               shapes());
   MoeGroupedLaunch down = with_plan(grouped(experts.down, 0, n_embd));
   down.h = h;
-  down.a_stride = n_ff;
+  down.h_stride = n_ff;
   down.x_div = 0;  // h by place
   down.y = d;
   down.y_stride = n_embd;

@@ -220,7 +220,6 @@ __device__ __forceinline__ void step_decode(const StepRaw<T>& r, const uint8_t* 
   }
 }
 
-
 // h[place] = silu(g) * u of the gate/up products' row `place` (g at [0, n_ff), u at [n_ff, 2 n_ff)),
 // rounded to BF16 once for every down product that reads it; one thread per 8 elements, the places the
 // plan's runs hold (the last tile's end).
@@ -281,7 +280,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
     for (int it = 0; it < kAUnits; ++it) {
       const int i = static_cast<int>(threadIdx.x) + it * kGroupThreads;
       const int64_t kk = k0 + 8 * (i % kGroupUnits), r = src_row[i / kGroupUnits];
-      ar[it] = r >= 0 && kk < p.k ? *reinterpret_cast<const uint4*>(p.h + r * p.a_stride + kk) : make_uint4(0, 0, 0, 0);
+      ar[it] = r >= 0 && kk < p.k ? *reinterpret_cast<const uint4*>(p.h + r * p.h_stride + kk) : make_uint4(0, 0, 0, 0);
     }
   };
   uint4 ar[kAUnits];
@@ -381,7 +380,7 @@ bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert
 cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, cudaStream_t stream) {
   if (p.n_rows <= 0 || p.max_tiles <= 0) return cudaSuccess;
   if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 0 || p.h == nullptr ||
-      reinterpret_cast<uintptr_t>(p.h) % 16 != 0 || p.a_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(p.h) % 16 != 0 || p.h_stride % 8 != 0 ||
       (p.n_rows + kGroupN - 1) / kGroupN > 65535) {
     return cudaErrorInvalidValue;
   }

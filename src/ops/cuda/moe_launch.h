@@ -152,11 +152,11 @@ struct MoeGroupedLaunch {
   int64_t w_expert_stride = 0;  // bytes between experts
   int64_t n_rows = 0;
   int64_t k = 0;                // multiple of 8 and of the type's block
-  // Activation rows h (BF16 bits, 16-byte aligned, a_stride a multiple of 8): the product reads row
+  // Activation rows h (BF16 bits, 16-byte aligned, h_stride a multiple of 8): the product reads row
   // slot / x_div (the pair's token: x as f32_to_bf16_launch makes it) or, with x_div 0, row `place`
   // (moe_swiglu_bf16_launch's h of the down products).
   const uint16_t* h = nullptr;
-  int64_t a_stride = 0;         // elements between rows
+  int64_t h_stride = 0;         // elements between rows of h
   int x_div = 1;
   const int32_t* order = nullptr;  // the plan (device)
   const int4* tiles = nullptr;
