@@ -439,6 +439,15 @@ class CudaMoeGroupedTest : public CudaMoeCaseTest {
     ASSERT_TRUE(s2.is_ok()) << where << ": " << s2.to_string();
     const std::vector<float> got2 = down(dy2, E * n_tokens);
     EXPECT_EQ(std::memcmp(got.data(), got2.data(), 4 * got.size()), 0) << where << " (moe_ffn op, second run)";
+    // Either tile size, whichever the automatic pick was: the same bits.
+    for (int tile_m : {cuda::kMoeGroupM, cuda::kMoeGroupMLarge}) {
+      test::Host out3({E, n_tokens});
+      const TensorView dy3 = up(out3);
+      const Status s3 = cuda::moe_ffn_grouped(ctx_, dc.x, dc.experts, dc.ids, dc.wts, dy3, tile_m);
+      ASSERT_TRUE(s3.is_ok()) << where << " tiles of " << tile_m << ": " << s3.to_string();
+      EXPECT_EQ(std::memcmp(got.data(), down(dy3, E * n_tokens).data(), 4 * got.size()), 0)
+          << where << " (tiles of " << tile_m << " pairs)";
+    }
     bufs_.clear();
   }
 };
@@ -448,6 +457,7 @@ TEST_F(CudaMoeGroupedTest, QuantizedExpertsManyTokens) {
     const MoeCase q4k{DType::Q4_K, DType::Q4_K, DType::Q6_K, fused, 512, 256, 16, 4};
     run(q4k, 9, false, false);
     run(q4k, 70, true, false);  // experts 0-2: runs of 2-3 tiles
+    run(q4k, 150, true, false);  // 37.5 pairs an expert: tiles of 64 by default
   }
 }
 
@@ -482,7 +492,7 @@ TEST_F(CudaMoeGroupedTest, SwigluBf16ForThePlansPlaces) {
     valid += ids[static_cast<size_t>(i)] >= 0 && ids[static_cast<size_t>(i)] < n_expert;
   }
   const TensorView dids = up(TensorView::contiguous(nullptr, DType::I32, {n_slots}), ids.data(), 4 * n_slots);
-  const int64_t max_tiles = cuda::moe_group_max_tiles(n_slots, n_expert);
+  const int64_t max_tiles = cuda::moe_group_max_tiles(n_slots, n_expert, cuda::kMoeGroupM);
   auto* order = static_cast<int32_t*>(dev(4 * n_slots));
   auto* tiles = static_cast<int4*>(dev(16 * max_tiles));
   auto* n_tiles = static_cast<int*>(dev(16));
@@ -493,7 +503,8 @@ TEST_F(CudaMoeGroupedTest, SwigluBf16ForThePlansPlaces) {
   auto* h = static_cast<uint16_t*>(dev(2 * n_slots * F));
   const auto s = static_cast<cudaStream_t>(stream_.handle());
   ASSERT_TRUE(cuda::copy_to_device(h, poison.data(), 2 * n_slots * F, stream_).is_ok());
-  ASSERT_EQ(cuda::moe_group_plan_launch(dids.as<int32_t>(), n_slots, n_expert, order, tiles, n_tiles, s), cudaSuccess);
+  ASSERT_EQ(cuda::moe_group_plan_launch(dids.as<int32_t>(), n_slots, n_expert, cuda::kMoeGroupM, order, tiles, n_tiles, s),
+            cudaSuccess);
   ASSERT_EQ(cuda::moe_swiglu_bf16_launch(dgu.as<float>(), F, n_slots, tiles, n_tiles, h, s), cudaSuccess);
   std::vector<uint16_t> got(poison.size());
   ASSERT_TRUE(cuda::copy_to_host(got.data(), h, 2 * n_slots * F, stream_).is_ok());
@@ -533,6 +544,9 @@ TEST(CudaMoeGrouped, FloatExpertsAndBadArgumentsAreRefused) {
   EXPECT_FALSE(cuda::moe_ffn_grouped_takes(x_odd, e));  // not 16-byte aligned
   Status s = cuda::moe_ffn_grouped(ctx, x, e_f32, ids, w, y);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+  s = cuda::moe_ffn_grouped(ctx, x, e, ids, w, y, 48);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("tiles of 48"), std::string::npos) << s.message();
   const TensorView ids_bad = TensorView::contiguous(fake, DType::I32, {k + 1, n_tokens}, d);
   s = cuda::moe_ffn_grouped(ctx, x, e, ids_bad, w, y);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
@@ -559,6 +573,9 @@ TEST(CudaMoeGathered, TooManySlotsAndBadShapesAreInvalidArgument) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_NE(s.message().find("slots"), std::string::npos) << s.message();
 
+  s = cuda::moe_ffn_grouped(ctx, x, e, ids, w, y, 48);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("tiles of 48"), std::string::npos) << s.message();
   const TensorView ids_bad = TensorView::contiguous(fake, DType::I32, {k + 1, n_tokens}, d);
   s = cuda::moe_ffn_gathered(ctx, x, e, ids_bad, w, y);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();

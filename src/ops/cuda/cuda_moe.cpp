@@ -199,9 +199,13 @@ bool moe_ffn_grouped_takes(const TensorView& x, const MoeExperts& experts) {
 }
 
 Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
-                       const TensorView& weights, const TensorView& y) {
+                       const TensorView& weights, const TensorView& y, int tile_m) {
   constexpr const char* kGroupedOp = "moe_ffn_grouped";
   DS_TRY(check_entry(kGroupedOp, ctx, x, experts, ids, weights, y));
+  if (tile_m != 0 && tile_m != kMoeGroupM && tile_m != kMoeGroupMLarge) {
+    return invalid_argument("{}: tiles of {} pairs (0: automatic, {} or {})", kGroupedOp, tile_m, kMoeGroupM,
+                            kMoeGroupMLarge);
+  }
   const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
   const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];
   const bool fused = experts.gate_up.data != nullptr;
@@ -226,7 +230,8 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
 
   // Scratch, 16-byte aligned pieces: order [slots] | tiles [max_tiles] | n_tiles | xb [tokens, n_embd] BF16 |
   // gu [slots, 2 n_ff] by place (gate then up) | h [slots, n_ff] BF16 by place | d [slots, n_embd] by slot.
-  const int64_t max_tiles = moe_group_max_tiles(n_slots, n_expert);
+  if (tile_m == 0) tile_m = moe_group_tile_m(n_slots, n_expert);
+  const int64_t max_tiles = moe_group_max_tiles(n_slots, n_expert, tile_m);
   const int64_t order_bytes = align16(4 * n_slots), tiles_bytes = 16 * max_tiles, count_bytes = 16;
   const int64_t xb_bytes = align16(2 * n_tokens * n_embd);
   const int64_t gu_bytes = align16(4 * n_slots * 2 * n_ff), h_bytes = align16(2 * n_slots * n_ff);
@@ -251,14 +256,15 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
     return fmt::format("x {} ids {} gate {} down {}", x.shape_string(), ids.shape_string(),
                        (fused ? experts.gate_up : experts.gate).shape_string(), experts.down.shape_string());
   };
-  DS_CUDA_TRY(moe_group_plan_launch(ids.as<int32_t>(), static_cast<int>(n_slots), static_cast<int>(n_expert), order,
-                                    tiles, n_tiles, s),
+  DS_CUDA_TRY(moe_group_plan_launch(ids.as<int32_t>(), static_cast<int>(n_slots), static_cast<int>(n_expert), tile_m,
+                                    order, tiles, n_tiles, s),
               "{}: plan: {}", kGroupedOp, shapes());
   const auto with_plan = [&](MoeGroupedLaunch p) {
     p.order = order;
     p.tiles = tiles;
     p.n_tiles = n_tiles;
     p.max_tiles = max_tiles;
+    p.tile_m = tile_m;
     return p;
   };
   // gu[place] = [gate x | up x] of the pair's token, x in BF16 once.

@@ -119,14 +119,15 @@ constexpr int64_t kMoeGatheredMaxSlots = 64;
 Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
                         const TensorView& weights, const TensorView& y);
 // moe_ffn for many tokens: the pairs are grouped per expert on the device and each expert's weights are
-// read once per kMoeGroupM of its pairs by tensor-core products (activations and weights rounded to
-// BF16, F32 sums, as the dense prefill GEMM); no host round trip. Takes the expert stacks
+// read once per tile of up to tile_m of its pairs by tensor-core products (activations and weights
+// rounded to BF16, F32 sums, as the dense prefill GEMM); no host round trip. Takes the expert stacks
 // moe_ffn_grouped_takes accepts (F16, BF16 and quantized types; the CUDA moe_ffn runs F32 experts with
 // F32 products); kUnsupported otherwise. Same contract as moe_ffn otherwise; slots with ids outside
-// [0, n_expert) are unused.
+// [0, n_expert) are unused. tile_m: 0 picks by the pairs per expert (moe_group_tile_m), else
+// kMoeGroupM or kMoeGroupMLarge (moe_launch.h); every tile size gives the same bits.
 bool moe_ffn_grouped_takes(const TensorView& x, const MoeExperts& experts);
 Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
-                       const TensorView& weights, const TensorView& y);
+                       const TensorView& weights, const TensorView& y, int tile_m = 0);
 
 // ---- Activations quantized by the op that produces them ----
 // A norm whose output feeds only int8-activation products can write those activations itself (one

@@ -1,14 +1,14 @@
 // Kernels and launchers of the grouped MoE path (moe_launch.h): the expert FFN of a prefill batch with
 // the pairs grouped per expert on the device. moe_group_plan sorts the (token, slot) pairs by expert and
-// cuts each expert's run into tiles of kMoeGroupM pairs; moe_grouped_product multiplies a tile's
-// activation rows with kGroupN rows of its expert on the tensor cores (BF16 operands, F32 sums, as the
+// cuts each expert's run into tiles of up to tile_m pairs (32 or 64: moe_group_tile_m); moe_grouped_product
+// multiplies a tile's activation rows with kGroupN rows of its expert on the tensor cores (BF16 operands, F32 sums, as the
 // dense prefill GEMM), dequantizing the weights into shared memory step by step. The activations come
 // in BF16, rounded once (round to nearest even, as any BF16 operand of the products): x per token for
 // the gate/up products (f32_to_bf16), and h = silu(g) * u per pair for the down products
 // (moe_swiglu_bf16, between them). Staged from F32 instead, every CTA would convert (and evaluate
 // SwiGLU) again for its row block: same bits, many times the work.
 // Non-obvious choice: the product's grid is sized for the most tiles any routing can produce (pairs /
-// kMoeGroupM + experts) and CTAs past the plan's count exit at once, so the routing never reaches the
+// tile_m + experts) and CTAs past the plan's count exit at once, so the routing never reaches the
 // host: a prefill chunk's MoE layers run without a synchronization and in a handful of launches.
 #include <cuda_bf16.h>
 
@@ -26,20 +26,20 @@ constexpr int kPlanThreads = 1024;
 constexpr int kGroupN = 128;                // weight rows per CTA (4 warps of 32)
 constexpr int kGroupK = 64;                 // elements of k per step
 constexpr int kGroupThreads = 128;
-constexpr int kGroupMinCtas = 4;          // per SM: at most 128 registers a thread
+// CTAs per SM the register budget allows: 4 (128 registers a thread) with tiles of 32 pairs, 3 (168) with
+// 64, whose accumulators are twice as many (at 128 registers the K-quant decoders spilled).
+constexpr int group_min_ctas(int m) { return m > 32 ? 3 : 4; }
 constexpr int kGroupPitch = kGroupK + 8;    // bf16 per shared row: 144 bytes, conflict-free fragment reads
 constexpr int kGroupUnits = kGroupK / 8;    // 8-element units per row and step
-constexpr int kAUnits = kMoeGroupM * kGroupUnits / kGroupThreads;  // activation units per thread and step
-static_assert(kAUnits * kGroupThreads == kMoeGroupM * kGroupUnits, "whole activation units per thread");
-static_assert(kMoeGroupM == 32, "the warp tile below covers 32 pairs (two m16 tiles)");
 static_assert(kGroupN == kGroupThreads, "one weight row per thread and step");
 
 // Counts the valid pairs per expert, then lays the experts' runs out back to back in expert order:
 // order[run(e) ...] = the slots routed to e (in no particular order within a run: every output row
 // depends only on its own activation row, so the order changes no bit), tiles = one entry per
-// kMoeGroupM pairs of a run. Slots whose id is outside [0, n_expert) are in no run.
+// tile_m pairs of a run. Slots whose id is outside [0, n_expert) are in no run.
 __global__ void __launch_bounds__(kPlanThreads) moe_group_plan(const int32_t* ids, int n_slots, int n_expert,
-                                                               int32_t* order, int4* tiles, int* n_tiles) {
+                                                               int tile_m, int32_t* order, int4* tiles,
+                                                               int* n_tiles) {
   extern __shared__ int plan_smem[];
   int* count = plan_smem;           // [n_expert]
   int* next = plan_smem + n_expert;  // [n_expert]: the next free place in each run
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_group_plan(const int32_t* id
     int pairs = 0, n_t = 0;
     for (int e = e0; e < e1; ++e) {
       pairs += count[e];
-      n_t += (count[e] + kMoeGroupM - 1) / kMoeGroupM;
+      n_t += (count[e] + tile_m - 1) / tile_m;
     }
     int pairs_incl = pairs, tiles_incl = n_t;
     for (int o = 1; o < 32; o <<= 1) {
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_group_plan(const int32_t* id
     for (int e = e0; e < e1; ++e) {
       const int c = count[e];
       next[e] = begin;
-      for (int b = 0; b < c; b += kMoeGroupM) tiles[t++] = make_int4(e, begin + b, min(kMoeGroupM, c - b), 0);
+      for (int b = 0; b < c; b += tile_m) tiles[t++] = make_int4(e, begin + b, min(tile_m, c - b), 0);
       begin += c;
     }
     if (lane == 31) *n_tiles = tiles_incl;
@@ -246,19 +246,24 @@ __global__ void moe_swiglu_bf16(const float* gu, int64_t n_ff, int64_t max_place
 // Activation row m of the tile (BF16 rows of h): order[p] / x_div (the pair's token), or p with x_div 0
 // (the pair's place in the runs). Output row: y_by_slot ? the pair's slot : its place. A thread's
 // activation units of a step (kAUnits of 8 elements) are loaded a step ahead like the weights.
-// Warp w computes the tile's 32 rows x 32 weight rows [32 w, 32 w + 32) of the block: two m16 by four n8
-// tensor-core tiles per 16 elements of k.
-template <DType T>
-__global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_product(MoeGroupedLaunch p) {
-  __shared__ __align__(16) uint16_t as[kMoeGroupM * kGroupPitch];
+// Warp w computes the tile's kM rows x 32 weight rows [32 w, 32 w + 32) of the block: kM / 16 m16 by
+// four n8 tensor-core tiles per 16 elements of k. Every output element is the same sum in the same
+// order for either kM: a tile's size changes no bit, only how often the weights are dequantized.
+template <DType T, int kM>
+__global__ void __launch_bounds__(kGroupThreads, group_min_ctas(kM)) moe_grouped_product(MoeGroupedLaunch p) {
+  constexpr int kMT = kM / 16;                                 // m16 tiles
+  constexpr int kAUnits = kM * kGroupUnits / kGroupThreads;  // activation units per thread and step
+  static_assert(kM % 16 == 0 && kM <= kGroupThreads, "whole m16 tiles; one thread per pair for the rows");
+  static_assert(kAUnits * kGroupThreads == kM * kGroupUnits, "whole activation units per thread");
+  __shared__ __align__(16) uint16_t as[kM * kGroupPitch];
   __shared__ __align__(16) uint16_t bs[kGroupN * kGroupPitch];
-  __shared__ int64_t src_row[kMoeGroupM], dst_row[kMoeGroupM];
+  __shared__ int64_t src_row[kM], dst_row[kM];
   kern::dependency_wait();
   if (static_cast<int>(blockIdx.x) >= *p.n_tiles) return;
   const int4 tile = p.tiles[blockIdx.x];
   const int e = tile.x, begin = tile.y, count = tile.z;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kGroupN;
-  if (threadIdx.x < kMoeGroupM) {
+  if (threadIdx.x < kM) {
     int64_t src = -1, dst = -1;
     if (static_cast<int>(threadIdx.x) < count) {
       const int place = begin + static_cast<int>(threadIdx.x), slot = p.order[place];
@@ -274,7 +279,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
   const int g = lane >> 2, c = lane & 3;
   const int64_t my_row = n0 + threadIdx.x;
   const uint8_t* w_row = my_row < p.n_rows ? w + my_row * p.w_stride : nullptr;
-  float acc[2][4][4] = {};
+  float acc[kMT][4][4] = {};
   const auto act_load = [&](int64_t k0, uint4 (&ar)[kAUnits]) {
 #pragma unroll
     for (int it = 0; it < kAUnits; ++it) {
@@ -312,9 +317,9 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
       // Fragments by ldmatrix (four 8 x 8 matrices an instruction; lane l gives one 16-byte row):
       // a[mt] = rows 16 mt + (l & 15), elements ks + 8 (l >> 4); b[nt], b[nt + 1] = weight rows
       // 32 warp + 8 (nt + (l >> 4)) + (l & 7), elements ks + 8 ((l >> 3) & 1).
-      uint32_t a[2][4], b[2][4];  // b[j]: n8 tiles 2 j (registers 0, 1) and 2 j + 1 (2, 3)
+      uint32_t a[kMT][4], b[2][4];  // b[j]: n8 tiles 2 j (registers 0, 1) and 2 j + 1 (2, 3)
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
         kern::ldsm_x4(a[mt], kern::smem_addr(as + (16 * mt + (lane & 15)) * kGroupPitch + ks + 8 * (lane >> 4)));
       }
 #pragma unroll
@@ -323,7 +328,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
         kern::ldsm_x4(b[j], kern::smem_addr(bs + n * kGroupPitch + ks + 8 * ((lane >> 3) & 1)));
       }
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           kern::mma_16816_bf16(acc[mt][nt], a[mt], b[nt / 2][2 * (nt % 2)], b[nt / 2][2 * (nt % 2) + 1]);
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
   }
   // Accumulator j of tile (mt, nt): pair row 16 mt + g + 8 (j / 2), weight row 32 warp + 8 nt + 2 c + j % 2.
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t dst = dst_row[16 * mt + g + 8 * half];
@@ -353,20 +358,27 @@ __global__ void __launch_bounds__(kGroupThreads, kGroupMinCtas) moe_grouped_prod
 template <DType T>
 cudaError_t launch_grouped(const MoeGroupedLaunch& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.max_tiles), static_cast<unsigned>((p.n_rows + kGroupN - 1) / kGroupN));
-  return launch_kernel(moe_grouped_product<T>, grid, kGroupThreads, 0, stream, p);
+  if (p.tile_m == kMoeGroupMLarge) {
+    return launch_kernel(moe_grouped_product<T, kMoeGroupMLarge>, grid, kGroupThreads, 0, stream, p);
+  }
+  return launch_kernel(moe_grouped_product<T, kMoeGroupM>, grid, kGroupThreads, 0, stream, p);
 }
 
 }  // namespace
 
-int64_t moe_group_max_tiles(int64_t n_slots, int64_t n_expert) {
-  return (n_slots + kMoeGroupM - 1) / kMoeGroupM + std::min(n_slots, n_expert);
+int moe_group_tile_m(int64_t n_slots, int64_t n_expert) {
+  return n_slots >= kMoeGroupMLargeMinAvg * n_expert ? kMoeGroupMLarge : kMoeGroupM;
 }
 
-cudaError_t moe_group_plan_launch(const int32_t* ids, int n_slots, int n_expert, int32_t* order, int4* tiles,
-                                  int* n_tiles, cudaStream_t stream) {
-  if (n_slots < 0 || n_expert < 1 || n_expert > kMoeGroupMaxExperts) return cudaErrorInvalidValue;
+int64_t moe_group_max_tiles(int64_t n_slots, int64_t n_expert, int tile_m) {
+  return (n_slots + tile_m - 1) / tile_m + std::min(n_slots, n_expert);
+}
+
+cudaError_t moe_group_plan_launch(const int32_t* ids, int n_slots, int n_expert, int tile_m, int32_t* order,
+                                  int4* tiles, int* n_tiles, cudaStream_t stream) {
+  if (n_slots < 0 || n_expert < 1 || n_expert > kMoeGroupMaxExperts || tile_m < 1) return cudaErrorInvalidValue;
   return launch_kernel(moe_group_plan, 1, kPlanThreads, 2 * sizeof(int) * static_cast<size_t>(n_expert), stream,
-                       ids, n_slots, n_expert, order, tiles, n_tiles);
+                       ids, n_slots, n_expert, tile_m, order, tiles, n_tiles);
 }
 
 bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert_stride, int64_t k) {
@@ -380,6 +392,7 @@ bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert
 cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, cudaStream_t stream) {
   if (p.n_rows <= 0 || p.max_tiles <= 0) return cudaSuccess;
   if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 0 || p.h == nullptr ||
+      (p.tile_m != kMoeGroupM && p.tile_m != kMoeGroupMLarge) ||
       reinterpret_cast<uintptr_t>(p.h) % 16 != 0 || p.h_stride % 8 != 0 ||
       (p.n_rows + kGroupN - 1) / kGroupN > 65535) {
     return cudaErrorInvalidValue;

@@ -133,16 +133,22 @@ cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cuda
 
 // ---- moe_ffn_grouped (ops/cuda/moe_grouped.cu): many pairs, grouped per expert on the device ----
 // A pair is a (token, slot) with an expert id in [0, n_expert); its place is its index in the runs of
-// pairs that moe_group_plan lays out expert after expert. A tile is up to kMoeGroupM pairs of one run:
-// {expert, first place, pairs, 0}.
+// pairs that moe_group_plan lays out expert after expert. A tile is up to tile_m pairs of one run:
+// {expert, first place, pairs, 0}; tile_m is kMoeGroupM or kMoeGroupMLarge (moe_group_tile_m).
 constexpr int kMoeGroupM = 32;
+constexpr int kMoeGroupMLarge = 64;
 constexpr int kMoeGroupMaxExperts = 4096;  // the plan's per-expert counters live in shared memory
-// The most tiles a routing of n_slots slots over n_expert experts can produce.
-int64_t moe_group_max_tiles(int64_t n_slots, int64_t n_expert);
-// order[place] = slot, tiles[0 .. *n_tiles) (max_tiles entries allocated), from ids [n_slots] (device);
-// one CTA. 1 <= n_expert <= kMoeGroupMaxExperts.
-cudaError_t moe_group_plan_launch(const int32_t* ids, int n_slots, int n_expert, int32_t* order, int4* tiles,
-                                  int* n_tiles, cudaStream_t stream);
+// The tile size for n_slots pairs over n_expert experts: kMoeGroupMLarge from kMoeGroupMLargeMinAvg pairs
+// an expert on average, where most experts' runs pass kMoeGroupM (a tile dequantizes its expert's rows
+// once for all its pairs, so fewer, fuller tiles dequantize less), else kMoeGroupM.
+constexpr int64_t kMoeGroupMLargeMinAvg = 28;
+int moe_group_tile_m(int64_t n_slots, int64_t n_expert);
+// The most tiles of tile_m pairs a routing of n_slots slots over n_expert experts can produce.
+int64_t moe_group_max_tiles(int64_t n_slots, int64_t n_expert, int tile_m);
+// order[place] = slot, tiles[0 .. *n_tiles) (max_tiles entries allocated) of at most tile_m pairs, from
+// ids [n_slots] (device); one CTA. 1 <= n_expert <= kMoeGroupMaxExperts, tile_m >= 1.
+cudaError_t moe_group_plan_launch(const int32_t* ids, int n_slots, int n_expert, int tile_m, int32_t* order,
+                                  int4* tiles, int* n_tiles, cudaStream_t stream);
 
 // One projection of every tile of a plan: y[out row, 0 .. n_rows) = (rows of expert e) * (activation row),
 // on the tensor cores (BF16 activations, weights rounded to BF16, F32 sums).
@@ -162,6 +168,7 @@ struct MoeGroupedLaunch {
   const int4* tiles = nullptr;
   const int* n_tiles = nullptr;
   int64_t max_tiles = 0;           // grid size: moe_group_max_tiles
+  int tile_m = kMoeGroupM;         // the plan's tile size: kMoeGroupM or kMoeGroupMLarge
   float* y = nullptr;
   int64_t y_stride = 0;         // elements between output rows
   bool y_by_slot = false;       // output row = the pair's slot (else its place)
