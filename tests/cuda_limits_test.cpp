@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #if DS_HAVE_CUDA
+#include "model/model.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_limits.h"
 #endif
@@ -120,7 +121,10 @@ TEST_F(CudaLimitsTest, BenchJsonOnTinyModel) {
   EXPECT_EQ(j.value("device", ""), "cuda:0");
   EXPECT_FALSE(j.value("device_name", "").empty());
   EXPECT_EQ(j.value("kv_type", ""), "f16");        // the CUDA default
-  EXPECT_EQ(j.value("prefill_chunk", 0), 1024);    // auto on CUDA
+  const Result<cuda::DeviceInfo> info = cuda::device_info(0);  // auto on CUDA: by the device's memory
+  ASSERT_TRUE(info.is_ok()) << info.status().to_string();
+  EXPECT_EQ(j.value("prefill_chunk", int64_t{0}),
+            info->total_bytes >= kPrefillChunkCudaLargeMinBytes ? kPrefillChunkCudaLarge : kPrefillChunkCuda);
   EXPECT_GT(j["limits"].value("read_bandwidth_gbps", 0.0), 100.0);
   EXPECT_GT(j["limits"].value("bf16_peak_tflops", 0.0), 10.0);
   EXPECT_GT(j["limits"].value("prefill_bound_tok_s", 0.0), 0.0);

@@ -506,7 +506,9 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)");
   app.add_option("-c,--ctx-size", o->ctx, "Context size (0 = enough for the test)");
   app.add_flag("--no-cuda-graph", o->no_cuda_graph, "CUDA: launch every decode step op by op (no graph replay)");
-  app.add_option("--prefill-chunk", o->prefill_chunk, "Prefill chunk in tokens (0 = auto: 256 on the CPU, 1024 on CUDA)")
+  app.add_option("--prefill-chunk", o->prefill_chunk,
+                 "Prefill chunk in tokens (0 = auto: 256 on the CPU; on CUDA 4096 on devices of 28 GiB or more, "
+                 "else 1024)")
       ->capture_default_str();
   app.add_option("--device", o->device, "cpu or cuda:N")->capture_default_str();
   app.add_option("--kv-type", o->kv_type, "Attention KV cache type: f32 or f16 (default f16 on CUDA, f32 on the CPU)");

@@ -99,7 +99,8 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_option("-t,--threads", o->engine.n_threads, "CPU threads (0 = all cores)")->capture_default_str();
   app.add_option("-c,--ctx-size", o->engine.n_ctx, "Context size in tokens (0 = model default, capped at 32768)");
   app.add_option("--prefill-chunk", o->engine.prefill_chunk,
-                 "Prefill chunk in tokens (0 = auto: 256 on the CPU, 1024 on CUDA)")
+                 "Prefill chunk in tokens (0 = auto: 256 on the CPU; on CUDA 4096 on devices of 28 GiB or more, "
+                 "else 1024)")
       ->capture_default_str();
   app.add_option("--device", o->engine.device, "cpu or cuda:N")->capture_default_str();
   app.add_flag_function(

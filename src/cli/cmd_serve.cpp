@@ -123,7 +123,8 @@ void setup(CLI::App& app, int& exit_code) {
                  "Snapshot interval inside long prompts in tokens (0 = only at turn boundaries)")
       ->capture_default_str();
   app.add_option("--prefill-chunk", args->engine.prefill_chunk,
-                 "Tokens per prefill chunk (0 = auto: 256 on the CPU, 1024 on CUDA)")
+                 "Tokens per prefill chunk (0 = auto: 256 on the CPU; on CUDA 4096 on devices of 28 GiB or "
+                 "more, else 1024)")
       ->capture_default_str();
   app.add_option("--max-queue", args->server.max_queue,
                  "Requests that may wait for the engine; more get 503 with Retry-After")

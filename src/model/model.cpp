@@ -173,7 +173,7 @@ Status Model::init(const ModelOptions& options) {
     return invalid_argument("model: prefill_chunk {} must be >= 0 (0 = auto) and kv_chunk_tokens {} positive",
                             options.prefill_chunk, options.kv_chunk_tokens);
   }
-  if (options_.prefill_chunk == 0) options_.prefill_chunk = cuda ? kPrefillChunkCuda : kPrefillChunkCpu;
+  if (options_.prefill_chunk == 0) options_.prefill_chunk = cuda ? cuda_auto_prefill_chunk() : kPrefillChunkCpu;
   if (options.kv_dtype != DType::F32 && options.kv_dtype != DType::F16) {
     return unsupported("model: KV cache dtype {} is not supported (f32 or f16)", dtype_name(options.kv_dtype));
   }

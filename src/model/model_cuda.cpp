@@ -178,6 +178,13 @@ CudaGraphStats Model::cuda_graph_stats() const { return cuda_ ? cuda_->stats : C
 
 const int32_t* Model::cuda_step_pos() const { return static_cast<const int32_t*>(cuda_->step_dev.data()); }
 
+// A device that cannot be queried gets the small chunk; cuda_init reports its error.
+int64_t Model::cuda_auto_prefill_chunk() const {
+  const Result<cuda::DeviceInfo> info = cuda::device_info(options_.device.index);
+  return info.is_ok() && info.value().total_bytes >= kPrefillChunkCudaLargeMinBytes ? kPrefillChunkCudaLarge
+                                                                                     : kPrefillChunkCuda;
+}
+
 Status Model::cuda_init() {
   const Device dev = options_.device;
   const int n_dev = cuda::device_count();
@@ -502,6 +509,7 @@ Status Model::cuda_finish_logits(float*) { return no_cuda(options_.device); }
 Status Model::cuda_run_segment(SequenceState&, std::span<const int32_t>, bool) { return no_cuda(options_.device); }
 Status Model::cuda_decode_graph(SequenceState&, int32_t) { return no_cuda(options_.device); }
 const int32_t* Model::cuda_step_pos() const { return nullptr; }
+int64_t Model::cuda_auto_prefill_chunk() const { return kPrefillChunkCuda; }
 
 #endif  // DS_HAVE_CUDA
 
