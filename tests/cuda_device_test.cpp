@@ -8,6 +8,8 @@
 #include <vector>
 
 #if DS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/pdl.h"
 #endif
@@ -40,6 +42,16 @@ TEST_F(CudaDeviceTest, DeviceInfoIsReadable) {
   EXPECT_FALSE(info->name.empty());
   EXPECT_GT(info->sm_count, 0);
   EXPECT_GT(info->total_bytes, 0);
+  EXPECT_TRUE(cuda::device_usable(0));
+}
+
+// A failed call is reported once, as its Status: it does not resurface at the next launch check (a bad
+// ordinal at model load once failed the first kernel launch of the next model).
+TEST_F(CudaDeviceTest, AFailedCallLeavesNoErrorBehind) {
+  const auto bad = cuda::device_info(cuda::device_count() + 3);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("cudaErrorInvalidDevice"), std::string::npos) << bad.status().to_string();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   EXPECT_TRUE(cuda::device_usable(0));
 }
 

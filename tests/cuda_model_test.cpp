@@ -309,7 +309,8 @@ TEST(CudaModelGolden, F32MatchesTransformers) {
     };
     {  // one call, then teacher-forced greedy decode
       auto st = std::move(m->new_state()).value();
-      ASSERT_TRUE(m->prefill(*st, prompt).is_ok());
+      const Status ps = m->prefill(*st, prompt);
+      ASSERT_TRUE(ps.is_ok()) << ps.to_string();
       for (size_t i = 0; i < f.greedy.size(); ++i) {
         check_row(m->logits(*st), n - 1 + static_cast<int64_t>(i), "prefill+decode");
         EXPECT_EQ(argmax(m->logits(*st)), f.greedy[i]) << "greedy step " << i;
@@ -713,6 +714,7 @@ TEST(CudaModelMemory, LiveBytesAfterLoadAreTheWeights) {
   const int64_t before = allocator_stats(kGpu).live_bytes;
   ModelOptions o;
   o.n_ctx = 4096;
+  o.prefill_chunk = kPrefillChunkCuda;  // the step buffers' size below (they grow with the chunk)
   auto m = load(path, kGpu, o);
   ASSERT_NE(m, nullptr);
   const int64_t after = allocator_stats(kGpu).live_bytes;

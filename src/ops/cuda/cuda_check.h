@@ -16,8 +16,9 @@ namespace ds::cuda {
 // Errors after which the context cannot be used again (the device is marked unusable).
 bool error_is_sticky(cudaError_t e);
 
-// "cuda: <context>: <call>: cudaErrorX (text)"; marks the current device unusable on sticky errors.
-// Allocation failures map to kOutOfMemory, the rest to kInternal.
+// "cuda: <context>: <call>: cudaErrorX (text)"; marks the current device unusable on sticky errors and
+// clears the thread's last error on the others. Allocation failures map to kOutOfMemory, the rest to
+// kInternal.
 Status cuda_error(cudaError_t e, const char* call, const std::string& context);
 Status cublas_error(cublasStatus_t s, const char* call, const std::string& context);
 

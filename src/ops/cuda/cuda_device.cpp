@@ -61,6 +61,10 @@ Status cuda_error(cudaError_t e, const char* call, const std::string& context) {
   if (error_is_sticky(e)) {
     int dev = 0;
     if (cudaGetDevice(&dev) == cudaSuccess) device_mark_unusable(dev, msg);
+  } else {
+    // Reported here, so the thread's last error must not surface again at the next launch check (a bad
+    // device ordinal once failed an unrelated later kernel launch).
+    (void)cudaGetLastError();
   }
   if (e == cudaErrorMemoryAllocation) return Status(StatusCode::kOutOfMemory, msg);
   return Status(StatusCode::kInternal, msg);
