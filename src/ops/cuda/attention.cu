@@ -127,8 +127,7 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
 // The tensor-core attention of packed rows [row0, row_end) of KV head g over the positions [kv_begin,
 // kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
 // or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
-// kFirstTileIn: the caller has filled stage 0 with the first tile (its copies committed as one group).
-template <int D, int RW, bool kFirstTileIn = false>
+template <int D, int RW>
 __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV,
                                           const CtaWork& w) {
   const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
@@ -155,10 +154,8 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
   const int v_row = kw * PW + (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
-  if constexpr (!kFirstTileIn) {
-    tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g);
-    cp_async_commit();
-  }
+  tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g);
+  cp_async_commit();
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int stage = tile & 1;
     if (tile + 1 < n_tiles) {
@@ -379,192 +376,62 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 // through short loops, a quarter of the code, was still 7-10 us slower).
 
 constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
-constexpr int kPrepBatch = 3;  // head rows a warp of the decode prep loads before normalizing any
 
-// The prep's shared scratch, in stage 1 of the K/V ring (the tile loop first fills it with tile 1, after
-// the prep): a warp's kPrepBatch staging rows y, the q and k norm weights, and (in V's stage 1) the
-// rotation table [n_tokens][n_rot / 2] of (sin, cos).
+// The prep of a CTA with work w (one row block: every row of its KV head); ends with a CTA barrier.
+// y: kWarps * D floats of shared memory (a warp's staging row).
 template <int D>
-struct DecodeScratch {
-  float* y;       // [kWarps][kPrepBatch][D]
-  float* wq;      // [D]
-  float* wk;      // [D]
-  double2* rope;  // [n_tokens][n_rot / 2]
-};
-template <int D>
-__device__ __forceinline__ DecodeScratch<D> decode_scratch(__half* sK, __half* sV) {
+__device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const CtaWork& w) {
   constexpr int SK = D + 8;
-  static_assert((kWarps * kPrepBatch + 2) * D * 4 <= kBN * SK * 2, "staging rows and weights fit K's stage 1");
-  static_assert(kFuseRows * (D / 2) * 16 <= kBN * SK * 2, "the rotation table fits V's stage 1");
-  DecodeScratch<D> sc;
-  sc.y = reinterpret_cast<float*>(sK + kBN * SK);
-  sc.wq = sc.y + kWarps * kPrepBatch * D;
-  sc.wk = sc.wq + D;
-  sc.rope = reinterpret_cast<double2*>(sV + kBN * SK);
-  return sc;
-}
-
-// Before the dependency wait, what the CTA reads that no kernel of this step writes: the rotation
-// angles of the new positions (the position is copied from the host before the step), the norm
-// weights, and the first tile's positions before pos0 (earlier steps wrote them; the block table is
-// copied from the host too) by cp.async into stage 0, one commit group. Positions past kv_end become
-// zeros; the new ones in the tile are written by the prep.
-template <int D>
-__device__ void decode_pre_wait(const KParams& p, __half* sK, __half* sV, const DecodeScratch<D>& sc,
-                                const CtaWork& w) {
-  constexpr int kPieces = D / 8, SK = D + 8;
-  const int half = p.n_rot / 2;
-  for (int i = threadIdx.x; i < p.n_tokens * half; i += kThreads) {
-    const int t = i / half, d = i - t * half;
-    sc.rope[i] = kern::rope_neox_angle(static_cast<int64_t>(w.pos0) + t, d, p.n_rot, p.log2_base);
-  }
-  for (int i = threadIdx.x; i < D; i += kThreads) {
-    sc.wq[i] = __ldg(p.q_norm + i);
-    sc.wk[i] = __ldg(p.k_norm + i);
-  }
-  const int old_end = min(w.pos0, w.kv_end);
-  for (int i = threadIdx.x; i < kBN * kPieces; i += kThreads) {
-    const int rr = i / kPieces, pc = i - rr * kPieces, j = w.kv_begin + rr;
-    __half* dk = sK + rr * SK + pc * 8;
-    __half* dv = sV + rr * SK + pc * 8;
-    if (j < old_end) {
-      const int c = j / p.C, r = j - c * p.C;
-      const int64_t off = ((static_cast<int64_t>(r) * p.Hkv + w.g) * D + pc * 8) * 2;
-      cp_async16(dk, p.k_base[c] + p.k_off + off);
-      cp_async16(dv, p.v_base[c] + p.v_off + off);
-    } else if (j >= w.kv_end) {
-      *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
-    }
-  }
-  cp_async_commit();
-}
-
-// The prep of a CTA with work w (one row block: every row of its KV head), after the wait; ends with a
-// CTA barrier. Its head rows are the new positions in the CTA's range (k normalized and rotated back
-// into k_in and, as half, into the cache with v; each new position by exactly one CTA, as the splits
-// partition the positions; in the first tile also straight into stage 0) and then the query rows
-// (normalized and rotated into sQ). Warp w takes rows w, w + kWarps, ... and loads kPrepBatch of them
-// before normalizing any: one memory round trip per batch instead of one per row. The arithmetic is
-// prep_head_row's (norm_kernel's one-warp norm, then rope_neox_pair's rotation from the table).
-template <int D>
-__device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV, const DecodeScratch<D>& sc,
-                            const CtaWork& w) {
-  constexpr int SK = D + 8;
-  constexpr int kPer = kern::kPrepPer;
-  const int g = w.g, pos0 = w.pos0;
+  const int g = w.g, pos0 = w.pos0, kv_begin = w.kv_begin, kv_end = w.kv_end;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* y = y_all + warp * D;
   const int n_kv = pos0 + p.n_tokens;
-  const int j_first = max(w.kv_begin, pos0);
-  const int nk = max(0, w.kv_end - j_first);                         // new positions this CTA appends
-  const bool q_out = w.kv_begin <= n_kv - 1 && n_kv - 1 < w.kv_end;  // one CTA per KV head writes q_out
-  const int n_rows = nk + p.R, half = p.n_rot / 2;
-  bool later_tile = false;  // a new position past the first tile: the tile loop copies it from the cache
-  for (int b0 = warp; b0 < n_rows; b0 += kWarps * kPrepBatch) {
-    float v[kPrepBatch][kPer];
-#pragma unroll
-    for (int r = 0; r < kPrepBatch; ++r) {  // every load of the batch before any arithmetic
-      const int row = b0 + r * kWarps;
-      if (row >= n_rows) break;
-      const float* src;
-      if (row < nk) {
-        src = p.k_in + (static_cast<int64_t>(j_first + row - pos0) * p.Hkv + g) * D;
-      } else {
-        const int rho = row - nk, t = rho / p.G, h = g * p.G + (rho - t * p.G);
-        src = p.q_in + t * p.q_ts + h * p.q_hs;
-      }
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {  // unconditional loads (past D: element D - 1), as prep_head_row
-        const int i = lane + 32 * j, ic = min(i, D - 1);
-        const float x = src[ic];
-        v[r][j] = i < D ? x : 0.0f;
-      }
+  bool appended = false;
+  for (int j = max(kv_begin, pos0) + warp; j < kv_end; j += kWarps) {
+    const int64_t in = (static_cast<int64_t>(j - pos0) * p.Hkv + g) * D;
+    kern::prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane);
+    const int c = j / p.C, r = j - c * p.C;
+    const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
+    __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
+    __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
+    for (int i = lane; i < D; i += 32) {
+      p.k_in[in + i] = y[i];
+      kern::store_kv(kd + i, y[i]);
+      kern::store_kv(vd + i, p.v_in[in + i]);
     }
-#pragma unroll
-    for (int r = 0; r < kPrepBatch; ++r) {
-      const int row = b0 + r * kWarps;
-      if (row >= n_rows) break;
-      const bool is_k = row < nk;
-      const float* wn = is_k ? sc.wk : sc.wq;
-      float* y = sc.y + (warp * kPrepBatch + r) * D;
-      const float inv = kern::warp_row_rms_inv(v[r], D, p.eps);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = lane + 32 * j;
-        if (i < D) y[i] = v[r][j] * inv * wn[i];
-      }
-      __syncwarp();
-      const int t = is_k ? j_first + row - pos0 : (row - nk) / p.G;
-      for (int d = lane; d < half; d += 32) {
-        float x0 = y[d], x1 = y[d + half];
-        kern::rope_neox_rotate(x0, x1, sc.rope[t * half + d]);
-        y[d] = x0;
-        y[d + half] = x1;
-      }
-      __syncwarp();
-      if (is_k) {
-        const int j = j_first + row;
-        const int64_t in = (static_cast<int64_t>(t) * p.Hkv + g) * D;
-        const int c = j / p.C, rr = j - c * p.C;
-        const int64_t off = (static_cast<int64_t>(rr) * p.Hkv + g) * D;
-        __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
-        __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
-        const int tr = j - w.kv_begin;  // its row in the first tile, if there
-        for (int i = lane; i < D; i += 32) {
-          const float vv = p.v_in[in + i];
-          p.k_in[in + i] = y[i];
-          kern::store_kv(kd + i, y[i]);
-          kern::store_kv(vd + i, vv);
-          if (tr < kBN) {
-            sK[tr * SK + i] = __float2half_rn(y[i]);
-            sV[tr * SK + i] = __float2half_rn(vv);
-          }
-        }
-        later_tile |= tr >= kBN;
-      } else {
-        const int rho = row - nk, h = g * p.G + (rho - t * p.G);
-        for (int d = lane; d < D; d += 32) {
-          sQ[rho * SK + d] = __float2half_rn(y[d]);
-          if (q_out) p.q_out[(static_cast<int64_t>(t) * p.H + h) * D + d] = y[d];
-        }
-      }
-      __syncwarp();  // y is rewritten by the next batch
-    }
+    __syncwarp();  // y is rewritten by the next row
+    appended = true;
   }
-  if (later_tile) __threadfence();  // in L2 before the tile loop's copies (cp.async.cg) read them
+  if (appended) __threadfence();  // the new rows are in L2 before this CTA's tile copies (cp.async.cg) read them
+  const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per KV head writes q_out
+  for (int rho = warp; rho < p.R; rho += kWarps) {
+    const int t = rho / p.G, h = g * p.G + (rho - t * p.G);
+    kern::prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t, p.n_rot,
+                  p.log2_base, y, lane);
+    for (int d = lane; d < D; d += 32) {
+      sQ[rho * SK + d] = __float2half_rn(y[d]);
+      if (q_out) p.q_out[(static_cast<int64_t>(t) * p.H + h) * D + d] = y[d];
+    }
+    __syncwarp();
+  }
   for (int i = p.R * D + static_cast<int>(threadIdx.x); i < kFuseRows * D; i += kThreads) {
     sQ[(i / D) * SK + i % D] = __float2half_rn(0.0f);
   }
   __syncthreads();
 }
 
-// attn_decode_kernel<D>: one row block of at most 16 packed rows (tensor-core path, RW = 1) per KV
-// head. Each CTA (KV head g, split s) does attention_prep's work for what it reads (decode_prep), with
-// everything that does not depend on the previous kernel issued before its wait (decode_pre_wait). Then
-// the tensor-core attention of its range: with one split the final rows, gated, with their q8 codes;
-// with several, partials that attn_combine_kernel merges and gates.
-// Not taken: the last CTA of a KV head merging the splits itself (a ticket counter) instead of the
-// combine kernel: 21 us slower a launch on the H100 at one split holding positions (37 against 16),
-// for reasons not found (unconditional loads and one fence per CTA changed nothing; a compact merge
-// through short loops, a quarter of the code, was still 7-10 us slower).
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
+  kern::dependency_sync();
   constexpr int SK = D + 8;
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + kFuseRows * SK;  // [2][kBN][SK]
   __half* sV = sK + 2 * kBN * SK;    // [2][kBN][SK]
-  const CtaWork w = cta_plan(p, kFuseRows);  // one row block: rows [0, R)
-  const DecodeScratch<D> sc = decode_scratch<D>(sK, sV);
-  if (w.live) decode_pre_wait<D>(p, sK, sV, sc, w);
-  kern::dependency_sync();
-  if (!w.live) {
-    write_empty(p, w.row0, w.row_end, w.g, w.s);
-    return;
-  }
-  __syncthreads();  // the table and the weights, written by every thread, are read by every warp
-  decode_prep<D>(p, sQ, sK, sV, sc, w);
-  tc_attend<D, 1, true>(p, sQ, sK, sV, w);
+  const CtaWork w = cta_work(p, kFuseRows);  // one row block: rows [0, R)
+  if (!w.live) return;
+  decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), w);
+  tc_attend<D, 1>(p, sQ, sK, sV, w);
 }
 
 // ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----

@@ -133,10 +133,7 @@ struct CtaWork {
   bool live;
   int g, s, row0, row_end, pos0, kv_begin, kv_end;
 };
-
-// cta_work without the writes: for a kernel that plans before its dependency wait and writes an empty
-// CTA's partials after it.
-__device__ inline CtaWork cta_plan(const KParams& p, int BM) {
+__device__ inline CtaWork cta_work(const KParams& p, int BM) {
   CtaWork w{};
   w.g = blockIdx.x;
   w.s = blockIdx.z;
@@ -150,11 +147,6 @@ __device__ inline CtaWork cta_plan(const KParams& p, int BM) {
     w.kv_end = min(w.pos0 + t_last + 1, w.kv_begin + L);
     w.live = w.kv_begin < w.kv_end;
   }
-  return w;
-}
-
-__device__ inline CtaWork cta_work(const KParams& p, int BM) {
-  const CtaWork w = cta_plan(p, BM);
   if (!w.live) write_empty(p, w.row0, w.row_end, w.g, w.s);
   return w;
 }

@@ -9,26 +9,15 @@
 
 namespace ds::cuda::kern {
 
-// The rotation of pair d at position pos: (sin, cos) of its angle; log2_base = log2(rope base).
-__device__ __forceinline__ double2 rope_neox_angle(int64_t pos, int64_t d, int64_t n_rot, double log2_base) {
-  const double theta = static_cast<double>(pos) * exp2(-2.0 * static_cast<double>(d) / n_rot * log2_base);
-  double2 r;
-  sincos(theta, &r.x, &r.y);
-  return r;
-}
-
-// x0 = x[d], x1 = x[d + n_rot / 2] rotated by sc = rope_neox_angle(pos, d, ...): a table of angles made
-// once per position rotates every head with the bits of rope_neox_pair.
-__device__ __forceinline__ void rope_neox_rotate(float& x0, float& x1, double2 sc) {
-  const double a = x0, b = x1;
-  x0 = static_cast<float>(a * sc.y - b * sc.x);
-  x1 = static_cast<float>(a * sc.x + b * sc.y);
-}
-
 // x0 = x[d], x1 = x[d + n_rot / 2] at position pos; log2_base = log2(rope base).
 __device__ __forceinline__ void rope_neox_pair(float& x0, float& x1, int64_t pos, int64_t d, int64_t n_rot,
                                                double log2_base) {
-  rope_neox_rotate(x0, x1, rope_neox_angle(pos, d, n_rot, log2_base));
+  const double theta = static_cast<double>(pos) * exp2(-2.0 * static_cast<double>(d) / n_rot * log2_base);
+  double sn, cs;
+  sincos(theta, &sn, &cs);
+  const double a = x0, b = x1;
+  x0 = static_cast<float>(a * cs - b * sn);
+  x1 = static_cast<float>(a * sn + b * cs);
 }
 
 }  // namespace ds::cuda::kern
