@@ -440,7 +440,7 @@ class CudaMoeGroupedTest : public CudaMoeCaseTest {
     const std::vector<float> got2 = down(dy2, E * n_tokens);
     EXPECT_EQ(std::memcmp(got.data(), got2.data(), 4 * got.size()), 0) << where << " (moe_ffn op, second run)";
     // Either tile size, whichever the automatic pick was: the same bits.
-    for (int tile_m : {cuda::kMoeGroupM, cuda::kMoeGroupMLarge}) {
+    for (int tile_m : {cuda::kMoeGroupM, cuda::kMoeGroupMLarge, cuda::kMoeGroupMMax}) {
       test::Host out3({E, n_tokens});
       const TensorView dy3 = up(out3);
       const Status s3 = cuda::moe_ffn_grouped(ctx_, dc.x, dc.experts, dc.ids, dc.wts, dy3, tile_m);

@@ -202,9 +202,9 @@ Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExper
                        const TensorView& weights, const TensorView& y, int tile_m) {
   constexpr const char* kGroupedOp = "moe_ffn_grouped";
   DS_TRY(check_entry(kGroupedOp, ctx, x, experts, ids, weights, y));
-  if (tile_m != 0 && tile_m != kMoeGroupM && tile_m != kMoeGroupMLarge) {
-    return invalid_argument("{}: tiles of {} pairs (0: automatic, {} or {})", kGroupedOp, tile_m, kMoeGroupM,
-                            kMoeGroupMLarge);
+  if (tile_m != 0 && !moe_group_tile_m_valid(tile_m)) {
+    return invalid_argument("{}: tiles of {} pairs (0: automatic, {}, {} or {})", kGroupedOp, tile_m, kMoeGroupM,
+                            kMoeGroupMLarge, kMoeGroupMMax);
   }
   const int64_t n_embd = x.ne[0], n_tokens = x.ne[1], k = ids.ne[0];
   const int64_t n_ff = experts.down.ne[0], n_expert = experts.down.ne[2];

@@ -124,7 +124,7 @@ Status moe_ffn_gathered(const OpContext& ctx, const TensorView& x, const MoeExpe
 // moe_ffn_grouped_takes accepts (F16, BF16 and quantized types; the CUDA moe_ffn runs F32 experts with
 // F32 products); kUnsupported otherwise. Same contract as moe_ffn otherwise; slots with ids outside
 // [0, n_expert) are unused. tile_m: 0 picks by the pairs per expert (moe_group_tile_m), else
-// kMoeGroupM or kMoeGroupMLarge (moe_launch.h); every tile size gives the same bits.
+// a size moe_group_tile_m_valid accepts (moe_launch.h); every tile size gives the same bits.
 bool moe_ffn_grouped_takes(const TensorView& x, const MoeExperts& experts);
 Status moe_ffn_grouped(const OpContext& ctx, const TensorView& x, const MoeExperts& experts, const TensorView& ids,
                        const TensorView& weights, const TensorView& y, int tile_m = 0);

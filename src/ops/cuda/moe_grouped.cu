@@ -1,6 +1,6 @@
 // Kernels and launchers of the grouped MoE path (moe_launch.h): the expert FFN of a prefill batch with
 // the pairs grouped per expert on the device. moe_group_plan sorts the (token, slot) pairs by expert and
-// cuts each expert's run into tiles of up to tile_m pairs (32 or 64: moe_group_tile_m); moe_grouped_product
+// cuts each expert's run into tiles of up to tile_m pairs (32, 64 or 128: moe_group_tile_m); moe_grouped_product
 // multiplies a tile's activation rows with kGroupN rows of its expert on the tensor cores (BF16 operands, F32 sums, as the
 // dense prefill GEMM), dequantizing the weights into shared memory step by step. The activations come
 // in BF16, rounded once (round to nearest even, as any BF16 operand of the products): x per token for
@@ -27,8 +27,9 @@ constexpr int kGroupN = 128;                // weight rows per CTA (4 warps of 3
 constexpr int kGroupK = 64;                 // elements of k per step
 constexpr int kGroupThreads = 128;
 // CTAs per SM the register budget allows: 4 (128 registers a thread) with tiles of 32 pairs, 3 (168) with
-// 64, whose accumulators are twice as many (at 128 registers the K-quant decoders spilled).
-constexpr int group_min_ctas(int m) { return m > 32 ? 3 : 4; }
+// 64, whose accumulators are twice as many (at 128 registers the K-quant decoders spilled), 2 (255) with
+// 128.
+constexpr int group_min_ctas(int m) { return m > 64 ? 2 : m > 32 ? 3 : 4; }
 constexpr int kGroupPitch = kGroupK + 8;    // bf16 per shared row: 144 bytes, conflict-free fragment reads
 constexpr int kGroupUnits = kGroupK / 8;    // 8-element units per row and step
 static_assert(kGroupN == kGroupThreads, "one weight row per thread and step");
@@ -358,6 +359,9 @@ __global__ void __launch_bounds__(kGroupThreads, group_min_ctas(kM)) moe_grouped
 template <DType T>
 cudaError_t launch_grouped(const MoeGroupedLaunch& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.max_tiles), static_cast<unsigned>((p.n_rows + kGroupN - 1) / kGroupN));
+  if (p.tile_m == kMoeGroupMMax) {
+    return launch_kernel(moe_grouped_product<T, kMoeGroupMMax>, grid, kGroupThreads, 0, stream, p);
+  }
   if (p.tile_m == kMoeGroupMLarge) {
     return launch_kernel(moe_grouped_product<T, kMoeGroupMLarge>, grid, kGroupThreads, 0, stream, p);
   }
@@ -367,6 +371,7 @@ cudaError_t launch_grouped(const MoeGroupedLaunch& p, cudaStream_t stream) {
 }  // namespace
 
 int moe_group_tile_m(int64_t n_slots, int64_t n_expert) {
+  if (n_slots >= kMoeGroupMMaxMinAvg * n_expert) return kMoeGroupMMax;
   return n_slots >= kMoeGroupMLargeMinAvg * n_expert ? kMoeGroupMLarge : kMoeGroupM;
 }
 
@@ -392,7 +397,7 @@ bool moe_grouped_fits(DType t, const void* w, int64_t w_stride, int64_t w_expert
 cudaError_t moe_grouped_product_launch(DType t, const MoeGroupedLaunch& p, cudaStream_t stream) {
   if (p.n_rows <= 0 || p.max_tiles <= 0) return cudaSuccess;
   if (!moe_grouped_fits(t, p.w, p.w_stride, p.w_expert_stride, p.k) || p.x_div < 0 || p.h == nullptr ||
-      (p.tile_m != kMoeGroupM && p.tile_m != kMoeGroupMLarge) ||
+      !moe_group_tile_m_valid(p.tile_m) ||
       reinterpret_cast<uintptr_t>(p.h) % 16 != 0 || p.h_stride % 8 != 0 ||
       (p.n_rows + kGroupN - 1) / kGroupN > 65535) {
     return cudaErrorInvalidValue;

@@ -134,15 +134,21 @@ cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cuda
 // ---- moe_ffn_grouped (ops/cuda/moe_grouped.cu): many pairs, grouped per expert on the device ----
 // A pair is a (token, slot) with an expert id in [0, n_expert); its place is its index in the runs of
 // pairs that moe_group_plan lays out expert after expert. A tile is up to tile_m pairs of one run:
-// {expert, first place, pairs, 0}; tile_m is kMoeGroupM or kMoeGroupMLarge (moe_group_tile_m).
+// {expert, first place, pairs, 0}; tile_m is kMoeGroupM, kMoeGroupMLarge or kMoeGroupMMax
+// (moe_group_tile_m, moe_group_tile_m_valid).
 constexpr int kMoeGroupM = 32;
 constexpr int kMoeGroupMLarge = 64;
+constexpr int kMoeGroupMMax = 128;
 constexpr int kMoeGroupMaxExperts = 4096;  // the plan's per-expert counters live in shared memory
-// The tile size for n_slots pairs over n_expert experts: kMoeGroupMLarge from kMoeGroupMLargeMinAvg pairs
-// an expert on average, where most experts' runs pass kMoeGroupM (a tile dequantizes its expert's rows
-// once for all its pairs, so fewer, fuller tiles dequantize less), else kMoeGroupM.
+// The tile size for n_slots pairs over n_expert experts: the largest whose minimum average of pairs an
+// expert they reach, where most experts' runs pass the next smaller size (a tile dequantizes its
+// expert's rows once for all its pairs, so fewer, fuller tiles dequantize less).
 constexpr int64_t kMoeGroupMLargeMinAvg = 28;
+constexpr int64_t kMoeGroupMMaxMinAvg = 112;
 int moe_group_tile_m(int64_t n_slots, int64_t n_expert);
+constexpr bool moe_group_tile_m_valid(int m) {
+  return m == kMoeGroupM || m == kMoeGroupMLarge || m == kMoeGroupMMax;
+}
 // The most tiles of tile_m pairs a routing of n_slots slots over n_expert experts can produce.
 int64_t moe_group_max_tiles(int64_t n_slots, int64_t n_expert, int tile_m);
 // order[place] = slot, tiles[0 .. *n_tiles) (max_tiles entries allocated) of at most tile_m pairs, from
@@ -168,7 +174,7 @@ struct MoeGroupedLaunch {
   const int4* tiles = nullptr;
   const int* n_tiles = nullptr;
   int64_t max_tiles = 0;           // grid size: moe_group_max_tiles
-  int tile_m = kMoeGroupM;         // the plan's tile size: kMoeGroupM or kMoeGroupMLarge
+  int tile_m = kMoeGroupM;         // the plan's tile size (moe_group_tile_m_valid)
   float* y = nullptr;
   int64_t y_stride = 0;         // elements between output rows
   bool y_by_slot = false;       // output row = the pair's slot (else its place)
