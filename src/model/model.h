@@ -65,8 +65,8 @@ struct ModelOptions {
 
 constexpr int64_t kPrefillChunkCpu = 256;
 constexpr int64_t kPrefillChunkCuda = 1024;
-// Measured on an H100 (docs/perf-gpu.md): 4096 against 1024 prefills 4096-token prompts 19% (27B) and
-// 28% (35B-A3B) faster and 32K prompts 15% and 20% faster, for 2.4 GiB more peak memory on the 27B at
+// Measured on an H100 (docs/perf-gpu.md): 4096 against 1024 prefills 4096-token prompts 18% (27B) and
+// 31% (35B-A3B) faster and 32K prompts 15% and 20% faster, for 2.4 GiB more peak memory on the 27B at
 // 32K (21.4 GiB): too little room left on a 24 GB card, so those keep 1024.
 constexpr int64_t kPrefillChunkCudaLarge = 4096;
 constexpr int64_t kPrefillChunkCudaLargeMinBytes = int64_t{28} << 30;
