@@ -974,8 +974,27 @@ TEST_F(CudaMoeBlockTest, AddNormMatchesTheChain) {
     EXPECT_EQ(fetch<int32_t>(ids1.data, k * T), fetch<int32_t>(ids2.data, k * T)) << where << ": ids";
     const std::vector<float> w1 = fetch<float>(wts1.data, k * T), w2 = fetch<float>(wts2.data, k * T);
     EXPECT_EQ(0, std::memcmp(w1.data(), w2.data(), 4 * w1.size())) << where << ": weights";
+
+    // The routing in the router kernel's last CTA instead of the gate/up products (where those took it):
+    // the same bits of res, y, ids and weights.
+    const TensorView res3 = up(res), delta3 = up(delta);
+    const TensorView y3 = cs.y_over_delta ? delta3 : up(poison);
+    const TensorView ids3 = up(ids_t, poison_ids.data(), 4 * k * T), wts3 = up(wts_t, poison.v.data(), 4 * k * T);
+    cuda::set_moe_block_route_in_products(false);
+    st = cuda::moe_block_decode_add_norm(ctx_, cuda::MoeBlockAddNorm{res3, delta3, dw_norm, kEps}, b.dw, k, ids3, wts3,
+                                         y3);
+    cuda::set_moe_block_route_in_products(true);
+    ASSERT_TRUE(st.is_ok()) << where << " (routing in the router): " << st.to_string();
+    const std::vector<float> r3 = down(res3), o3 = down(y3);
+    EXPECT_EQ(0, std::memcmp(r2.data(), r3.data(), 4 * r2.size())) << where << ": res, routing in the router";
+    EXPECT_EQ(0, std::memcmp(o2.data(), o3.data(), 4 * o2.size())) << where << ": y, routing in the router";
+    EXPECT_EQ(fetch<int32_t>(ids2.data, k * T), fetch<int32_t>(ids3.data, k * T)) << where << ": ids, routing in the router";
+    const std::vector<float> w3 = fetch<float>(wts3.data, k * T);
+    EXPECT_EQ(0, std::memcmp(w2.data(), w3.data(), 4 * w2.size())) << where << ": weights, routing in the router";
     bufs_.clear();
   }
+  // The 35B-A3B's block ("real": one gate/up group, down with its sum in one launch) routes in the products.
+  EXPECT_TRUE(cuda::moe_gate_up_routed_fits(DType::Q4_K, 256, 8));
 }
 
 // The fused down + combine launch against the gathered down launch followed by moe_block_combine on the

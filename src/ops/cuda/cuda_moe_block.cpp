@@ -3,6 +3,9 @@
 // stream, none of which waits for the host:
 //   1. moe_route_fused: router + shexp_gate logits, int8 x, routing, selectors, coefficients;
 //   2. gate and up of every (token, expert) pair incl. the shared expert: one gathered q8 launch;
+//      where it fits (one gate/up group, down with its sum in one launch), the routing moves from 1's
+//      last CTA into these CTAs (moe_gate_up_routed) and 4 writes res += delta: no fence, ticket or
+//      selector round trip between the router and the expert products;
 //   3. h = silu(g) * u quantized to int8 (quantize_q8 SwiGLU mode) for every pair;
 //   4. down of every pair: one gathered q8 launch;
 //   5. y = weighted sum of the routed pairs + sigmoid(shexp_gate . x) * shared pair.
@@ -22,6 +25,7 @@
 #if DS_HAVE_CUDA
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -38,6 +42,7 @@ namespace ds::cuda {
 namespace {
 
 constexpr const char* kOp = "moe_block_decode";
+std::atomic<bool> g_route_in_products{true};
 
 // One gathered launch: weights of one type, rows at one stride, selectors from `base`.
 struct SelGroup {
@@ -235,6 +240,10 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
   const bool norm_fused = norm != nullptr && moe_route_norm_fits(E, static_cast<int>(T), static_cast<int>(X)) &&
                           a16(norm->res.data) && a16(norm->delta.data);
   const int64_t x_b = norm != nullptr && !norm_fused ? align16(4 * T * E) : 0;
+  // The routing in the gate/up products where they take it (one group each way, down + sum in one launch).
+  const bool route_in_products = g_route_in_products.load(std::memory_order_relaxed) && p.n_gu == 1 &&
+                                 down_combined &&
+                                 moe_gate_up_routed_fits(p.gu[0].dtype, static_cast<int>(X), static_cast<int>(k));
   const int64_t total =
       logits_b + shl_b + xq_b + coef_b + p.n_gu * selgu_b + p.n_down * seld_b + gu_b + hq_b + d_b + x_b;
   DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, total));
@@ -283,6 +292,7 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
   r.down = p.down_sel;
   r.shexp_down_w = p.shexp_down;
   r.counter = counter;
+  r.route = !route_in_products;
   auto* gu = reinterpret_cast<float*>(take(gu_b));
   uint8_t* hq = take(hq_b);
   auto* d = reinterpret_cast<float*>(take(d_b));
@@ -307,7 +317,11 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
     m.act_rows = T;
     m.y = gu;
     m.y_stride = F;
-    DS_CUDA_TRY(moe_matvec_launch(p.gu[g].dtype, m, MatvecKernel::kQ8, s), "{}: gate/up: {}", kOp, shapes());
+    if (route_in_products) {
+      DS_CUDA_TRY(moe_gate_up_routed_launch(p.gu[g].dtype, m, r, s), "{}: routing + gate/up: {}", kOp, shapes());
+    } else {
+      DS_CUDA_TRY(moe_matvec_launch(p.gu[g].dtype, m, MatvecKernel::kQ8, s), "{}: gate/up: {}", kOp, shapes());
+    }
   }
   // h[pair] = silu(g[2 pair]) * g[2 pair + 1]: rows of F at stride 2F, up rows F further.
   DS_CUDA_TRY(quantize_q8_launch(gu, 2 * F, gu + F, T * P, F, hq, nullptr, 0, s), "{}: swiglu + quantize h: {}", kOp,
@@ -324,6 +338,10 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
     dc.n_ff = F;
     dc.n_tokens = static_cast<int>(T);
     dc.k = static_cast<int>(k);
+    if (route_in_products && norm_fused) {  // the router kernel did not add the residual
+      dc.res = norm->res.as<float>();
+      dc.delta = norm->delta.as<float>();
+    }
     DS_CUDA_TRY(moe_down_combine_launch(p.down[0].dtype, dc, s), "{}: down + combine: {}", kOp, shapes());
     return Status::ok();
   }
@@ -345,6 +363,8 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
 }
 
 }  // namespace
+
+void set_moe_block_route_in_products(bool on) { g_route_in_products.store(on, std::memory_order_relaxed); }
 
 Status moe_block_decode_check(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
   return make_plan(w, n_tokens, k).status();

@@ -203,5 +203,9 @@ struct MoeBlockAddNorm {
 // y may alias delta (the layer's FFN output over its mixer output), not res. Applies as moe_block_decode.
 Status moe_block_decode_add_norm(const OpContext& ctx, const MoeBlockAddNorm& in, const MoeBlockWeights& w, int64_t k,
                                  const TensorView& ids, const TensorView& weights, const TensorView& y);
+// Where moe_block_decode routes (same bits either way): in the gate/up products' CTAs (the default, where
+// moe_gate_up_routed_fits and the down products run with their sum in one launch), or in the router
+// kernel's last CTA. A process-wide switch for tests.
+void set_moe_block_route_in_products(bool on);
 
 }  // namespace ds::cuda

@@ -341,22 +341,24 @@ template <DType T, int kRows, int kStages, int kWarps>
 using Q8Ring = uint8_t[kWarps][kStages][kRows][Q8Smem<T, kRows>::kRowBytes];
 
 // CTA `cta` of the product: rows from (cta * kWarps + warp) * kRows, its rings in `smem` (16-byte
-// aligned, sizeof(Q8Ring<...>) bytes). The body of matvec_q8 and matvec_q8_pair.
-template <DType T, int kNT, int kRows, int kStages, int kWarps>
-__device__ __forceinline__ void matvec_q8_cta(const MatvecQ8Args& a, int64_t cta, uint8_t* smem_raw) {
+// aligned, sizeof(Q8Ring<...>) bytes). The body of matvec_q8 and matvec_q8_pair. kSelGiven: gathered
+// with the slot's expert id `sel` found by the caller, which has waited for the previous kernel.
+template <DType T, int kNT, int kRows, int kStages, int kWarps, bool kSelGiven = false>
+__device__ __forceinline__ void matvec_q8_cta(const MatvecQ8Args& a, int64_t cta, uint8_t* smem_raw,
+                                              int32_t sel = 0) {
   auto& smem = *reinterpret_cast<Q8Ring<T, kRows, kStages, kWarps>*>(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = (cta * kWarps + warp) * kRows;
-  const bool gathered = a.ids != nullptr;
-  if (gathered) dependency_wait();  // the expert ids are an earlier kernel's output
-  if (r0 >= a.n_rows) return;       // warps never synchronize with each other
+  const bool gathered = kSelGiven || a.ids != nullptr;
+  if (gathered && !kSelGiven) dependency_wait();  // the expert ids are an earlier kernel's output
+  if (r0 >= a.n_rows) return;                     // warps never synchronize with each other
   const uint8_t* w = a.w;
   const int8_t* xq = a.xq;
   const float2* xds = static_cast<const float2*>(a.xds);
   float* y = a.y;
   if (gathered) {
     const int slot = blockIdx.y;
-    const int32_t e = a.ids[slot];
+    const int32_t e = kSelGiven ? sel : a.ids[slot];
     if (e < 0 || e >= a.n_expert) return;
     w += e * a.w_expert_stride;
     const int64_t xr = slot / a.x_div;

@@ -6,6 +6,9 @@
 //    of the gathered gate/up and down launches and the combine coefficients. With the input norm, every
 //    CTA first computes x = RMSNorm(res + delta) itself into shared memory (norm_kernel's bits, through
 //    norm_warp.cuh), so the block needs no norm launch before it; the routing CTA writes res += delta.
+//    With route = false the kernel stops after the logits: moe_gate_up_routed routes in its CTAs.
+//  - moe_gate_up_routed: the gathered gate/up products with the routing in every CTA (kern::route_block
+//    on the token's logits, the picks only except in the CTA that writes the pair's routing).
 //  - moe_block_combine: y = sum of the routed experts' weighted down rows + sigmoid-gated shared row.
 //  - moe_down_combine: the down products of a token's pairs and that sum in one kernel (rows of at most
 //    1024 elements: the 35B-A3B's 512), so the pairs' rows never go to memory.
@@ -233,7 +236,8 @@ size_t route_fused_smem(int n_expert, int64_t n_embd, int n_tokens, bool norm) {
 }
 
 // kNorm: x is the input norm of res and delta (MoeRouteFusedLaunch), staged by every CTA in shared memory.
-template <bool kNorm>
+// kRoute: the last CTA routes (else the kernel ends with the logits).
+template <bool kNorm, bool kRoute = true>
 __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLaunch a, bool vec4) {
   extern __shared__ __align__(16) double route_smem[];
   __shared__ unsigned int is_last;
@@ -263,6 +267,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
   }
   quantize_x<kNorm>(a, x, vec4);
   if (row <= a.n_expert) router_row<kNorm>(a, x, row, vec4);
+  if constexpr (!kRoute) return;
 
   // Publish this CTA's logits and codes, then take a ticket; the last ticket routes.
   __threadfence();
@@ -345,8 +350,78 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
     const float* ct = a.coef + static_cast<int64_t>(t) * P;
     float y = 0.0f;
     for (int j = 0; j < a.k; ++j) y += ct[j] * part[j][r];
-    a.y[static_cast<int64_t>(t) * a.n_embd + r0 + r] = y + ct[a.k] * part[a.k][r];
+    const int64_t i = static_cast<int64_t>(t) * a.n_embd + r0 + r;
+    if (a.res != nullptr) a.res[i] += a.delta[i];  // before y: y may be delta (this thread's element only)
+    a.y[i] = y + ct[a.k] * part[a.k][r];
   }
+}
+
+// The gathered gate/up products of moe_block_decode, routing in every CTA (moe_gate_up_routed_launch):
+// slot 2 pair (+ 1) is the gate (up) of pair j of token t. A routed pair's CTA ranks the token's logits
+// with route_block's CTA (its shared memory in the product's ring, free until the first copy) and takes
+// pick j; the shared expert's needs no routing. The first CTA of a pair's gate slot writes what the
+// router kernel's last CTA wrote for the pair (ids, weights, coef, sel_down; route_token's arithmetic,
+// one group), the only CTA of the pair that computes the weights. Then the slot's product exactly as the
+// gathered matvec_q8<T, 1> runs it (matvec_q8_cta with the expert id given).
+template <DType T>
+__global__ void __launch_bounds__(kern::kQ8Threads) moe_gate_up_routed(kern::MatvecQ8Args a, MoeRouteFusedLaunch r) {
+  constexpr int kStages = kern::Q8Smem<T, kern::kQ8Rows>::kStages;
+  static_assert(kern::kQ8Threads == kern::kRouteBlockThreads, "the product's CTA routes as route_block's");
+  __shared__ __align__(16) kern::Q8Ring<T, kern::kQ8Rows, kStages, kern::kQ8Warps> ring;
+  __shared__ int32_t sel_s;
+  kern::dependency_wait();  // the logits are the router kernel's output
+  const int slot = static_cast<int>(blockIdx.y), P = r.k + 1, pair = slot / 2, t = pair / P, j = pair - t * P;
+  const bool is_up = (slot & 1) != 0;
+  const bool writer = blockIdx.x == 0 && !is_up;
+  int32_t sel;
+  if (j == r.k) {
+    sel = static_cast<int32_t>((is_up ? r.shexp_up_w : r.shexp_gate_w).base_units);
+    if (writer && threadIdx.x == 0) {
+      r.coef[pair] = 1.0f / (1.0f + __expf(-__ldcg(r.shexp_logit + t)));  // as mul_sigmoid on CUDA
+      r.sel_down[0][pair] = static_cast<int32_t>(r.shexp_down_w.base_units);
+    }
+  } else {
+    int pick_e;
+    float pick_w;
+    const float* lg = r.logits + static_cast<int64_t>(t) * r.n_expert;
+    if (writer) {
+      kern::route_block<true>(lg, r.n_expert, r.k, r.floor, &ring, pick_e, pick_w);
+    } else {
+      kern::route_block<false>(lg, r.n_expert, r.k, r.floor, &ring, pick_e, pick_w);
+    }
+    if (static_cast<int>(threadIdx.x) == j) {
+      const MoeWeightSel& w = is_up ? r.up : r.gate;
+      sel_s = static_cast<int32_t>(w.base_units + static_cast<int64_t>(pick_e) * w.expert_units);
+      if (writer) {
+        const int64_t s = static_cast<int64_t>(t) * r.k + j;
+        r.ids[s] = pick_e;
+        r.weights[s] = pick_w;
+        r.coef[pair] = pick_w;
+        r.sel_down[0][pair] = static_cast<int32_t>(r.down.base_units + static_cast<int64_t>(pick_e) * r.down.expert_units);
+      }
+    }
+    __syncthreads();
+    sel = sel_s;
+  }
+  kern::matvec_q8_cta<T, 1, kern::kQ8Rows, kStages, kern::kQ8Warps, true>(a, blockIdx.x, &ring[0][0][0][0], sel);
+}
+
+template <DType T>
+cudaError_t launch_gate_up_routed(const MoeMatvecLaunch& m, const MoeRouteFusedLaunch& r, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((m.n_rows + kern::kQ8Warps * kern::kQ8Rows - 1) /
+                                        (kern::kQ8Warps * kern::kQ8Rows)),
+                  static_cast<unsigned>(m.n_slots));
+  kern::MatvecQ8Args a = kern::q8_args(m.w, m.w_stride, m.act, m.k, m.act_rows, m.y, m.y_stride, m.n_rows, 1);
+  a.w_expert_stride = m.w_expert_stride;
+  a.n_expert = INT32_MAX;  // the selectors are offsets in kMoeSelUnit, not expert ids
+  a.x_div = m.x_div;
+  return launch_kernel(moe_gate_up_routed<T>, grid, kern::kQ8Threads, 0, stream, a, r);
+}
+
+// The ring of moe_gate_up_routed<T>, in bytes.
+template <DType T>
+constexpr size_t gate_up_routed_ring_bytes() {
+  return sizeof(kern::Q8Ring<T, kern::kQ8Rows, kern::Q8Smem<T, kern::kQ8Rows>::kStages, kern::kQ8Warps>);
 }
 
 template <DType T>
@@ -403,8 +478,8 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
   const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool norm = a.norm_w != nullptr;
   if (a.n_expert < 1 || a.n_expert > kMoeBlockMaxExperts || a.k < 1 || a.k > kMoeBlockMaxK || a.k > a.n_expert ||
-      a.n_embd <= 0 || a.n_embd % kern::kQ8Block != 0 || a.counter == nullptr || a.sel_gu[0] == nullptr ||
-      a.sel_down[0] == nullptr || !a16(a.xq)) {
+      a.n_embd <= 0 || a.n_embd % kern::kQ8Block != 0 || a.sel_down[0] == nullptr || !a16(a.xq) ||
+      (a.route && (a.counter == nullptr || a.sel_gu[0] == nullptr))) {
     return cudaErrorInvalidValue;
   }
   if (norm && (!moe_route_norm_fits(a.n_embd, a.n_tokens, a.n_expert) || a.res == nullptr || a.delta == nullptr || !a16(a.res) ||
@@ -417,6 +492,10 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
   const size_t smem = route_fused_smem(a.n_expert, a.n_embd, a.n_tokens, norm);
   const void* fn = norm ? reinterpret_cast<const void*>(moe_route_fused<true>)
                         : reinterpret_cast<const void*>(moe_route_fused<false>);
+  if (!a.route) {  // no diagnostic filtering here: the routing runs in the products
+    return norm ? launch_kernel(moe_route_fused<true, false>, grid, kRouteThreads, smem, stream, a, vec4)
+                : launch_kernel(moe_route_fused<false, false>, grid, kRouteThreads, smem, stream, a, vec4);
+  }
   if (kernel_filtered(fn)) {
     // A diagnostic run without the router (set_kernel_filter): the selectors are whatever the scratch
     // held, so make every pair "no expert" (-1), which the gathered products skip, instead of letting
@@ -432,6 +511,37 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
   }
   return norm ? launch_kernel(moe_route_fused<true>, grid, kRouteThreads, smem, stream, a, vec4)
               : launch_kernel(moe_route_fused<false>, grid, kRouteThreads, smem, stream, a, vec4);
+}
+
+bool moe_gate_up_routed_fits(DType t, int n_expert, int k) {
+  if (n_expert < 1 || n_expert > kMoeBlockMaxExperts || k < 1 || k > kMoeBlockMaxK || k > n_expert) return false;
+  size_t ring = 0;
+  switch (t) {
+#define X(name) \
+  case DType::name: ring = gate_up_routed_ring_bytes<DType::name>(); break;
+    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
+#undef X
+    default: return false;
+  }
+  return kern::route_block_smem_bytes(n_expert) <= ring;
+}
+
+cudaError_t moe_gate_up_routed_launch(DType t, const MoeMatvecLaunch& m, const MoeRouteFusedLaunch& r,
+                                      cudaStream_t stream) {
+  if (m.n_rows <= 0 || m.n_slots <= 0) return cudaSuccess;
+  if (!moe_gate_up_routed_fits(t, r.n_expert, r.k) || m.n_slots > 65535 || m.n_slots % (2 * (r.k + 1)) != 0 ||
+      m.x_div != 2 * (r.k + 1) || m.act == nullptr || reinterpret_cast<uintptr_t>(m.act) % 16 != 0 ||
+      !moe_matvec_q8_fits(t, m) || r.logits == nullptr || r.shexp_logit == nullptr || r.ids == nullptr ||
+      r.weights == nullptr || r.coef == nullptr || r.sel_down[0] == nullptr || r.sel_down[1] != nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  switch (t) {
+#define X(name) \
+  case DType::name: return launch_gate_up_routed<DType::name>(m, r, stream);
+    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
+#undef X
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t moe_block_combine_launch(const float* d, const float* coef, int64_t n_tokens, int64_t k, int64_t n_embd,

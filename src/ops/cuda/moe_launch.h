@@ -96,6 +96,9 @@ struct MoeRouteFusedLaunch {
   int32_t* sel_down[2] = {};          // [n_tokens, k + 1] per down launch ([1] null: one launch)
   MoeWeightSel gate, up, shexp_gate_w, shexp_up_w, down, shexp_down_w;
   unsigned int* counter = nullptr;    // 0 before the launch, 0 again after it (blocks count themselves)
+  // false: logits, shexp_logit and xq only (no counter, no routing, res left as it is): the gate/up
+  // products route (moe_gate_up_routed_launch) and moe_down_combine writes res += delta.
+  bool route = true;
 };
 
 // Grid of one warp per router row (+ one for shexp_gate); each CTA also quantizes a share of x; the
@@ -104,6 +107,17 @@ struct MoeRouteFusedLaunch {
 // With the input norm, every CTA stages the normalized rows in shared memory first (no norm launch before
 // the block), and the routing CTA writes res += delta last (every CTA has read res by then).
 cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t stream);
+
+// The gathered gate/up launch of moe_block_decode (m as for moe_matvec_launch with the kQ8 kernel: one
+// group, slot 2 pair (+ 1) the gate (up) of the pair, activation row = token) with the routing in every
+// CTA: each routes its token from r's logits (route_block, as the router kernel's last CTA would) and
+// takes its slot's expert; the first CTA of each pair's gate slot writes r's ids, weights, coef and
+// sel_down[0] (the shared expert's coef and selector too). After moe_route_fused_launch with route =
+// false: no ticket, fence or selector round trip between the router and these products. Needs
+// moe_gate_up_routed_fits.
+bool moe_gate_up_routed_fits(DType t, int n_expert, int k);
+cudaError_t moe_gate_up_routed_launch(DType t, const MoeMatvecLaunch& m, const MoeRouteFusedLaunch& r,
+                                      cudaStream_t stream);
 // Whether the input norm takes the shape: rows of a multiple of 32 up to 8192 (the norm's), every
 // token's row within the kernel's shared memory next to the routing's (2048 elements of 256 experts:
 // up to 5 tokens).
@@ -125,6 +139,10 @@ struct MoeDownCombineLaunch {
   float* y = nullptr;            // [n_tokens, n_embd]
   int64_t n_embd = 0, n_ff = 0;
   int n_tokens = 0, k = 0;
+  // The input norm's residual add where the router did not route (MoeRouteFusedLaunch::route false):
+  // res += delta, each CTA its rows ([n_tokens, n_embd]); null: none.
+  float* res = nullptr;
+  const float* delta = nullptr;
 };
 // Whether the fused launch takes the shape: an int8-activation type, a row of one 1024-element step
 // (n_ff <= 1024, whole blocks), k + 1 <= 16 pairs, rings within the 48 KB of shared memory.

@@ -55,7 +55,9 @@ constexpr size_t route_block_smem_bytes(int n_expert) {
 // route_block_smem_bytes(n_expert). Thread j < k (k <= kRouteMaxPicks, k <= n_expert) gets pick j: the
 // expert id pick_e and its weight pick_w = p_j / max(sum of the picked p, floor), p_j the softmax
 // probability rounded to float first (as the CPU); other threads get pick_w = 0. Ends with a barrier, so
-// the caller may reuse smem at once.
+// the caller may reuse smem at once. kWeights false: the picks only (pick_w = 0 everywhere), without the
+// softmax's exps and sums; the same picks.
+template <bool kWeights = true>
 __device__ inline void route_block(const float* lg, int n_expert, int k, float floor, void* smem, int& pick_e,
                                    float& pick_w) {
   constexpr int W = kRouteBlockWarps;
@@ -82,8 +84,10 @@ __device__ inline void route_block(const float* lg, int n_expert, int k, float f
   for (int e = s0 + lane; e < s1; e += 64) {
     const int e2 = e + 32 < s1 ? e + 32 : -1;
     const unsigned ke = keys[e], ke2 = e2 >= 0 ? keys[e2] : 0u;
-    mx = fmaxf(mx, route_key_value(ke));
-    if (e2 >= 0) mx = fmaxf(mx, route_key_value(ke2));
+    if constexpr (kWeights) {
+      mx = fmaxf(mx, route_key_value(ke));
+      if (e2 >= 0) mx = fmaxf(mx, route_key_value(ke2));
+    }
     int r = 0, r2 = 0;
     for (int i = s0; i < s1; ++i) {
       const unsigned ki = keys[i];
@@ -99,23 +103,27 @@ __device__ inline void route_block(const float* lg, int n_expert, int k, float f
       cand_id[warp * k + r2] = e2;
     }
   }
+  if constexpr (kWeights) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-  if (lane == 0) wmax[warp] = mx;
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+    if (lane == 0) wmax[warp] = mx;
+  }
   __syncthreads();
 
   // 2. The sum of exp(l - max) over the segment; the candidates' ranks among themselves.
-  mx = wmax[0];
+  if constexpr (kWeights) {
+    mx = wmax[0];
 #pragma unroll
-  for (int w = 1; w < W; ++w) mx = fmaxf(mx, wmax[w]);
-  double s = 0.0;
-  for (int e = s0 + lane; e < s1; e += 32) {
-    ex[e] = exp(static_cast<double>(route_key_value(keys[e])) - mx);
-    s += ex[e];
+    for (int w = 1; w < W; ++w) mx = fmaxf(mx, wmax[w]);
+    double s = 0.0;
+    for (int e = s0 + lane; e < s1; e += 32) {
+      ex[e] = exp(static_cast<double>(route_key_value(keys[e])) - mx);
+      s += ex[e];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    if (lane == 0) wsum[warp] = s;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-  if (lane == 0) wsum[warp] = s;
   if (tid < W * k && cand_id[tid] != INT_MAX) {
     const unsigned kc = cand_key[tid];
     const int ec = cand_id[tid];
@@ -128,7 +136,8 @@ __device__ inline void route_block(const float* lg, int n_expert, int k, float f
   // 3. Thread j: p_j = exp(l_j - max) / sum; the picks' sum in pick order, as the CPU.
   pick_e = 0;
   pick_w = 0.0f;
-  if (warp == 0) {
+  if (!kWeights && warp == 0) pick_e = lane < k ? pick[lane] : 0;
+  if (kWeights && warp == 0) {
     double sum = wsum[0];
 #pragma unroll
     for (int w = 1; w < W; ++w) sum += wsum[w];
