@@ -535,6 +535,22 @@ cudaError_t moe_gate_up_routed_launch(DType t, const MoeMatvecLaunch& m, const M
       r.weights == nullptr || r.coef == nullptr || r.sel_down[0] == nullptr || r.sel_down[1] != nullptr) {
     return cudaErrorInvalidValue;
   }
+  const void* fn = nullptr;
+  switch (t) {
+#define X(name) \
+  case DType::name: fn = reinterpret_cast<const void*>(moe_gate_up_routed<DType::name>); break;
+    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
+#undef X
+    default: return cudaErrorInvalidValue;
+  }
+  if (kernel_filtered(fn)) {
+    // A diagnostic run without these products (set_kernel_filter): as for a filtered router, every pair
+    // becomes "no expert" for the down products and its coefficient 0, so nothing addresses weights at a
+    // stale selector.
+    const size_t pairs = static_cast<size_t>(m.n_slots / 2);
+    if (const cudaError_t e = cudaMemsetAsync(r.coef, 0, pairs * 4, stream); e != cudaSuccess) return e;
+    return cudaMemsetAsync(r.sel_down[0], 0xFF, pairs * 4, stream);
+  }
   switch (t) {
 #define X(name) \
   case DType::name: return launch_gate_up_routed<DType::name>(m, r, stream);
