@@ -523,6 +523,34 @@ TEST_F(CudaMoeGroupedTest, SwigluBf16ForThePlansPlaces) {
   }
 }
 
+// Host arithmetic only (runs without a device): the tile size follows the pairs an expert averages, and
+// the grid bound covers the tiles of any routing (each expert's run cut into tiles of tile_m).
+TEST(CudaMoeGrouped, TileSizeAndTileBound) {
+  EXPECT_EQ(cuda::moe_group_tile_m(512 * 8, 256), cuda::kMoeGroupM);        // 16 pairs an expert
+  EXPECT_EQ(cuda::moe_group_tile_m(1024 * 8, 256), cuda::kMoeGroupMLarge);  // 32
+  EXPECT_EQ(cuda::moe_group_tile_m(4096 * 8, 256), cuda::kMoeGroupMMax);    // 128
+  EXPECT_EQ(cuda::moe_group_tile_m(27 * 16, 16), cuda::kMoeGroupM);
+  EXPECT_EQ(cuda::moe_group_tile_m(28 * 16, 16), cuda::kMoeGroupMLarge);
+  EXPECT_EQ(cuda::moe_group_tile_m(112 * 16, 16), cuda::kMoeGroupMMax);
+  for (int m : {cuda::kMoeGroupM, cuda::kMoeGroupMLarge, cuda::kMoeGroupMMax}) {
+    EXPECT_TRUE(cuda::moe_group_tile_m_valid(m));
+    EXPECT_FALSE(cuda::moe_group_tile_m_valid(m + 1));
+  }
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n_expert = 1 + static_cast<int>(rng() % 300), n_slots = static_cast<int>(rng() % 5000);
+    const int hot = 1 + static_cast<int>(rng() % n_expert);  // routings from spread to all on a few experts
+    std::vector<int64_t> count(static_cast<size_t>(n_expert), 0);
+    for (int s = 0; s < n_slots; ++s) ++count[rng() % hot];
+    for (int m : {cuda::kMoeGroupM, cuda::kMoeGroupMLarge, cuda::kMoeGroupMMax}) {
+      int64_t tiles = 0;
+      for (const int64_t c : count) tiles += (c + m - 1) / m;
+      EXPECT_LE(tiles, cuda::moe_group_max_tiles(n_slots, n_expert, m))
+          << n_slots << " slots over " << hot << " of " << n_expert << " experts, tiles of " << m;
+    }
+  }
+}
+
 TEST(CudaMoeGrouped, FloatExpertsAndBadArgumentsAreRefused) {
   const int64_t E = 64, F = 32, X = 16, k = 2, n_tokens = 4;
   OpContext ctx;
