@@ -244,8 +244,9 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
   const bool route_in_products = g_route_in_products.load(std::memory_order_relaxed) && p.n_gu == 1 &&
                                  down_combined &&
                                  moe_gate_up_routed_fits(p.gu[0].dtype, static_cast<int>(X), static_cast<int>(k));
+  const int n_sel_gu = route_in_products ? 0 : p.n_gu;  // the routing products find their own selectors
   const int64_t total =
-      logits_b + shl_b + xq_b + coef_b + p.n_gu * selgu_b + p.n_down * seld_b + gu_b + hq_b + d_b + x_b;
+      logits_b + shl_b + xq_b + coef_b + n_sel_gu * selgu_b + p.n_down * seld_b + gu_b + hq_b + d_b + x_b;
   DS_ASSIGN_OR_RETURN(CudaBuffer scratch, CudaBuffer::allocate(dev, total));
   auto* next = static_cast<uint8_t*>(scratch.data());
   const auto take = [&](int64_t bytes) {
@@ -283,7 +284,7 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
   r.ids = ids.as<int32_t>();
   r.weights = weights.as<float>();
   r.coef = reinterpret_cast<float*>(take(coef_b));
-  for (int g = 0; g < p.n_gu; ++g) r.sel_gu[g] = reinterpret_cast<int32_t*>(take(selgu_b));
+  for (int g = 0; g < n_sel_gu; ++g) r.sel_gu[g] = reinterpret_cast<int32_t*>(take(selgu_b));
   for (int g = 0; g < p.n_down; ++g) r.sel_down[g] = reinterpret_cast<int32_t*>(take(seld_b));
   r.gate = p.gate;
   r.up = p.up;

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/moe_launch.h"
@@ -192,38 +193,54 @@ __device__ void write_residual(const MoeRouteFusedLaunch& a) {
   }
 }
 
+// The selector of expert e's rows of projection w: the launch's weight base + selector * kMoeSelUnit.
+__device__ __forceinline__ int32_t sel_of(const MoeWeightSel& w, int32_t e) {
+  return static_cast<int32_t>(w.base_units + static_cast<int64_t>(e) * w.expert_units);
+}
+
 __device__ __forceinline__ void write_sel(int32_t* const* sel, int64_t slot, const MoeWeightSel& w, int32_t e) {
-  const int32_t v = static_cast<int32_t>(w.base_units + static_cast<int64_t>(e) * w.expert_units);
+  const int32_t v = sel_of(w, e);
   sel[0][slot] = w.group == 0 ? v : -1;
   if (sel[1] != nullptr) sel[1][slot] = w.group == 1 ? v : -1;
+}
+
+// What the block's later kernels read of routed pair j < k of token t (expert e, weight w): ids, weights,
+// coef and the down selectors; kGateUp: the gate/up selectors too (where the router kernel routes).
+template <bool kGateUp>
+__device__ void write_pick(const MoeRouteFusedLaunch& a, int t, int j, int32_t e, float w) {
+  const int64_t s = static_cast<int64_t>(t) * a.k + j, pair = static_cast<int64_t>(t) * (a.k + 1) + j;
+  a.ids[s] = e;
+  a.weights[s] = w;
+  a.coef[pair] = w;
+  if constexpr (kGateUp) {
+    write_sel(a.sel_gu, 2 * pair, a.gate, e);
+    write_sel(a.sel_gu, 2 * pair + 1, a.up, e);
+  }
+  write_sel(a.sel_down, pair, a.down, e);
+}
+
+// The same of token t's shared pair, from its gate logit g.
+template <bool kGateUp>
+__device__ void write_shared_pair(const MoeRouteFusedLaunch& a, int t, float g) {
+  const int64_t pair = static_cast<int64_t>(t) * (a.k + 1) + a.k;
+  a.coef[pair] = kern::sigmoidf(g);  // as mul_sigmoid on CUDA
+  if constexpr (kGateUp) {
+    write_sel(a.sel_gu, 2 * pair, a.shexp_gate_w, 0);
+    write_sel(a.sel_gu, 2 * pair + 1, a.shexp_up_w, 0);
+  }
+  write_sel(a.sel_down, pair, a.shexp_down_w, 0);
 }
 
 // Routing of token t by the CTA (kern::route_block), then the ids, weights, selectors and combine
 // coefficients of its pairs, stored by the threads route_block leaves the picks in (no read back of what
 // was just written: one memory round trip less on the critical path).
 __device__ void route_token(const MoeRouteFusedLaunch& a, int t, void* smem) {
-  const int k = a.k, P = k + 1;
   const float g = threadIdx.x == 0 ? __ldcg(a.shexp_logit + t) : 0.0f;  // in flight with the logits
   int pick_e;
   float pick_w;
-  kern::route_block(a.logits + static_cast<int64_t>(t) * a.n_expert, a.n_expert, k, a.floor, smem, pick_e, pick_w);
-  if (static_cast<int>(threadIdx.x) < k) {
-    const int j = static_cast<int>(threadIdx.x);
-    const int64_t s = static_cast<int64_t>(t) * k + j, pair = static_cast<int64_t>(t) * P + j;
-    a.ids[s] = pick_e;
-    a.weights[s] = pick_w;
-    a.coef[pair] = pick_w;
-    write_sel(a.sel_gu, 2 * pair, a.gate, pick_e);
-    write_sel(a.sel_gu, 2 * pair + 1, a.up, pick_e);
-    write_sel(a.sel_down, pair, a.down, pick_e);
-  }
-  if (threadIdx.x == 0) {
-    const int64_t pair = static_cast<int64_t>(t) * P + k;
-    a.coef[pair] = 1.0f / (1.0f + __expf(-g));  // as mul_sigmoid on CUDA
-    write_sel(a.sel_gu, 2 * pair, a.shexp_gate_w, 0);
-    write_sel(a.sel_gu, 2 * pair + 1, a.shexp_up_w, 0);
-    write_sel(a.sel_down, pair, a.shexp_down_w, 0);
-  }
+  kern::route_block(a.logits + static_cast<int64_t>(t) * a.n_expert, a.n_expert, a.k, a.floor, smem, pick_e, pick_w);
+  if (static_cast<int>(threadIdx.x) < a.k) write_pick<true>(a, t, static_cast<int>(threadIdx.x), pick_e, pick_w);
+  if (threadIdx.x == 0) write_shared_pair<true>(a, t, g);
 }
 
 // The dynamic shared memory: the last CTA's routing (kern::route_block_smem_bytes), then with the input
@@ -360,8 +377,8 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
 // slot 2 pair (+ 1) is the gate (up) of pair j of token t. A routed pair's CTA ranks the token's logits
 // with route_block's CTA (its shared memory in the product's ring, free until the first copy) and takes
 // pick j; the shared expert's needs no routing. The first CTA of a pair's gate slot writes what the
-// router kernel's last CTA wrote for the pair (ids, weights, coef, sel_down; route_token's arithmetic,
-// one group), the only CTA of the pair that computes the weights. Then the slot's product exactly as the
+// router kernel's last CTA writes for the pair but the gate/up selectors (write_pick, write_shared_pair),
+// the only CTA of the pair that computes the weights. Then the slot's product exactly as the
 // gathered matvec_q8<T, 1> runs it (matvec_q8_cta with the expert id given).
 template <DType T>
 __global__ void __launch_bounds__(kern::kQ8Threads) moe_gate_up_routed(kern::MatvecQ8Args a, MoeRouteFusedLaunch r) {
@@ -375,11 +392,8 @@ __global__ void __launch_bounds__(kern::kQ8Threads) moe_gate_up_routed(kern::Mat
   const bool writer = blockIdx.x == 0 && !is_up;
   int32_t sel;
   if (j == r.k) {
-    sel = static_cast<int32_t>((is_up ? r.shexp_up_w : r.shexp_gate_w).base_units);
-    if (writer && threadIdx.x == 0) {
-      r.coef[pair] = 1.0f / (1.0f + __expf(-__ldcg(r.shexp_logit + t)));  // as mul_sigmoid on CUDA
-      r.sel_down[0][pair] = static_cast<int32_t>(r.shexp_down_w.base_units);
-    }
+    sel = sel_of(is_up ? r.shexp_up_w : r.shexp_gate_w, 0);
+    if (writer && threadIdx.x == 0) write_shared_pair<false>(r, t, __ldcg(r.shexp_logit + t));
   } else {
     int pick_e;
     float pick_w;
@@ -390,15 +404,8 @@ __global__ void __launch_bounds__(kern::kQ8Threads) moe_gate_up_routed(kern::Mat
       kern::route_block<false>(lg, r.n_expert, r.k, r.floor, &ring, pick_e, pick_w);
     }
     if (static_cast<int>(threadIdx.x) == j) {
-      const MoeWeightSel& w = is_up ? r.up : r.gate;
-      sel_s = static_cast<int32_t>(w.base_units + static_cast<int64_t>(pick_e) * w.expert_units);
-      if (writer) {
-        const int64_t s = static_cast<int64_t>(t) * r.k + j;
-        r.ids[s] = pick_e;
-        r.weights[s] = pick_w;
-        r.coef[pair] = pick_w;
-        r.sel_down[0][pair] = static_cast<int32_t>(r.down.base_units + static_cast<int64_t>(pick_e) * r.down.expert_units);
-      }
+      sel_s = sel_of(is_up ? r.up : r.gate, pick_e);
+      if (writer) write_pick<false>(r, t, j, pick_e, pick_w);
     }
     __syncthreads();
     sel = sel_s;
@@ -406,8 +413,16 @@ __global__ void __launch_bounds__(kern::kQ8Threads) moe_gate_up_routed(kern::Mat
   kern::matvec_q8_cta<T, 1, kern::kQ8Rows, kStages, kern::kQ8Warps, true>(a, blockIdx.x, &ring[0][0][0][0], sel);
 }
 
+// Under a diagnostic kernel filter (set_kernel_filter) that drops these products, every pair becomes "no
+// expert" for the down products and its coefficient 0, as for a filtered router, so nothing addresses
+// weights at a stale selector.
 template <DType T>
 cudaError_t launch_gate_up_routed(const MoeMatvecLaunch& m, const MoeRouteFusedLaunch& r, cudaStream_t stream) {
+  if (kernel_filtered(reinterpret_cast<const void*>(moe_gate_up_routed<T>))) {
+    const size_t pairs = static_cast<size_t>(m.n_slots / 2);
+    if (const cudaError_t e = cudaMemsetAsync(r.coef, 0, pairs * 4, stream); e != cudaSuccess) return e;
+    return cudaMemsetAsync(r.sel_down[0], 0xFF, pairs * 4, stream);
+  }
   const dim3 grid(static_cast<unsigned>((m.n_rows + kern::kQ8Warps * kern::kQ8Rows - 1) /
                                         (kern::kQ8Warps * kern::kQ8Rows)),
                   static_cast<unsigned>(m.n_slots));
@@ -492,7 +507,7 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
   const size_t smem = route_fused_smem(a.n_expert, a.n_embd, a.n_tokens, norm);
   const void* fn = norm ? reinterpret_cast<const void*>(moe_route_fused<true>)
                         : reinterpret_cast<const void*>(moe_route_fused<false>);
-  if (!a.route) {  // no diagnostic filtering here: the routing runs in the products
+  if (!a.route) {  // logits only: a filter dropping this kernel leaves the products routing stale logits
     return norm ? launch_kernel(moe_route_fused<true, false>, grid, kRouteThreads, smem, stream, a, vec4)
                 : launch_kernel(moe_route_fused<false, false>, grid, kRouteThreads, smem, stream, a, vec4);
   }
@@ -534,22 +549,6 @@ cudaError_t moe_gate_up_routed_launch(DType t, const MoeMatvecLaunch& m, const M
       !moe_matvec_q8_fits(t, m) || r.logits == nullptr || r.shexp_logit == nullptr || r.ids == nullptr ||
       r.weights == nullptr || r.coef == nullptr || r.sel_down[0] == nullptr || r.sel_down[1] != nullptr) {
     return cudaErrorInvalidValue;
-  }
-  const void* fn = nullptr;
-  switch (t) {
-#define X(name) \
-  case DType::name: fn = reinterpret_cast<const void*>(moe_gate_up_routed<DType::name>); break;
-    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
-#undef X
-    default: return cudaErrorInvalidValue;
-  }
-  if (kernel_filtered(fn)) {
-    // A diagnostic run without these products (set_kernel_filter): as for a filtered router, every pair
-    // becomes "no expert" for the down products and its coefficient 0, so nothing addresses weights at a
-    // stale selector.
-    const size_t pairs = static_cast<size_t>(m.n_slots / 2);
-    if (const cudaError_t e = cudaMemsetAsync(r.coef, 0, pairs * 4, stream); e != cudaSuccess) return e;
-    return cudaMemsetAsync(r.sel_down[0], 0xFF, pairs * 4, stream);
   }
   switch (t) {
 #define X(name) \
