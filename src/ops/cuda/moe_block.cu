@@ -322,54 +322,65 @@ constexpr int down_combine_ring_bytes(int pairs) {
 
 // Rows [r0, r0 + kQ8Rows) of token blockIdx.y: warp j takes pair j's one-step product exactly as
 // matvec_q8 takes a row group of k <= 1024 (one chunk, its copy and the dot), the sums go through shared
-// memory, and the combine's arithmetic (moe_block_combine, same order) gives y.
+// memory, and the combine's arithmetic (moe_block_combine, same order) gives y. Everything but h is read
+// before the dependency wait: the selectors and coefficients (so the weight copies are in flight while
+// the SwiGLU launch before this one runs) and the residual's two rows, all written two or more kernels
+// back (launch.cuh: when a kernel starts, every kernel before the previous one has completed); only h
+// is read after it.
 template <DType T>
 __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(MoeDownCombineLaunch a) {
   constexpr int kRows = kern::kQ8Rows;
   using S = kern::Q8Smem<T, kRows>;
   extern __shared__ __align__(16) uint8_t ring_raw[];
   __shared__ float part[kDownCombineMaxPairs][kRows];
+  __shared__ float coef_s[kDownCombineMaxPairs];
   auto* ring = reinterpret_cast<uint8_t(*)[kRows][S::kRowBytes]>(ring_raw);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, P = a.k + 1, t = blockIdx.y;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  kern::dependency_wait();  // selectors, coefficients and h are earlier kernels' outputs
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, P = a.k + 1, t = blockIdx.y, r = threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows, pair = static_cast<int64_t>(t) * P + warp;
+  const bool out_thread = r < kRows && r0 + r < a.n_embd;
+  const int64_t i = static_cast<int64_t>(t) * a.n_embd + r0 + r;  // out_thread's element
+  float res_v = 0.0f, delta_v = 0.0f;
+  if (out_thread && a.res != nullptr) {
+    res_v = __ldcg(a.res + i);
+    delta_v = __ldcg(a.delta + i);
+  }
+  if (r < P) coef_s[r] = __ldcg(a.coef + static_cast<int64_t>(t) * P + r);
+  const int32_t sel = __ldcg(a.sel + pair);
+  kern::MatvecQ8Args m{};
+  m.w_stride = a.w_stride;
+  m.k = a.n_ff;
+  m.n_rows = a.n_embd;
+  m.n_tokens = 1;
+  const uintptr_t w_base = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(sel) * kMoeSelUnit;
+  if (sel >= 0) {
+    kern::q8_issue_chunk<T, kRows>(ring[warp], w_base, kern::q8_weights_end<T>(w_base, m), m, r0, 0, lane);
+    kern::cp_async_commit();
+  }
+  kern::dependency_wait();  // h is the previous kernel's output
   kern::allow_dependents();
-  const int64_t pair = static_cast<int64_t>(t) * P + warp;
-  const int32_t sel = a.sel[pair];
   float acc[kRows][1];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r][0] = 0.0f;
+  for (int q = 0; q < kRows; ++q) acc[q][0] = 0.0f;
   if (sel >= 0) {
-    kern::MatvecQ8Args m{};
-    m.w_stride = a.w_stride;
-    m.k = a.n_ff;
-    m.n_rows = a.n_embd;
-    m.n_tokens = 1;
-    const uintptr_t w_base = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(sel) * kMoeSelUnit;
     const auto* hq = static_cast<const uint8_t*>(a.hq);
     const int8_t* xq = reinterpret_cast<const int8_t*>(hq) + pair * a.n_ff;
     const float2* xds = reinterpret_cast<const float2*>(hq + kern::q8_ds_offset(a.n_ff, static_cast<int64_t>(a.n_tokens) * P)) +
                         pair * (a.n_ff / kern::kQ8Block);
-    kern::q8_issue_chunk<T, kRows>(ring[warp], w_base, kern::q8_weights_end<T>(w_base, m), m, r0, 0, lane);
-    kern::cp_async_commit();
     kern::cp_async_wait<0>();
     __syncwarp();
     kern::q8_chunk_dot<T, 1, kRows>(ring[warp], w_base, m, xq, xds, r0, 0, lane, acc);
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float s = kern::warp_sum(acc[r][0]);
-    if (lane == 0) part[warp][r] = s;
+  for (int q = 0; q < kRows; ++q) {
+    const float s = kern::warp_sum(acc[q][0]);
+    if (lane == 0) part[warp][q] = s;
   }
-  __syncthreads();
-  const int r = threadIdx.x;
-  if (r < kRows && r0 + r < a.n_embd) {
-    const float* ct = a.coef + static_cast<int64_t>(t) * P;
+  __syncthreads();  // part and coef_s
+  if (out_thread) {
     float y = 0.0f;
-    for (int j = 0; j < a.k; ++j) y += ct[j] * part[j][r];
-    const int64_t i = static_cast<int64_t>(t) * a.n_embd + r0 + r;
-    if (a.res != nullptr) a.res[i] += a.delta[i];  // before y: y may be delta (this thread's element only)
-    a.y[i] = y + ct[a.k] * part[a.k][r];
+    for (int j = 0; j < a.k; ++j) y += coef_s[j] * part[j][r];
+    if (a.res != nullptr) a.res[i] = res_v + delta_v;  // y may be delta: its value was read before
+    a.y[i] = y + coef_s[a.k] * part[a.k][r];
   }
 }
 

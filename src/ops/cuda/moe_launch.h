@@ -144,6 +144,10 @@ struct MoeDownCombineLaunch {
   float* res = nullptr;
   const float* delta = nullptr;
 };
+// The kernel reads sel, coef, res and delta before its dependency wait (and issues the weight copies
+// then), h after it: those four must be outputs of kernels two or more launches back on the stream
+// (moe_block_decode launches the SwiGLU quantization between the gate/up products and this), or of no
+// kernel in flight.
 // Whether the fused launch takes the shape: an int8-activation type, a row of one 1024-element step
 // (n_ff <= 1024, whole blocks), k + 1 <= 16 pairs, rings within the 48 KB of shared memory.
 bool moe_down_combine_fits(DType t, int64_t n_ff, int k);
