@@ -5,35 +5,27 @@
 // L1 / shared split at a time, so a CTA that needs more shared memory than the running split holds can
 // only start once the SM has drained, and under programmatic dependent launch its early residency is lost.
 // The bench captures 40 pairs (product-like kernel, big kernel) in a graph with PDL, both reading fresh
-// DRAM, and times a pair for a range of the big kernel's dynamic shared memory, with and without the
-// products asking for the largest carveout; "P only" / "B only" are 80 launches of one kind.
-// Finding (H100, docs/perf-gpu.md): the split costs nothing measurable. A pair takes 9.4 us with the big
+// DRAM, and times a pair (median replay) for a range of the big kernel's dynamic shared memory, with and
+// without the products asking for the largest carveout; "P only" / "B only" are 80 launches of one kind.
+// Finding (H100, docs/perf-gpu.md; the best of 20 replays then): the split costs nothing measurable. A pair takes 9.4 us with the big
 // kernel at 16 KB and 9.5 us at 143 KB (9.7 at 200 KB), the same with the products at the largest
 // carveout; a product-like launch streaming 8.7 MB takes 3.1 us, 2.8 of them bytes.
-// Build: nvcc -std=c++17 -O3 -arch=sm_90 kernels/carveout_bench.cu -o build-gpu/carveout_bench
-//   (scripts/gpu-check builds it with the others; it uses nothing of the library)
+// Build (after the CMake build in build-gpu; scripts/gpu-check builds it so):
+//   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
+//     kernels/carveout_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
+//     -o build-gpu/carveout_bench
 // Run:   build-gpu/carveout_bench
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <vector>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "ops/cuda/launch.cuh"
+#include "workbench.cuh"
 
 namespace {
 
-__device__ __forceinline__ void pdl_sync() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+using ds::cuda::launch_kernel;
+using ds::cuda::kern::dependency_sync;
 
 constexpr int kThreads = 128;
 constexpr int kProdSmem = 27 * 1024;  // a one-token Q4_K product's rings (3 stages, 4 warps of 4 rows)
@@ -53,28 +45,14 @@ __device__ __forceinline__ void stream(const float4* src, int n4, float4* buf, i
 
 __global__ void __launch_bounds__(kThreads) prod_kernel(const float4* src, int n4, float* out) {
   __shared__ float4 buf[kProdSmem / 16];
-  pdl_sync();
+  dependency_sync();
   stream(src + static_cast<size_t>(blockIdx.x) * n4, n4, buf, kProdSmem / 16, out);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) big_kernel(const float4* src, int n4, int smem4, float* out) {
   extern __shared__ float4 dyn[];
-  pdl_sync();
+  dependency_sync();
   stream(src + static_cast<size_t>(blockIdx.x) * n4, n4, dyn, smem4, out);
-}
-
-void launch(const void* fn, dim3 grid, size_t smem, cudaStream_t s, void** args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  CK(cudaLaunchKernelExC(&cfg, fn, args));
 }
 
 }  // namespace
@@ -95,47 +73,23 @@ int main() {
                           220 * 1024));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
 
-  // kinds: 0 = pairs (P, B), 1 = P only, 2 = B only
+  // kinds: 0 = pairs (P, B), 1 = P only, 2 = B only; the median replay, in us per pair of launches.
   auto time_graph = [&](int kind, int big_smem) {
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < kPairs; ++i) {
-      const float4* base = src + per_pair * i;
-      const float4* pb = base + static_cast<size_t>(prod_ctas) * prod_n4;
-      int n4p = prod_n4, n4b = big_n4, s4 = big_smem / 16;
-      void* pa[] = {&base, &n4p, &out};
-      void* ba[] = {&pb, &n4b, &s4, &out};
-      for (int h = 0; h < 2; ++h) {
-        const bool prod = kind == 1 || (kind == 0 && h == 0);
-        if (prod) {
-          launch(reinterpret_cast<const void*>(prod_kernel), dim3(prod_ctas), 0, s, pa);
-        } else {
-          launch(reinterpret_cast<const void*>(big_kernel), dim3(big_ctas), big_smem, s, ba);
+    const float ms = graph_median_ms(s, [&] {
+      for (int i = 0; i < kPairs; ++i) {
+        const float4* base = src + per_pair * i;
+        const float4* pb = base + static_cast<size_t>(prod_ctas) * prod_n4;
+        for (int h = 0; h < 2; ++h) {
+          if (kind == 1 || (kind == 0 && h == 0)) {
+            CK(launch_kernel(prod_kernel, dim3(prod_ctas), dim3(kThreads), 0, s, base, prod_n4, out));
+          } else {
+            CK(launch_kernel(big_kernel, dim3(big_ctas), dim3(kThreads), big_smem, s, pb, big_n4, big_smem / 16, out));
+          }
         }
       }
-    }
-    cudaGraph_t g;
-    CK(cudaStreamEndCapture(s, &g));
-    cudaGraphExec_t ge;
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    float best = 1e30f;
-    for (int r = 0; r < kReps; ++r) {
-      CK(cudaEventRecord(e0, s));
-      CK(cudaGraphLaunch(ge, s));
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0.0f;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      best = ms < best ? ms : best;
-    }
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    return best * 1000.0f / kPairs;  // us per pair of launches
+    }, kReps);
+    return ms * 1000.0f / kPairs;
   };
 
   const int smems[] = {16 * 1024, 48 * 1024, 80 * 1024, 100 * 1024, 120 * 1024, 143 * 1024, 200 * 1024};
