@@ -7,9 +7,10 @@
 // The bench captures 40 pairs (product-like kernel, big kernel) in a graph with PDL, both reading fresh
 // DRAM, and times a pair (median replay) for a range of the big kernel's dynamic shared memory, with and
 // without the products asking for the largest carveout; "P only" / "B only" are 80 launches of one kind.
-// Finding (H100, docs/perf-gpu.md; the best of 20 replays then): the split costs nothing measurable. A pair takes 9.4 us with the big
-// kernel at 16 KB and 9.5 us at 143 KB (9.7 at 200 KB), the same with the products at the largest
-// carveout; a product-like launch streaming 8.7 MB takes 3.1 us, 2.8 of them bytes.
+// Finding (H100, docs/perf-gpu.md): the split costs little. Median of 20 replays: a pair takes 9.48 us
+// with the big kernel at 16 KB, 9.99 at 143 KB and 9.82 at 200 KB (9.44 / 9.58 / 9.77 with the products
+// at the largest carveout); the best of 20 had shown 9.4 / 9.5 / 9.7. A product-like launch streaming
+// 8.7 MB takes 3.1 us, 2.8 of them bytes.
 // Build (after the CMake build in build-gpu; scripts/gpu-check builds it so):
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
 //     kernels/carveout_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
