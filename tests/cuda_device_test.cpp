@@ -2,6 +2,7 @@
 // Status), owning buffers, streams and events, copies. Skipped without a CUDA build or device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/pdl.h"
+#include "ops/device_buffer.h"
 #endif
 
 namespace ds {
@@ -136,6 +138,29 @@ TEST_F(CudaDeviceTest, PinnedRoundTripThroughDeviceWithEvents) {
   auto ms = cuda::Event::elapsed_ms(*e0, *e1);
   ASSERT_TRUE(ms.is_ok()) << ms.status().to_string();
   EXPECT_GE(*ms, 0.0f);
+}
+
+// A HostBuffer for a CUDA device is page-locked: an asynchronous copy from the device lands in it
+// (the decode step copies its logits straight into the sequence's buffer so).
+TEST_F(CudaDeviceTest, HostBufferForCudaIsPageLocked) {
+  const int64_t n = 1 << 20;
+  auto host = HostBuffer::alloc(Device{DeviceKind::kCuda, 0}, n, /*zero=*/true);
+  ASSERT_TRUE(host.is_ok()) << host.status().to_string();
+  EXPECT_TRUE(host->pinned());
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, host->data()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+  const auto* z = static_cast<const uint8_t*>(host->data());
+  EXPECT_TRUE(std::all_of(z, z + n, [](uint8_t v) { return v == 0; }));
+  std::vector<uint8_t> src(n);
+  for (int64_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>(i * 13 + 1);
+  auto stream = cuda::Stream::create(0);
+  auto dev = cuda::CudaBuffer::allocate(0, n);
+  ASSERT_TRUE(stream.is_ok() && dev.is_ok());
+  ASSERT_EQ(cudaMemcpy(dev->data(), src.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_TRUE(cuda::copy_to_host(host->data(), dev->data(), n, *stream).is_ok());
+  ASSERT_TRUE(stream->synchronize().is_ok());
+  EXPECT_EQ(std::memcmp(host->data(), src.data(), n), 0);
 }
 
 #else  // !DS_HAVE_CUDA

@@ -625,11 +625,14 @@ TEST_P(CudaModelArch, LayerRangeStreamsForkAndResetOnDevice) {
   auto merged = std::move(gpu->new_state()).value();
   ASSERT_TRUE(gpu->load_state_into(*gpu->save_state(*st, 41, LayerRange{0, L / 2}), *merged).is_ok());
   ASSERT_TRUE(gpu->load_state_into(*gpu->save_state(*st, 41, LayerRange{L / 2, L}), *merged).is_ok());
-  merged->logits() = st->logits();
+  std::copy(st->logits().begin(), st->logits().end(), merged->logits().begin());
   merged->set_logits_valid(true);
   EXPECT_EQ(*gpu->save_state(*merged, 41), whole);
-  // A fork continues exactly like its parent.
+  // A fork continues exactly like its parent. Both own page-locked logits, which each decode step's
+  // copy fills directly (one graph, re-keyed to each sequence's buffer).
   auto fork = std::move(st->fork()).value();
+  EXPECT_TRUE(st->logits_pinned() && fork->logits_pinned());
+  EXPECT_NE(st->logits().data(), fork->logits().data());
   ASSERT_TRUE(gpu->decode(*st, 3).is_ok());
   ASSERT_TRUE(gpu->decode(*fork, 3).is_ok());
   EXPECT_TRUE(bitwise_equal(gpu->logits(*st), gpu->logits(*fork)));

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "model_test_util.h"
+#include "ops/device_buffer.h"
 #include "state/state_io.h"
 
 namespace ds {
@@ -233,6 +235,29 @@ TEST(DeviceCopy, CpuCopyAndZero) {
   EXPECT_TRUE(device_copy(b.data(), Device{}, a.data(), Device{}, 0).is_ok());
   EXPECT_EQ(device_copy(b.data(), Device{}, a.data(), Device{}, -1).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(device_zero(b.data(), Device{}, -1).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(HostBuffer, CpuBufferIsPlainZeroedAndAligned) {
+  auto b = HostBuffer::alloc(Device{}, 1000, /*zero=*/true);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  EXPECT_FALSE(b->pinned());  // only a CUDA device's copies need locked pages
+  EXPECT_EQ(b->bytes(), 1000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 64, 0u);
+  const auto* p = static_cast<const uint8_t*>(b->data());
+  EXPECT_TRUE(std::all_of(p, p + 1000, [](uint8_t v) { return v == 0; }));
+  HostBuffer moved = std::move(*b);
+  EXPECT_EQ(moved.data(), p);
+  EXPECT_EQ(b->data(), nullptr);
+  EXPECT_EQ(b->bytes(), 0);
+  EXPECT_EQ(HostBuffer::alloc(Device{}, -1).status().code(), StatusCode::kInvalidArgument);
+  auto empty = HostBuffer::alloc(Device{}, 0);
+  ASSERT_TRUE(empty.is_ok());
+  EXPECT_EQ(empty->data(), nullptr);
+  // A CPU sequence's logits: n_vocab zeros, not locked.
+  auto m = test::load_tiny(false, opts());
+  auto st = std::move(m->new_state()).value();
+  EXPECT_FALSE(st->logits_pinned());
+  EXPECT_EQ(static_cast<int64_t>(st->logits().size()), m->n_vocab());
 }
 
 TEST(KvPool, BoundedPoolReportsExhaustion) {

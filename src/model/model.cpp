@@ -404,8 +404,8 @@ Status Model::head(const TensorView& hidden_row, float* logits) {
     return invalid_argument("head: hidden row {} on {} must be [{}] f32 on {}", hidden_row.shape_string(),
                             hidden_row.device.to_string(), config_.n_embd, options_.device.to_string());
   }
-  DS_TRY(head_queue(hidden_row, logits));
-  if (cuda_) return cuda_finish_logits(logits);
+  DS_TRY(head_queue(hidden_row, cuda_ ? nullptr : logits));  // on CUDA `logits` may be pageable
+  if (cuda_) return cuda_finish_logits(logits, nullptr);
   return Status::ok();
 }
 
@@ -414,7 +414,7 @@ Status Model::head_queue(const TensorView& hidden_row, float* logits) {
   const TensorView norm = head_norm_.view(DType::F32, {config_.n_embd, 1});
   DS_TRY(rms_norm(ctx_, row, weights_.output_norm, config_.rms_eps, norm));
   dump("result_norm", norm);
-  if (cuda_) return cuda_head_output(norm);
+  if (cuda_) return cuda_head_output(norm, logits);
   const TensorView out = TensorView::contiguous(logits, DType::F32, {config_.n_vocab, 1}, options_.device);
   DS_TRY(matmul(ctx_, weights_.output, norm, out));
   dump("result_output", out);

@@ -161,8 +161,9 @@ class Model {
   // device step buffer.
   Status forward_layers(LayerRange range, SequenceState& state, const TensorView& hidden_in,
                         const TensorView& hidden_out);
-  // head() on the model's device; the logits land in `logits` (CPU) or the pinned logits buffer
-  // (CUDA, asynchronous).
+  // head() on the model's device; the logits land in `logits` (CPU), or on CUDA (asynchronously) in
+  // `logits` where it is page-locked host memory (a sequence's own, SequenceState::logits_pinned),
+  // else (null) in the model's pinned logits buffer.
   Status head_queue(const TensorView& hidden_row, float* logits);
   // Reports an intermediate to the debug hook (host copy of device tensors).
   void dump(std::string_view name, const TensorView& t) const;
@@ -174,8 +175,12 @@ class Model {
   // min(prefill_chunk, n_ctx) ids).
   Status cuda_stage(int64_t pos0, std::span<const int32_t> tokens);
   Status cuda_embed_staged(int64_t n_tokens, const TensorView& hidden);  // rows of the staged ids
-  Status cuda_head_output(const TensorView& norm);  // logits = output * norm, queued copy to pinned
-  Status cuda_finish_logits(float* logits);         // waits for the stream, copies the logits out
+  // logits = output * norm, its copy queued to `pinned` (page-locked host memory) or, null, to the
+  // model's pinned logits buffer.
+  Status cuda_head_output(const TensorView& norm, float* pinned);
+  // Waits for the stream; then the logits, queued to `landed` (cuda_head_output's destination, null:
+  // the model's buffer), go to `logits` unless they are there already.
+  Status cuda_finish_logits(float* logits, const float* landed);
   Status cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits);
   Status cuda_decode_graph(SequenceState& state, int32_t token);
   const int32_t* cuda_step_pos() const;  // device int32: position of the staged segment's first token

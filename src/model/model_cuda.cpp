@@ -109,6 +109,7 @@ struct GraphKey {
   int64_t max_kv = 0;
   uint64_t scratch_generation = 0;
   const void* hidden = nullptr;
+  const float* logits = nullptr;  // where the step's logits copy goes (the sequence's pinned logits)
   bool operator==(const GraphKey&) const = default;
 };
 
@@ -353,19 +354,21 @@ Status Model::cuda_embed_staged(int64_t n_tokens, const TensorView& hidden) {
   return Status::ok();
 }
 
-Status Model::cuda_head_output(const TensorView& norm) {
+Status Model::cuda_head_output(const TensorView& norm, float* pinned) {
   ModelCuda& c = *cuda_;
   const TensorView out = c.logits_dev.view(DType::F32, {config_.n_vocab, 1});
   DS_TRY(matmul(ctx_, weights_.output, norm, out));
   dump("result_output", out);
-  return cuda::copy_to_host(c.logits_host.data(), c.logits_dev.data(), 4 * config_.n_vocab, c.stream);
+  void* to = pinned != nullptr ? static_cast<void*>(pinned) : c.logits_host.data();
+  return cuda::copy_to_host(to, c.logits_dev.data(), 4 * config_.n_vocab, c.stream);
 }
 
-Status Model::cuda_finish_logits(float* logits) {
+Status Model::cuda_finish_logits(float* logits, const float* landed) {
   ModelCuda& c = *cuda_;
   DS_TRY(c.stream.synchronize());
   c.step_pending = false;  // everything queued has run
-  std::memcpy(logits, c.logits_host.data(), static_cast<size_t>(4 * config_.n_vocab));
+  const void* from = landed != nullptr ? static_cast<const void*>(landed) : c.logits_host.data();
+  if (from != logits) std::memcpy(logits, from, static_cast<size_t>(4 * config_.n_vocab));
   return Status::ok();
 }
 
@@ -382,8 +385,9 @@ Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> to
   if (want_logits) {
     const TensorView last = TensorView::contiguous(hidden.as<float>() + (n - 1) * E, DType::F32, {E, 1},
                                                    options_.device);
-    DS_TRY(head_queue(last, nullptr));
-    DS_TRY(cuda_finish_logits(state.logits().data()));
+    float* direct = state.logits_pinned() ? state.logits().data() : nullptr;
+    DS_TRY(head_queue(last, direct));
+    DS_TRY(cuda_finish_logits(state.logits().data(), direct));
   }
   state.set_pos(state.pos() + n);
   state.set_logits_valid(want_logits);
@@ -397,9 +401,17 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
   const auto stream = static_cast<cudaStream_t>(c.stream.handle());
   cuda::DeviceGuard guard(c.device);
   scratch_->reset();  // outside any capture: merging spilled scratch blocks allocates
+  // The logits go straight into the sequence's page-locked logits (no host copy after the step), else
+  // through the model's pinned buffer.
+  float* direct = state.logits_pinned() ? state.logits().data() : nullptr;
   const auto key_now = [&] {
-    return GraphKey{&state,        state.recurrent_data(), state.device_slot_table(),
-                    std::min(n_ctx_, (pos + 1 + 1023) / 1024 * 1024), scratch_->generation, hidden_buf_.data()};
+    return GraphKey{&state,
+                    state.recurrent_data(),
+                    state.device_slot_table(),
+                    std::min(n_ctx_, (pos + 1 + 1023) / 1024 * 1024),
+                    scratch_->generation,
+                    hidden_buf_.data(),
+                    direct};
   };
   const GraphKey key = key_now();
 
@@ -415,7 +427,7 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 8, c.stream));
     DS_TRY(cuda_embed_staged(1, hidden));
     DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
-    return head_queue(hidden, nullptr);
+    return head_queue(hidden, direct);
   };
 
   bool ran = false;
@@ -479,7 +491,7 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     c.warm_key = key_now();  // what the next step must match to be captured
   }
   c.step_pending = true;  // cleared by the synchronization below
-  DS_TRY(cuda_finish_logits(state.logits().data()));
+  DS_TRY(cuda_finish_logits(state.logits().data(), direct));
   state.set_pos(pos + 1);
   state.set_logits_valid(true);
   return Status::ok();
@@ -504,8 +516,8 @@ Status no_cuda(const Device& d) {
 Status Model::cuda_init() { return no_cuda(options_.device); }
 Status Model::cuda_stage(int64_t, std::span<const int32_t>) { return no_cuda(options_.device); }
 Status Model::cuda_embed_staged(int64_t, const TensorView&) { return no_cuda(options_.device); }
-Status Model::cuda_head_output(const TensorView&) { return no_cuda(options_.device); }
-Status Model::cuda_finish_logits(float*) { return no_cuda(options_.device); }
+Status Model::cuda_head_output(const TensorView&, float*) { return no_cuda(options_.device); }
+Status Model::cuda_finish_logits(float*, const float*) { return no_cuda(options_.device); }
 Status Model::cuda_run_segment(SequenceState&, std::span<const int32_t>, bool) { return no_cuda(options_.device); }
 Status Model::cuda_decode_graph(SequenceState&, int32_t) { return no_cuda(options_.device); }
 const int32_t* Model::cuda_step_pos() const { return nullptr; }

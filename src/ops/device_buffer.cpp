@@ -1,4 +1,5 @@
-// DeviceBuffer and the CPU allocator: aligned allocation with live / peak byte counters; the
+// DeviceBuffer and the CPU allocator: aligned allocation with live / peak byte counters; HostBuffer
+// (page-locked where a CUDA device copies into it); the
 // synchronous cross-device copy and fill (cudaMemcpy with unified addressing between two device
 // synchronizations, so they are ordered with every stream).
 #include "ops/device_buffer.h"
@@ -174,6 +175,61 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     device_ = o.device_;
     o.data_ = nullptr;
     o.bytes_ = 0;
+  }
+  return *this;
+}
+
+Result<HostBuffer> HostBuffer::alloc(Device for_device, int64_t bytes, bool zero) {
+  if (bytes < 0) return invalid_argument("host alloc: negative size {}", bytes);
+  HostBuffer b;
+  if (bytes == 0) return b;
+  b.bytes_ = bytes;
+#ifdef DS_HAVE_CUDA
+  if (for_device.kind == DeviceKind::kCuda &&
+      cudaHostAlloc(&b.data_, static_cast<size_t>(bytes), cudaHostAllocDefault) == cudaSuccess) {
+    b.pinned_ = true;
+  } else {
+    (void)cudaGetLastError();  // a refused lock is not sticky: fall back to ordinary memory
+    b.data_ = nullptr;
+  }
+#else
+  (void)for_device;
+#endif
+  if (b.data_ == nullptr) {
+    b.data_ = std::aligned_alloc(kCpuAlign, (static_cast<size_t>(bytes) + kCpuAlign - 1) / kCpuAlign * kCpuAlign);
+    if (b.data_ == nullptr) return out_of_memory("host alloc: {} bytes failed", bytes);
+  }
+  if (zero) std::memset(b.data_, 0, static_cast<size_t>(bytes));
+  return b;
+}
+
+HostBuffer::~HostBuffer() { release(); }
+
+void HostBuffer::release() {
+#ifdef DS_HAVE_CUDA
+  if (data_ && pinned_) (void)cudaFreeHost(data_);
+#endif
+  if (data_ && !pinned_) std::free(data_);
+  data_ = nullptr;
+  bytes_ = 0;
+  pinned_ = false;
+}
+
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), pinned_(o.pinned_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+  o.pinned_ = false;
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    pinned_ = o.pinned_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+    o.pinned_ = false;
   }
   return *this;
 }

@@ -60,4 +60,29 @@ class DeviceBuffer {
   Device device_{};
 };
 
+// HostBuffer: host memory that a device's stream can copy into without staging: page-locked for a
+// CUDA device (so a copy into it is asynchronous and can be captured in a graph), 64-byte aligned
+// ordinary memory for the CPU, or when the system refuses to lock more pages (pinned() tells which).
+// For small per-sequence buffers (a sequence's last logits), not tensors: not counted by allocator_stats.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  static Result<HostBuffer> alloc(Device for_device, int64_t bytes, bool zero = false);
+  ~HostBuffer();
+  HostBuffer(HostBuffer&& other) noexcept;
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  void* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
 }  // namespace ds

@@ -27,7 +27,8 @@ Result<std::unique_ptr<SequenceState>> SequenceState::create(std::shared_ptr<KvP
     DS_ASSIGN_OR_RETURN(st->slot_table_,
                         DeviceBuffer::alloc(st->pool_->device(), entries * int64_t{sizeof(void*)}, /*zero=*/true));
   }
-  st->logits_.assign(static_cast<size_t>(l.n_vocab), 0.0f);
+  DS_ASSIGN_OR_RETURN(st->logits_, HostBuffer::alloc(st->pool_->device(), l.n_vocab * int64_t{4}, /*zero=*/true));
+  st->n_logits_ = static_cast<size_t>(l.n_vocab);
   return st;
 }
 
@@ -123,7 +124,7 @@ Result<std::unique_ptr<SequenceState>> SequenceState::fork() const {
   }
   copy->pos_ = pos_;
   copy->has_recurrent_ = has_recurrent_;
-  copy->logits_ = logits_;
+  if (n_logits_ > 0) std::memcpy(copy->logits_.data(), logits_.data(), 4 * n_logits_);
   copy->logits_valid_ = logits_valid_;
   return copy;
 }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -58,9 +59,12 @@ class SequenceState {
   void* recurrent_data() const { return recurrent_.data(); }
   int64_t recurrent_bytes() const { return recurrent_.bytes(); }
 
-  // Last logits [n_vocab]; valid after a forward that ended at pos().
-  std::vector<float>& logits() { return logits_; }
-  const std::vector<float>& logits() const { return logits_; }
+  // Last logits [n_vocab]; valid after a forward that ended at pos(). Host memory at a fixed address,
+  // page-locked for a CUDA pool's device (logits_pinned()), so the device copies a step's logits
+  // straight into it.
+  std::span<float> logits() { return {static_cast<float*>(logits_.data()), n_logits_}; }
+  std::span<const float> logits() const { return {static_cast<const float*>(logits_.data()), n_logits_}; }
+  bool logits_pinned() const { return logits_.pinned(); }
   bool logits_valid() const { return logits_valid_; }
   void set_logits_valid(bool v) { logits_valid_ = v; }
 
@@ -83,7 +87,8 @@ class SequenceState {
   DeviceBuffer slot_table_;              // device pools: const void* per logical chunk (see above)
   int64_t pos_ = 0;
   bool has_recurrent_ = true;
-  std::vector<float> logits_;
+  HostBuffer logits_;
+  size_t n_logits_ = 0;
   bool logits_valid_ = false;
 };
 
