@@ -481,6 +481,35 @@ TEST_P(CudaModelArch, GraphsOnAndOffAreBitwiseIdentical) {
   EXPECT_EQ(g->cuda_graph_stats().captures, 3);
 }
 
+// Sequences created and destroyed one after another usually get the same addresses (state, recurrent
+// state, logits), so the decode graph of one is replayed for the next: its copy of the logits goes to
+// the next sequence's page-locked buffer at the same address. Each sequence must decode as a fresh
+// model does (a graph whose copy targeted pages unlocked since faulted here).
+TEST_P(CudaModelArch, GraphReplayedForTheNextSequenceAtTheSameAddresses) {
+  DS_REQUIRE_GPU();
+  ModelOptions on, off;
+  off.cuda_graphs = false;
+  auto g = load(tiny(), kGpu, on);
+  auto p = load(tiny(), kGpu, off);
+  ASSERT_TRUE(g && p);
+  for (int rep = 0; rep < 4; ++rep) {
+    auto a = std::move(g->new_state()).value();
+    auto b = std::move(p->new_state()).value();
+    EXPECT_TRUE(a->logits_pinned());
+    const auto prompt = random_tokens(1 + rep % 2, g->n_vocab(), 20 + rep);  // one token: a decode step
+    ASSERT_TRUE(g->prefill(*a, prompt).is_ok()) << "rep " << rep;
+    ASSERT_TRUE(p->prefill(*b, prompt).is_ok());
+    for (int step = 0; step < 3; ++step) {
+      const int32_t t = argmax(p->logits(*b));
+      const Status st = g->decode(*a, t);
+      ASSERT_TRUE(st.is_ok()) << "rep " << rep << " step " << step << ": " << st.to_string();
+      ASSERT_TRUE(p->decode(*b, t).is_ok());
+      ASSERT_TRUE(bitwise_equal(g->logits(*a), p->logits(*b))) << "rep " << rep << " step " << step;
+    }
+  }
+  EXPECT_GE(g->cuda_graph_stats().replays, 4);
+}
+
 TEST_P(CudaModelArch, GraphSurvivesKvChunkGrowthAndMaxKvBuckets) {
   DS_REQUIRE_GPU();
   ModelOptions on, off;

@@ -7,7 +7,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 #include "core/check.h"
 #ifdef DS_HAVE_CUDA
@@ -179,18 +182,43 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
+#ifdef DS_HAVE_CUDA
+namespace {
+// Page-locked blocks that HostBuffers gave back, by size: never unlocked, because a captured CUDA
+// graph may still hold a copy into one (a decode graph keyed on the address is replayed for the next
+// sequence whose buffer lands there), and a copy into pages unlocked and locked again faults.
+struct PinnedCache {
+  std::mutex mu;
+  std::unordered_map<int64_t, std::vector<void*>> free;
+};
+PinnedCache& pinned_cache() {
+  static auto* c = new PinnedCache;  // never destroyed: buffers may be released during exit
+  return *c;
+}
+}  // namespace
+#endif
+
 Result<HostBuffer> HostBuffer::alloc(Device for_device, int64_t bytes, bool zero) {
   if (bytes < 0) return invalid_argument("host alloc: negative size {}", bytes);
   HostBuffer b;
   if (bytes == 0) return b;
   b.bytes_ = bytes;
 #ifdef DS_HAVE_CUDA
-  if (for_device.kind == DeviceKind::kCuda &&
-      cudaHostAlloc(&b.data_, static_cast<size_t>(bytes), cudaHostAllocDefault) == cudaSuccess) {
-    b.pinned_ = true;
-  } else {
-    (void)cudaGetLastError();  // a refused lock is not sticky: fall back to ordinary memory
-    b.data_ = nullptr;
+  if (for_device.kind == DeviceKind::kCuda) {
+    PinnedCache& c = pinned_cache();
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      auto it = c.free.find(bytes);
+      if (it != c.free.end() && !it->second.empty()) {
+        b.data_ = it->second.back();
+        it->second.pop_back();
+      }
+    }
+    if (b.data_ == nullptr && cudaHostAlloc(&b.data_, static_cast<size_t>(bytes), cudaHostAllocDefault) != cudaSuccess) {
+      (void)cudaGetLastError();  // a refused lock is not sticky: fall back to ordinary memory
+      b.data_ = nullptr;
+    }
+    b.pinned_ = b.data_ != nullptr;
   }
 #else
   (void)for_device;
@@ -207,7 +235,11 @@ HostBuffer::~HostBuffer() { release(); }
 
 void HostBuffer::release() {
 #ifdef DS_HAVE_CUDA
-  if (data_ && pinned_) (void)cudaFreeHost(data_);
+  if (data_ && pinned_) {
+    PinnedCache& c = pinned_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.free[bytes_].push_back(data_);
+  }
 #endif
   if (data_ && !pinned_) std::free(data_);
   data_ = nullptr;
