@@ -101,6 +101,10 @@ std::vector<size_t> upload_sequence(const std::vector<WeightSpec>& specs) {
   return seq;
 }
 
+// Where a step's logits copy can go directly: the sequence's own logits where they are page-locked
+// (no host copy after the step), else null (through the model's pinned buffer).
+float* direct_logits(SequenceState& state) { return state.logits_pinned() ? state.logits().data() : nullptr; }
+
 // What a captured decode graph depends on besides the model's own fixed buffers.
 struct GraphKey {
   const SequenceState* state = nullptr;
@@ -385,7 +389,7 @@ Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> to
   if (want_logits) {
     const TensorView last = TensorView::contiguous(hidden.as<float>() + (n - 1) * E, DType::F32, {E, 1},
                                                    options_.device);
-    float* direct = state.logits_pinned() ? state.logits().data() : nullptr;
+    float* direct = direct_logits(state);
     DS_TRY(head_queue(last, direct));
     DS_TRY(cuda_finish_logits(state.logits().data(), direct));
   }
@@ -401,9 +405,7 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
   const auto stream = static_cast<cudaStream_t>(c.stream.handle());
   cuda::DeviceGuard guard(c.device);
   scratch_->reset();  // outside any capture: merging spilled scratch blocks allocates
-  // The logits go straight into the sequence's page-locked logits (no host copy after the step), else
-  // through the model's pinned buffer.
-  float* direct = state.logits_pinned() ? state.logits().data() : nullptr;
+  float* direct = direct_logits(state);
   const auto key_now = [&] {
     return GraphKey{&state,
                     state.recurrent_data(),
