@@ -111,6 +111,7 @@ TEST(BenchCli, RejectsBadArgumentsClearly) {
       {"--pp 0", "--pp 0: prompt lengths must be at least 1"},
       {"--ttft 16 --json x.json", "--json is not supported with --ttft"},
       {"--skip-kernels norm", "--skip-kernels / --only-kernels: only with --device cuda:N"},
+      {"--step-times", "--step-times: only with --device cuda:N"},
   };
   for (const Case& c : cases) {
     const RunResult r = run_exe("bench " + model + " " + c.args, dir.path());

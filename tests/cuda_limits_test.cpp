@@ -109,8 +109,10 @@ TEST_F(CudaLimitsTest, BenchJsonOnTinyModel) {
   auto made = run("make-test-model " + model + " --preset tiny --type q8_0 --quiet");
   ASSERT_EQ(made.first, 0) << made.second;
   const std::string json_path = dir + "/bench.json";
-  auto r = run("bench " + model + " --device cuda:0 --pp 64,1500 --tg 8 --depth 0,300 --reps 1 --json " + json_path);
+  auto r = run("bench " + model + " --device cuda:0 --pp 64,1500 --tg 8 --depth 0,300 --reps 1 --step-times --json " +
+               json_path);
   ASSERT_EQ(r.first, 0) << r.second;
+  EXPECT_NE(r.second.find("ms on the device"), std::string::npos) << r.second;  // --step-times
   EXPECT_NE(r.second.find("measured BF16 tensor-core peak"), std::string::npos) << r.second;
   EXPECT_NE(r.second.find("peak device memory"), std::string::npos) << r.second;
   std::ifstream in(json_path);

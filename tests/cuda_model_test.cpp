@@ -488,6 +488,7 @@ TEST_P(CudaModelArch, GraphsOnAndOffAreBitwiseIdentical) {
 TEST_P(CudaModelArch, GraphReplayedForTheNextSequenceAtTheSameAddresses) {
   DS_REQUIRE_GPU();
   ModelOptions on, off;
+  on.cuda_time_steps = true;  // and the replays' device times
   off.cuda_graphs = false;
   auto g = load(tiny(), kGpu, on);
   auto p = load(tiny(), kGpu, off);
@@ -507,7 +508,11 @@ TEST_P(CudaModelArch, GraphReplayedForTheNextSequenceAtTheSameAddresses) {
       ASSERT_TRUE(bitwise_equal(g->logits(*a), p->logits(*b))) << "rep " << rep << " step " << step;
     }
   }
-  EXPECT_GE(g->cuda_graph_stats().replays, 4);
+  const CudaGraphStats st = g->cuda_graph_stats();
+  EXPECT_GE(st.replays, 4);
+  EXPECT_EQ(st.timed_replays, st.replays - st.captures);  // a capture's own run is not timed
+  EXPECT_GT(st.replay_device_ms, 0.0);
+  EXPECT_EQ(p->cuda_graph_stats().timed_replays, 0);
 }
 
 TEST_P(CudaModelArch, GraphSurvivesKvChunkGrowthAndMaxKvBuckets) {

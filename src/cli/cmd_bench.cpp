@@ -43,6 +43,7 @@ struct Options {
   int64_t ctx = 0;
   int64_t prefill_chunk = 0;   // 0 = auto, resolved by the model (ModelOptions::prefill_chunk)
   bool no_cuda_graph = false;  // CUDA: run every decode step as separate launches
+  bool step_times = false;     // CUDA: time each replayed decode step on the device as well
   std::string device = "cpu";  // "cpu" or "cuda:N"
   std::string kv_type;         // "f32" / "f16"; empty = f16 on CUDA, f32 on the CPU
   std::string json_path;       // --json: every figure, for scripts
@@ -317,6 +318,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
   mo.kv_dtype = kv_dtype;
   mo.device = device;
   mo.cuda_graphs = !o.no_cuda_graph;
+  mo.cuda_time_steps = o.step_times;
   const int64_t max_pp = *std::max_element(o.pp.begin(), o.pp.end());
   const int64_t max_depth = *std::max_element(o.depth.begin(), o.depth.end());
   if (mo.n_ctx == 0) mo.n_ctx = std::max<int64_t>(max_pp, max_depth + o.tg) + 16;
@@ -426,6 +428,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
       const auto ctx_toks = random_tokens(std::max<int64_t>(depth, 1));
       DS_TRY(prefill_with_progress(*model, *state, ctx_toks, fmt::format("{} rep {} context", label, r).c_str()));
       auto toks = random_tokens(o.tg);
+      const ds::CudaGraphStats g0 = model->cuda_graph_stats();
       const double t0 = now_s();
       for (int64_t i = 0; i < o.tg; ++i) {
         DS_TRY(model->decode(*state, toks[i]));
@@ -437,6 +440,13 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
       sample_memory(device, mem);
       std::fprintf(stderr, "  tg%lld@%lld rep %d: %.2f tok/s\n", static_cast<long long>(o.tg),
                    static_cast<long long>(depth), r, tps);
+      const ds::CudaGraphStats g1 = model->cuda_graph_stats();
+      if (const int64_t n = g1.timed_replays - g0.timed_replays; n > 0) {
+        // Wall time a step against the device's time for a replayed step (graph launch to its last copy).
+        const double dev_ms = (g1.replay_device_ms - g0.replay_device_ms) / static_cast<double>(n);
+        std::fprintf(stderr, "    a step: %.3f ms wall, %.3f ms on the device (%lld timed replays): %.1f us on the host\n",
+                     1e3 / tps, dev_ms, static_cast<long long>(n), 1e3 * (1e3 / tps - dev_ms));
+      }
     }
     const double frac = best * wb.per_token / (bw * 1e9);
     std::printf("tg%-8lld %8lld %12.2f %13.0f%%\n", static_cast<long long>(o.tg), static_cast<long long>(depth), best,
@@ -482,6 +492,9 @@ ds::Status run(Options o) {
   if (o.prefill_chunk < 0) return ds::invalid_argument("--prefill-chunk {}: must be 0 (auto) or positive", o.prefill_chunk);
   DS_TRY(check_device(device));
   DS_TRY(apply_kernel_filter(o, device));
+  if (o.step_times && device.kind != ds::DeviceKind::kCuda) {
+    return ds::invalid_argument("--step-times: only with --device cuda:N");
+  }
   if (!o.ttft.empty()) {
     if (!o.json_path.empty()) return ds::invalid_argument("--json is not supported with --ttft");
     return run_ttft(o);
@@ -506,6 +519,8 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)");
   app.add_option("-c,--ctx-size", o->ctx, "Context size (0 = enough for the test)");
   app.add_flag("--no-cuda-graph", o->no_cuda_graph, "CUDA: launch every decode step op by op (no graph replay)");
+  app.add_flag("--step-times", o->step_times,
+               "CUDA: also time each replayed decode step on the device (two events a step) and report the host's share");
   app.add_option("--prefill-chunk", o->prefill_chunk,
                  "Prefill chunk in tokens (0 = auto: 256 on the CPU; on CUDA 4096 on devices of 28 GiB or more, "
                  "else 1024)")

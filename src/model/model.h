@@ -61,6 +61,7 @@ struct ModelOptions {
   Device device{};              // cpu, or cuda:N (builds with the CUDA backend)
   bool reference_ops = false;   // run the scalar reference ops (tests, debugging; CPU only)
   bool cuda_graphs = true;      // CUDA: replay the single-token decode step as a captured graph
+  bool cuda_time_steps = false; // CUDA: time each replayed step on the device (CudaGraphStats; two events a step)
 };
 
 constexpr int64_t kPrefillChunkCpu = 256;
@@ -76,6 +77,10 @@ struct CudaGraphStats {
   int64_t captures = 0;  // graphs captured (then instantiated, or updated into the existing executable)
   int64_t replays = 0;   // decode steps run by launching a captured graph (the capture's own run included)
   int64_t uncaptured = 0;  // single-token steps run op by op while warming up a new graph key
+  // With ModelOptions::cuda_time_steps: the replays timed on the device (events around the graph
+  // launch, so its logits copy included) and their total; a step's wall time less this is host time.
+  int64_t timed_replays = 0;
+  double replay_device_ms = 0.0;
 };
 
 // [first, last) trunk layers executed as one unit on one device.

@@ -167,6 +167,7 @@ struct ModelCuda {
   GraphKey warm_key;
   bool graphs_failed = false;       // a capture failed: decode op by op from then on
   CudaGraphStats stats;
+  cuda::Event replay_start, replay_end;  // ModelOptions::cuda_time_steps only
 
   ~ModelCuda() {
     if (stream.handle() != nullptr) (void)stream.synchronize();  // nothing in flight reads our buffers
@@ -215,6 +216,10 @@ Status Model::cuda_init() {
   DS_ASSIGN_OR_RETURN(c->step_uploaded, cuda::Event::create(dev.index));
   DS_ASSIGN_OR_RETURN(c->logits_dev, DeviceBuffer::alloc(dev, 4 * config_.n_vocab));
   DS_ASSIGN_OR_RETURN(c->logits_host, cuda::PinnedBuffer::allocate(4 * config_.n_vocab));
+  if (options_.cuda_time_steps) {
+    DS_ASSIGN_OR_RETURN(c->replay_start, cuda::Event::create(dev.index));
+    DS_ASSIGN_OR_RETURN(c->replay_end, cuda::Event::create(dev.index));
+  }
   ctx_.cuda_stream = c->stream.handle();
   cuda::DeviceGuard guard(dev.index);
 
@@ -432,9 +437,12 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     return head_queue(hidden, direct);
   };
 
-  bool ran = false;
+  bool ran = false, timed = false;
   if (c.graph != nullptr && c.graph_key == key) {
+    timed = options_.cuda_time_steps;
+    if (timed) DS_TRY(c.replay_start.record(c.stream));
     DS_CUDA_TRY(cudaGraphLaunch(c.graph, stream), "decode graph replay at position {}", pos);
+    if (timed) DS_TRY(c.replay_end.record(c.stream));
     c.stats.replays++;
     ran = true;
   } else if (c.warm && c.warm_key == key) {
@@ -494,6 +502,11 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
   }
   c.step_pending = true;  // cleared by the synchronization below
   DS_TRY(cuda_finish_logits(state.logits().data(), direct));
+  if (timed) {
+    DS_ASSIGN_OR_RETURN(const float ms, cuda::Event::elapsed_ms(c.replay_start, c.replay_end));
+    c.stats.timed_replays++;
+    c.stats.replay_device_ms += ms;
+  }
   state.set_pos(pos + 1);
   state.set_logits_valid(true);
   return Status::ok();
