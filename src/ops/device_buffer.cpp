@@ -214,7 +214,8 @@ Result<HostBuffer> HostBuffer::alloc(Device for_device, int64_t bytes, bool zero
         it->second.pop_back();
       }
     }
-    if (b.data_ == nullptr && cudaHostAlloc(&b.data_, static_cast<size_t>(bytes), cudaHostAllocDefault) != cudaSuccess) {
+    // Portable: locked for every device's context, so a model on any cuda:N copies into it asynchronously.
+    if (b.data_ == nullptr && cudaHostAlloc(&b.data_, static_cast<size_t>(bytes), cudaHostAllocPortable) != cudaSuccess) {
       (void)cudaGetLastError();  // a refused lock is not sticky: fall back to ordinary memory
       b.data_ = nullptr;
     }
