@@ -405,7 +405,7 @@ Status Model::head(const TensorView& hidden_row, float* logits) {
                             hidden_row.device.to_string(), config_.n_embd, options_.device.to_string());
   }
   DS_TRY(head_queue(hidden_row, cuda_ ? nullptr : logits));  // on CUDA `logits` may be pageable
-  if (cuda_) return cuda_finish_logits(logits, nullptr);
+  if (cuda_) return cuda_finish_logits(logits, /*in_place=*/false);
   return Status::ok();
 }
 

@@ -183,9 +183,9 @@ class Model {
   // logits = output * norm, its copy queued to `pinned` (page-locked host memory) or, null, to the
   // model's pinned logits buffer.
   Status cuda_head_output(const TensorView& norm, float* pinned);
-  // Waits for the stream; then the logits, queued to `landed` (cuda_head_output's destination, null:
-  // the model's buffer), go to `logits` unless they are there already.
-  Status cuda_finish_logits(float* logits, const float* landed);
+  // Waits for the stream; then the logits go from the model's pinned buffer to `logits`, unless
+  // cuda_head_output copied them there itself (in_place).
+  Status cuda_finish_logits(float* logits, bool in_place);
   Status cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits);
   Status cuda_decode_graph(SequenceState& state, int32_t token);
   const int32_t* cuda_step_pos() const;  // device int32: position of the staged segment's first token

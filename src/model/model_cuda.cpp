@@ -372,12 +372,11 @@ Status Model::cuda_head_output(const TensorView& norm, float* pinned) {
   return cuda::copy_to_host(to, c.logits_dev.data(), 4 * config_.n_vocab, c.stream);
 }
 
-Status Model::cuda_finish_logits(float* logits, const float* landed) {
+Status Model::cuda_finish_logits(float* logits, bool in_place) {
   ModelCuda& c = *cuda_;
   DS_TRY(c.stream.synchronize());
   c.step_pending = false;  // everything queued has run
-  const void* from = landed != nullptr ? static_cast<const void*>(landed) : c.logits_host.data();
-  if (from != logits) std::memcpy(logits, from, static_cast<size_t>(4 * config_.n_vocab));
+  if (!in_place) std::memcpy(logits, c.logits_host.data(), static_cast<size_t>(4 * config_.n_vocab));
   return Status::ok();
 }
 
@@ -396,7 +395,7 @@ Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> to
                                                    options_.device);
     float* direct = direct_logits(state);
     DS_TRY(head_queue(last, direct));
-    DS_TRY(cuda_finish_logits(state.logits().data(), direct));
+    DS_TRY(cuda_finish_logits(state.logits().data(), direct != nullptr));
   }
   state.set_pos(state.pos() + n);
   state.set_logits_valid(want_logits);
@@ -501,7 +500,7 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     c.warm_key = key_now();  // what the next step must match to be captured
   }
   c.step_pending = true;  // cleared by the synchronization below
-  DS_TRY(cuda_finish_logits(state.logits().data(), direct));
+  DS_TRY(cuda_finish_logits(state.logits().data(), direct != nullptr));
   if (timed) {
     DS_ASSIGN_OR_RETURN(const float ms, cuda::Event::elapsed_ms(c.replay_start, c.replay_end));
     c.stats.timed_replays++;
@@ -532,7 +531,7 @@ Status Model::cuda_init() { return no_cuda(options_.device); }
 Status Model::cuda_stage(int64_t, std::span<const int32_t>) { return no_cuda(options_.device); }
 Status Model::cuda_embed_staged(int64_t, const TensorView&) { return no_cuda(options_.device); }
 Status Model::cuda_head_output(const TensorView&, float*) { return no_cuda(options_.device); }
-Status Model::cuda_finish_logits(float*, const float*) { return no_cuda(options_.device); }
+Status Model::cuda_finish_logits(float*, bool) { return no_cuda(options_.device); }
 Status Model::cuda_run_segment(SequenceState&, std::span<const int32_t>, bool) { return no_cuda(options_.device); }
 Status Model::cuda_decode_graph(SequenceState&, int32_t) { return no_cuda(options_.device); }
 const int32_t* Model::cuda_step_pos() const { return nullptr; }

@@ -7,10 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <new>
-#include <unordered_map>
-#include <vector>
 
 #include "core/check.h"
 #ifdef DS_HAVE_CUDA
@@ -182,22 +179,6 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
-#ifdef DS_HAVE_CUDA
-namespace {
-// Page-locked blocks that HostBuffers gave back, by size: never unlocked, because a captured CUDA
-// graph may still hold a copy into one (a decode graph keyed on the address is replayed for the next
-// sequence whose buffer lands there), and a copy into pages unlocked and locked again faults.
-struct PinnedCache {
-  std::mutex mu;
-  std::unordered_map<int64_t, std::vector<void*>> free;
-};
-PinnedCache& pinned_cache() {
-  static auto* c = new PinnedCache;  // never destroyed: buffers may be released during exit
-  return *c;
-}
-}  // namespace
-#endif
-
 Result<HostBuffer> HostBuffer::alloc(Device for_device, int64_t bytes, bool zero) {
   if (bytes < 0) return invalid_argument("host alloc: negative size {}", bytes);
   HostBuffer b;
@@ -205,20 +186,7 @@ Result<HostBuffer> HostBuffer::alloc(Device for_device, int64_t bytes, bool zero
   b.bytes_ = bytes;
 #ifdef DS_HAVE_CUDA
   if (for_device.kind == DeviceKind::kCuda) {
-    PinnedCache& c = pinned_cache();
-    {
-      std::lock_guard<std::mutex> lock(c.mu);
-      auto it = c.free.find(bytes);
-      if (it != c.free.end() && !it->second.empty()) {
-        b.data_ = it->second.back();
-        it->second.pop_back();
-      }
-    }
-    // Portable: locked for every device's context, so a model on any cuda:N copies into it asynchronously.
-    if (b.data_ == nullptr && cudaHostAlloc(&b.data_, static_cast<size_t>(bytes), cudaHostAllocPortable) != cudaSuccess) {
-      (void)cudaGetLastError();  // a refused lock is not sticky: fall back to ordinary memory
-      b.data_ = nullptr;
-    }
+    b.data_ = cuda::host_pinned_alloc(bytes);  // null: fall back to ordinary memory
     b.pinned_ = b.data_ != nullptr;
   }
 #else
@@ -236,11 +204,7 @@ HostBuffer::~HostBuffer() { release(); }
 
 void HostBuffer::release() {
 #ifdef DS_HAVE_CUDA
-  if (data_ && pinned_) {
-    PinnedCache& c = pinned_cache();
-    std::lock_guard<std::mutex> lock(c.mu);
-    c.free[bytes_].push_back(data_);
-  }
+  if (data_ && pinned_) cuda::host_pinned_free(data_, bytes_);
 #endif
   if (data_ && !pinned_) std::free(data_);
   data_ = nullptr;

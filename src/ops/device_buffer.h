@@ -64,7 +64,7 @@ class DeviceBuffer {
 // CUDA device (so a copy into it is asynchronous and can be captured in a graph), 64-byte aligned
 // ordinary memory for the CPU, or when the system refuses to lock more pages (pinned() tells which).
 // For small per-sequence buffers (a sequence's last logits), not tensors: not counted by allocator_stats.
-// Non-obvious choice: page-locked blocks are recycled by size, never unlocked (device_buffer.cpp):
+// Non-obvious choice: page-locked blocks are recycled by size, never unlocked (cuda::host_pinned_free):
 // a graph that copied into one stays valid for the next buffer at that address.
 class HostBuffer {
  public:

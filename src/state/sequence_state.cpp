@@ -28,7 +28,6 @@ Result<std::unique_ptr<SequenceState>> SequenceState::create(std::shared_ptr<KvP
                         DeviceBuffer::alloc(st->pool_->device(), entries * int64_t{sizeof(void*)}, /*zero=*/true));
   }
   DS_ASSIGN_OR_RETURN(st->logits_, HostBuffer::alloc(st->pool_->device(), l.n_vocab * int64_t{4}, /*zero=*/true));
-  st->n_logits_ = static_cast<size_t>(l.n_vocab);
   return st;
 }
 
@@ -124,7 +123,7 @@ Result<std::unique_ptr<SequenceState>> SequenceState::fork() const {
   }
   copy->pos_ = pos_;
   copy->has_recurrent_ = has_recurrent_;
-  if (n_logits_ > 0) std::memcpy(copy->logits_.data(), logits_.data(), 4 * n_logits_);
+  if (logits_.bytes() > 0) std::memcpy(copy->logits_.data(), logits_.data(), static_cast<size_t>(logits_.bytes()));
   copy->logits_valid_ = logits_valid_;
   return copy;
 }

@@ -62,8 +62,8 @@ class SequenceState {
   // Last logits [n_vocab]; valid after a forward that ended at pos(). Host memory at a fixed address,
   // page-locked for a CUDA pool's device (logits_pinned()), so the device copies a step's logits
   // straight into it.
-  std::span<float> logits() { return {static_cast<float*>(logits_.data()), n_logits_}; }
-  std::span<const float> logits() const { return {static_cast<const float*>(logits_.data()), n_logits_}; }
+  std::span<float> logits() { return {static_cast<float*>(logits_.data()), n_logits()}; }
+  std::span<const float> logits() const { return {static_cast<const float*>(logits_.data()), n_logits()}; }
   bool logits_pinned() const { return logits_.pinned(); }
   bool logits_valid() const { return logits_valid_; }
   void set_logits_valid(bool v) { logits_valid_ = v; }
@@ -87,8 +87,8 @@ class SequenceState {
   DeviceBuffer slot_table_;              // device pools: const void* per logical chunk (see above)
   int64_t pos_ = 0;
   bool has_recurrent_ = true;
-  HostBuffer logits_;
-  size_t n_logits_ = 0;
+  size_t n_logits() const { return static_cast<size_t>(logits_.bytes()) / sizeof(float); }
+  HostBuffer logits_;  // n_vocab floats
   bool logits_valid_ = false;
 };
 

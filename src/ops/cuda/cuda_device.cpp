@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "core/check.h"
@@ -521,6 +522,42 @@ Result<void*> buffer_alloc(int device, int64_t bytes, bool zero) {
 }
 
 void buffer_free(int device, void* ptr) { DeviceAllocator::for_device(device).release(ptr); }
+
+namespace {
+struct PinnedCache {
+  std::mutex mu;
+  std::unordered_map<int64_t, std::vector<void*>> free;  // by size
+};
+PinnedCache& pinned_cache() {
+  static auto* c = new PinnedCache;  // never destroyed: buffers may be released during exit
+  return *c;
+}
+}  // namespace
+
+void* host_pinned_alloc(int64_t bytes) {
+  PinnedCache& c = pinned_cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free.find(bytes);
+    if (it != c.free.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+  }
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();  // a refused lock is not sticky
+    return nullptr;
+  }
+  return p;
+}
+
+void host_pinned_free(void* ptr, int64_t bytes) {
+  PinnedCache& c = pinned_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.free[bytes].push_back(ptr);
+}
 
 Status copy_to_device(void* dst, const void* src, int64_t bytes, const Stream& stream) {
   DS_CUDA_TRY(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,

@@ -179,6 +179,13 @@ class Event {
 Result<void*> buffer_alloc(int device, int64_t bytes, bool zero);
 void buffer_free(int device, void* ptr);
 
+// For the ops layer's HostBuffer: page-locked host memory, portable (locked for every device's
+// context), or null when the system refuses to lock more. Freed blocks go back to a cache by size and
+// are never unlocked, as device memory never goes back to the driver: a captured graph keyed on the
+// address may still copy into one, and a copy into pages unlocked and locked again faults.
+void* host_pinned_alloc(int64_t bytes);
+void host_pinned_free(void* ptr, int64_t bytes);
+
 // Asynchronous copies and fills on `stream` (host memory should be pinned for overlap).
 Status copy_to_device(void* dst, const void* src, int64_t bytes, const Stream& stream);
 Status copy_to_host(void* dst, const void* src, int64_t bytes, const Stream& stream);

@@ -516,12 +516,12 @@ cudaError_t moe_route_fused_launch(const MoeRouteFusedLaunch& a, cudaStream_t st
                     a16(a.shexp_gate);
   const unsigned grid = static_cast<unsigned>((a.n_expert + 1 + kRouteWarps - 1) / kRouteWarps);
   const size_t smem = route_fused_smem(a.n_expert, a.n_embd, a.n_tokens, norm);
-  const void* fn = norm ? reinterpret_cast<const void*>(moe_route_fused<true>)
-                        : reinterpret_cast<const void*>(moe_route_fused<false>);
   if (!a.route) {  // logits only: a filter dropping this kernel leaves the products routing stale logits
     return norm ? launch_kernel(moe_route_fused<true, false>, grid, kRouteThreads, smem, stream, a, vec4)
                 : launch_kernel(moe_route_fused<false, false>, grid, kRouteThreads, smem, stream, a, vec4);
   }
+  const void* fn = norm ? reinterpret_cast<const void*>(moe_route_fused<true>)
+                        : reinterpret_cast<const void*>(moe_route_fused<false>);
   if (kernel_filtered(fn)) {
     // A diagnostic run without the router (set_kernel_filter): the selectors are whatever the scratch
     // held, so make every pair "no expert" (-1), which the gathered products skip, instead of letting
