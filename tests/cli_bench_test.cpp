@@ -105,7 +105,7 @@ TEST(BenchCli, RejectsBadArgumentsClearly) {
       {"--device cuda:", "--device 'cuda:': expected cpu or cuda:N"},
       {"--device cuda:x1", "--device 'cuda:x1': expected cpu or cuda:N"},
       {"--device cuda:-1", "--device 'cuda:-1': expected cpu or cuda:N"},
-      {"--kv-type q8_0", "--kv-type 'q8_0': expected f32 or f16"},
+      {"--kv-type q8_0", "--kv-type 'q8_0': expected f16 or f32"},
       {"--prefill-chunk -4", "--prefill-chunk -4: must be 0 (auto) or positive"},
       {"--reps 0", "--reps 0: must be at least 1"},
       {"--pp 0", "--pp 0: prompt lengths must be at least 1"},

@@ -812,9 +812,12 @@ TEST(CudaModelEngine, PrefixSnapshotsWorkOnCudaAndAcrossDevices) {
   const std::string path = test_model("tiny", TestArch::kQwen35Moe, OutType::kQ8_0);
   const fs::path dir = fs::temp_directory_path() / fmt::format("ds-cuda-engine-{}", ::getpid());
   fs::remove_all(dir);
+  // One KV type on both devices: snapshots cross devices only within a state layout (the CUDA default
+  // is f16, the CPU's f32).
   auto open = [&](const std::string& device, int64_t ram, bool disk) {
     EngineOptions o;
     o.device = device;
+    o.kv_type = "f32";
     o.n_ctx = 1024;
     o.n_threads = 8;
     o.checkpoint_every = 128;
@@ -890,6 +893,26 @@ TEST(CudaModelEngine, PrefixSnapshotsWorkOnCudaAndAcrossDevices) {
   ASSERT_FALSE(hit.tokens.empty());
   EXPECT_EQ(hit.tokens[0], cpu_run.tokens[0]);
   fs::remove_all(dir);
+}
+
+TEST(CudaModelEngine, DefaultKvCacheIsF16OnCuda) {
+  // The engine (serve, run) takes the F16 KV cache on CUDA by default, as the benchmarks do: the
+  // tensor-core attention kernels read F16 KV, and it is half the memory.
+  DS_REQUIRE_GPU();
+  EngineOptions o;
+  o.device = "cuda:0";
+  o.n_ctx = 256;
+  o.cache_ram_bytes = 0;
+  auto e = LocalEngine::open(test_model("tiny", TestArch::kQwen35, OutType::kQ8_0), o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  EXPECT_EQ((*e)->model().options().kv_dtype, DType::F16);
+  GenerateRequest r;
+  r.prompt = {1, 2, 3, 4, 5};
+  r.max_tokens = 8;
+  r.ignore_eos = true;
+  auto res = (*e)->generate(r);
+  ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+  EXPECT_EQ(res->tokens.size(), 8u);
 }
 
 #endif  // DS_HAVE_CUDA

@@ -51,8 +51,9 @@ class EngineSnapshotTest : public ::testing::TestWithParam<std::string> {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  std::unique_ptr<LocalEngine> open(int64_t ram_bytes, bool disk) {
+  std::unique_ptr<LocalEngine> open(int64_t ram_bytes, bool disk, const std::string& kv_type = "") {
     EngineOptions o;
+    o.kv_type = kv_type;
     o.n_threads = 2;
     o.n_ctx = 1024;
     o.prefill_chunk = 64;
@@ -212,6 +213,39 @@ TEST_P(EngineSnapshotTest, CancelStopsGeneration) {
   EXPECT_EQ(res->tokens.size(), 3u);
 }
 
+TEST_P(EngineSnapshotTest, SnapshotsAreKeptApartByKvType) {
+  // An F16 KV cache is a different state layout: an F32 engine's disk snapshots are a miss for an F16
+  // engine on the same directory (no error, no foreign state), and an F16 engine hits its own.
+  const auto p1 = conversation(3, 11);
+  GenerateResult ref16;
+  {
+    auto plain = open(0, false, "f16");
+    ASSERT_NE(plain, nullptr);
+    EXPECT_EQ(plain->model().options().kv_dtype, DType::F16);
+    ref16 = gen(*plain, p1);
+  }
+  {
+    auto e32 = open(0, true, "f32");
+    ASSERT_NE(e32, nullptr);
+    gen(*e32, p1);
+    e32->disk_store()->flush();
+  }
+  {
+    auto e16 = open(0, true, "f16");
+    ASSERT_NE(e16, nullptr);
+    const auto miss = gen(*e16, p1);
+    EXPECT_EQ(miss.cached_tokens, 0);
+    EXPECT_EQ(e16->stats().cache_disk_hits, 0u);
+    EXPECT_EQ(miss.tokens, ref16.tokens);
+    e16->disk_store()->flush();
+  }
+  auto again = open(0, true, "f16");
+  const auto hit = gen(*again, p1);
+  EXPECT_EQ(hit.cached_tokens, static_cast<int64_t>(p1.size()));
+  EXPECT_EQ(again->stats().cache_disk_hits, 1u);
+  EXPECT_EQ(hit.tokens, ref16.tokens);
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, EngineSnapshotTest, ::testing::Values("qwen35", "qwen35moe"));
 
 TEST(EngineDevice, ParsesCpuAndCudaAndRejectsTheRest) {
@@ -235,6 +269,22 @@ TEST(EngineDevice, ParsesCpuAndCudaAndRejectsTheRest) {
   auto e = LocalEngine::open(tiny_model("qwen35"), o);
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().to_string().find("cpu or cuda:N"), std::string::npos) << e.status().to_string();
+}
+
+TEST(EngineKvType, DefaultsByDeviceAndRejectsTheRest) {
+  const Device cpu{}, gpu{DeviceKind::kCuda, 0};
+  EXPECT_EQ(*engine_parse_kv_type("", cpu), DType::F32);
+  EXPECT_EQ(*engine_parse_kv_type("", gpu), DType::F16);  // what the CUDA attention kernels read
+  EXPECT_EQ(*engine_parse_kv_type("f16", cpu), DType::F16);
+  EXPECT_EQ(*engine_parse_kv_type("f32", gpu), DType::F32);
+  for (const char* bad : {"q8_0", "F16", "fp16", "bf16", " f16"}) {
+    EXPECT_EQ(engine_parse_kv_type(bad, cpu).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EngineOptions o;
+  o.kv_type = "q4_0";
+  auto e = LocalEngine::open(tiny_model("qwen35"), o);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().to_string().find("expected f16 or f32"), std::string::npos) << e.status().to_string();
 }
 
 }  // namespace

@@ -54,13 +54,6 @@ struct Options {
   std::string only_kernels;    // diagnostic: the only CUDA kernels launched
 };
 
-ds::Result<ds::DType> parse_kv_type(const std::string& s, ds::Device device) {
-  if (s.empty()) return device.kind == ds::DeviceKind::kCuda ? ds::DType::F16 : ds::DType::F32;
-  if (s == "f32") return ds::DType::F32;
-  if (s == "f16") return ds::DType::F16;
-  return ds::invalid_argument("--kv-type '{}': expected f32 or f16", s);
-}
-
 // A CUDA device must exist on this machine before anything is loaded (engine_parse_device has already
 // refused CUDA in builds without it).
 ds::Status check_device(ds::Device device) {
@@ -134,6 +127,7 @@ ds::Status run_ttft(const Options& o) {
   eo.n_ctx = max_len + o.tail + 16;
   eo.prefill_chunk = o.prefill_chunk;
   eo.device = o.device;
+  eo.kv_type = o.kv_type;
   eo.kv_cache_dir = dir;
   eo.cache_ram_bytes = int64_t{16} << 30;
   eo.checkpoint_every = 0;  // only the turn boundary below is saved
@@ -488,7 +482,7 @@ ds::Status check_lengths(const Options& o) {
 
 ds::Status run(Options o) {
   DS_ASSIGN_OR_RETURN(const ds::Device device, ds::engine_parse_device(o.device));
-  DS_ASSIGN_OR_RETURN(const ds::DType kv_dtype, parse_kv_type(o.kv_type, device));
+  DS_ASSIGN_OR_RETURN(const ds::DType kv_dtype, ds::engine_parse_kv_type(o.kv_type, device));
   if (o.prefill_chunk < 0) return ds::invalid_argument("--prefill-chunk {}: must be 0 (auto) or positive", o.prefill_chunk);
   DS_TRY(check_device(device));
   DS_TRY(apply_kernel_filter(o, device));
@@ -526,7 +520,7 @@ void setup(CLI::App& app, int& exit_code) {
                  "else 1024)")
       ->capture_default_str();
   app.add_option("--device", o->device, "cpu or cuda:N")->capture_default_str();
-  app.add_option("--kv-type", o->kv_type, "Attention KV cache type: f32 or f16 (default f16 on CUDA, f32 on the CPU)");
+  app.add_option("--kv-type", o->kv_type, "Attention KV cache type: f16 or f32 (default f16 on CUDA, f32 on the CPU)");
   app.add_option("--json", o->json_path, "Also write every figure (limits, tok/s, fractions, peak memory) to this file");
   app.add_option("--ttft", o->ttft, "Instead: time to first token for these prompt lengths, cold / RAM hit / disk hit")
       ->delimiter(',');

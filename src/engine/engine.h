@@ -83,9 +83,13 @@ struct EngineOptions {
   int64_t n_ctx = 0;                // context per sequence; 0 = the model's training context, capped at 32768
   std::string device = "cpu";       // "cpu" or "cuda:N" (engine_parse_device)
   bool cuda_graphs = true;          // CUDA: replay decode steps as captured graphs (--no-cuda-graph)
-  // Tokens per prefill chunk (chunks are aligned to absolute positions); 0 = auto: 256 on the CPU,
-  // 1024 on CUDA.
+  // Tokens per prefill chunk (chunks are aligned to absolute positions); 0 = auto: 256 on the CPU;
+  // on CUDA 4096 on devices of 28 GiB or more, else 1024.
   int64_t prefill_chunk = 0;
+  // Attention KV cache type (engine_parse_kv_type): "f16", "f32", or empty = f16 on CUDA (the
+  // tensor-core attention kernels read F16 KV; half the memory), f32 on the CPU. Snapshots are kept
+  // apart by it: a cache written with one type is a miss for the other.
+  std::string kv_type;
   // Prefix snapshots (see engine/local_engine.h).
   int64_t cache_ram_bytes = -1;     // in-memory snapshot budget; -1 = 25% of available RAM, 0 = off
   std::string kv_cache_dir;         // disk tier directory (--kv-cache-dir); empty = off
@@ -98,6 +102,10 @@ struct EngineOptions {
 // "cuda:x"), kUnsupported for cuda in a build without the CUDA backend. Whether the device exists is
 // checked when the model opens it.
 Result<Device> engine_parse_device(const std::string& text);
+
+// The KV cache type of EngineOptions::kv_type on `device`: kInvalidArgument for anything but "", "f16"
+// and "f32".
+Result<DType> engine_parse_kv_type(const std::string& text, Device device);
 
 // Loads a GGUF model and returns the local engine for it. Errors name the file and the problem.
 Result<std::unique_ptr<Engine>> engine_open(const std::string& model_path, const EngineOptions& options);

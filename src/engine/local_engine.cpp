@@ -40,6 +40,13 @@ uint64_t default_ram_budget() {
 
 }  // namespace
 
+Result<DType> engine_parse_kv_type(const std::string& text, Device device) {
+  if (text.empty()) return device.kind == DeviceKind::kCuda ? DType::F16 : DType::F32;
+  if (text == "f16") return DType::F16;
+  if (text == "f32") return DType::F32;
+  return invalid_argument("--kv-type '{}': expected f16 or f32", text);
+}
+
 Result<Device> engine_parse_device(const std::string& text) {
   if (text == "cpu") return Device{};
   int64_t index = -1;
@@ -85,6 +92,7 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_
   mo.prefill_chunk = options.prefill_chunk;
   mo.cuda_graphs = options.cuda_graphs;
   DS_ASSIGN_OR_RETURN(mo.device, engine_parse_device(options.device));
+  DS_ASSIGN_OR_RETURN(mo.kv_dtype, engine_parse_kv_type(options.kv_type, mo.device));
   DS_ASSIGN_OR_RETURN(e->model_, Model::load(model_path, mo));
   const Model& m = *e->model_;
   const GgufFile* gguf = m.gguf();
@@ -106,8 +114,9 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_
   info.eos_tokens.assign(eos.begin(), eos.end());
   e->boundary_token_ = find_vocab_token(gguf, "<|im_start|>");
 
-  e->fingerprint_ = fmt::format("deltaserve-state-v1 arch={} model={:016x} n_vocab={} kv_chunk={} kv=f32",
-                                info.architecture, m.fingerprint(), info.n_vocab, m.options().kv_chunk_tokens);
+  e->fingerprint_ = fmt::format("deltaserve-state-v1 arch={} model={:016x} n_vocab={} kv_chunk={} kv={}",
+                                info.architecture, m.fingerprint(), info.n_vocab, m.options().kv_chunk_tokens,
+                                mo.kv_dtype == DType::F16 ? "f16" : "f32");
   const uint64_t ram = options.cache_ram_bytes < 0 ? default_ram_budget()
                                                    : static_cast<uint64_t>(options.cache_ram_bytes);
   if (ram > 0) e->ram_ = std::make_unique<PrefixCache>(ram);
