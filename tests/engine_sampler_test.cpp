@@ -254,6 +254,30 @@ TEST(Sampler, TopPWithoutTopKMatchesTheReference) {
   expect_reference_distribution(flat, {.temperature = 1.0f, .top_k = 0, .top_p = 0.5f, .seed = 2}, 300, 0.08);
 }
 
+TEST(Sampler, LargeNucleusEndsWithinTiesByIdAsTheReference) {
+  // 3000 tokens tie at the top (ids spread over the vocabulary), the rest far below: top_p 0.5 keeps
+  // the tied tokens of the 1500 lowest ids (the reference's order), found by the histogram path.
+  std::vector<float> logits(kVocab, -60.0f);
+  std::vector<int32_t> tied;
+  for (int i = 0; i < 3000; ++i) tied.push_back(static_cast<int32_t>((static_cast<int64_t>(i) * 82613) % kVocab));
+  for (int32_t id : tied) logits[id] = 1.0f;
+  std::sort(tied.begin(), tied.end());
+  const SamplingParams p{.temperature = 1.0f, .top_k = 0, .top_p = 0.5f, .seed = 5};
+  const auto ref = reference_candidates(logits, p);
+  ASSERT_GE(ref.size(), 1500u);
+  ASSERT_LE(ref.size(), 1501u);
+  const std::set<int32_t> members(tied.begin(), tied.begin() + static_cast<std::ptrdiff_t>(ref.size()));
+  for (const auto& c : ref) ASSERT_TRUE(members.count(c.second)) << c.second;
+  Sampler s(p);
+  int32_t highest = -1;
+  for (int i = 0; i < 1000; ++i) {
+    const int32_t t = s.sample(logits, {}, {});
+    ASSERT_TRUE(members.count(t)) << "token " << t << " is outside the nucleus";
+    highest = std::max(highest, t);
+  }
+  EXPECT_GE(highest, tied[1400]);  // the nucleus is not cut short
+}
+
 TEST(Sampler, MinPWithoutTopKMatchesTheReference) {
   expect_reference_distribution(vocab_logits(5, 30), {.temperature = 1.0f, .top_k = 0, .min_p = 0.05f, .seed = 1},
                                 5000, 0.025);

@@ -121,6 +121,30 @@ DS_VOCAB_PASS double exp_sum(const float* v, int64_t n, int64_t b0, int64_t b1, 
   return z;
 }
 
+// The nucleus histogram: buckets of 1 / kHistPerUnit in (max - logit) / t; the last holds the rest
+// (and NaN).
+constexpr int kHistBuckets = 4096;
+constexpr float kHistPerUnit = 64.0f;
+DS_INLINE int hist_bucket(float l, float m, float per) {
+  const float b = (m - l) * per;
+  return b < static_cast<float>(kHistBuckets - 1) ? static_cast<int>(b) : kHistBuckets - 1;
+}
+
+// hist[bucket] += e^((l - m) / t) over v[0, n), per = kHistPerUnit / t.
+DS_VOCAB_PASS void histogram_pass(const float* v, int64_t n, float m, float t, float per, double* hist) {
+  const F8 mm = splat8(m), tt = splat8(t), pp = splat8(per), top = splat8(static_cast<float>(kHistBuckets - 1));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const F8 l = load8(v + i);
+    const F8 e = exp_neg8((l - mm) / tt);
+    F8 bf = (mm - l) * pp;
+    bf = bf < top ? bf : top;
+    const I8 b = __builtin_convertvector(bf, I8);
+    for (int j = 0; j < 8; ++j) hist[b[j]] += e[j];
+  }
+  for (; i < n; ++i) hist[hist_bucket(v[i], m, per)] += exp_neg8(splat8((v[i] - m) / t))[0];
+}
+
 bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
@@ -234,6 +258,56 @@ int32_t Sampler::draw(double total) {
   return cand_.back().second;
 }
 
+// The top-p nucleus of a flat distribution: the smallest set of best logits (logit desc, id asc) whose
+// probability e^((l - m) / t) / z reaches top_p, into cand_ as (probability, id) in id order. A
+// histogram of the probabilities over buckets of 1/64 in (m - l) / t (the last bucket holds the rest)
+// finds the bucket where the cumulative sum crosses top_p z; that bucket's logits are sorted to find
+// the last member, and a pass collects every member.
+void Sampler::nucleus_by_histogram(std::span<const float> v, float m, float t, double z) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  const float per = kHistPerUnit / t;
+  hist_.assign(kHistBuckets, 0.0);
+  histogram_pass(v.data(), n, m, t, per, hist_.data());
+  const double target = static_cast<double>(params_.top_p) * z;
+  double acc = 0;
+  int b = 0;
+  while (b < kHistBuckets - 1 && acc + hist_[static_cast<size_t>(b)] < target) acc += hist_[static_cast<size_t>(b++)];
+  // The crossing bucket's logits, sorted; the sum runs on from the buckets before it (and on into the
+  // next buckets, should rounding leave it short).
+  std::pair<float, int32_t> last{m, 0};
+  for (bool found = false; !found && b < kHistBuckets; ++b) {
+    cand_.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      const float l = v[static_cast<size_t>(i)];
+      if (l == l && hist_bucket(l, m, per) == b) cand_.emplace_back(l, static_cast<int32_t>(i));
+    }
+    std::sort(cand_.begin(), cand_.end(), by_logit);
+    for (const auto& c : cand_) {
+      last = c;
+      acc += exp_neg((c.first - m) / t);
+      if (acc >= target) {
+        found = true;
+        break;
+      }
+    }
+  }
+  // Members: every logit above the last one's, and its ties up to its id.
+  cand_.clear();
+  for (int64_t i0 = 0; i0 < n; i0 += 8) {
+    float l[8], e[8];
+    const int w = static_cast<int>(std::min<int64_t>(8, n - i0));
+    for (int j = 0; j < 8; ++j) l[j] = j < w ? v[static_cast<size_t>(i0 + j)] : kNegInf;
+    const F8 ev = exp_neg8((load8(l) - splat8(m)) / splat8(t));
+    std::memcpy(e, &ev, sizeof(e));
+    for (int j = 0; j < w; ++j) {
+      const int32_t id = static_cast<int32_t>(i0 + j);
+      if (l[j] > last.first || (l[j] == last.first && id <= last.second)) {
+        cand_.emplace_back(static_cast<float>(e[j] / z), id);
+      }
+    }
+  }
+}
+
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
                         std::span<const int32_t> generated) {
   const std::span<const float> v = penalize(logits, prompt, generated);
@@ -256,36 +330,47 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     }
     for (auto& c : cand_) c.first = static_cast<float>(c.first / sum);
   } else if (params_.top_p < 1.0f) {
-    // Every token is a candidate: the probabilities over the whole vocabulary, then the best logits
-    // in growing sets until their probabilities reach top_p (a peaked distribution: a few hundred).
+    // Every token is a candidate: the normalizer over the whole vocabulary, then the nucleus. A peaked
+    // distribution's nucleus is within the best 256 logits, found and sorted as top-k's; a flat one's
+    // may be 10^5 tokens, found by a histogram of the probabilities (nucleus_by_histogram).
     const double z = exp_sum(v.data(), static_cast<int64_t>(n), 0, n_blocks(static_cast<int64_t>(n)), m, t);
-    for (size_t k = 256;; k *= 8) {
-      select_top(v, block_max_, std::min(k, n), cand_, scratch_);
-      double acc = 0;
-      size_t keep = 0;
-      for (size_t i = 0; i < cand_.size() && keep == 0; ++i) {
-        cand_[i].first = static_cast<float>(std::exp((cand_[i].first - m) / t) / z);
-        acc += cand_[i].first;
-        if (acc >= params_.top_p) keep = i + 1;
+    select_top(v, block_max_, std::min<size_t>(256, n), cand_, scratch_);
+    double acc = 0;
+    size_t keep = 0;
+    for (size_t i = 0; i < cand_.size() && keep == 0; ++i) {
+      cand_[i].first = static_cast<float>(std::exp((cand_[i].first - m) / t) / z);
+      acc += cand_[i].first;
+      if (acc >= params_.top_p) keep = i + 1;
+    }
+    if (keep > 0) {
+      cand_.resize(keep);
+    } else {
+      nucleus_by_histogram(v, m, t, z);
+      // min-p relative to the top probability, 1 / z: e >= min_p, in place (id order).
+      double total = 0;
+      size_t w = 0;
+      for (const auto& c : cand_) {
+        if (params_.min_p > 0.0f && !(c.first * z >= params_.min_p)) continue;
+        cand_[w++] = c;
+        total += c.first;
       }
-      if (keep > 0) {
-        cand_.resize(keep);
-        break;
-      }
-      if (k >= n) break;  // every token: the rounding kept the sum below top_p
+      cand_.resize(w);
+      return draw(total);
     }
   } else if (params_.min_p > 0.0f) {
     // p / p_max = e^((logit - max) / t) >= min_p: a threshold on the logits, below the exact one by
-    // a margin, then the rule on the candidates.
+    // a margin, then the rule on each candidate. The draw walks them in id order: no sort.
     const float tau = m + t * std::log(params_.min_p);
     collect_at_least(v, block_max_, tau - 1e-3f * (1.0f + std::fabs(tau)), cand_);
-    std::sort(cand_.begin(), cand_.end(), by_logit);
-    for (auto& c : cand_) c.first = std::exp((c.first - m) / t);  // p / p_max
-    size_t keep = 1;
-    while (keep < cand_.size() && cand_[keep].first >= params_.min_p * cand_[0].first) ++keep;
-    cand_.resize(keep);
     double total = 0;
-    for (const auto& c : cand_) total += c.first;
+    size_t w = 0;
+    for (const auto& c : cand_) {
+      const float e = std::exp((c.first - m) / t);  // p / p_max
+      if (!(e >= params_.min_p)) continue;
+      cand_[w++] = {e, c.second};
+      total += e;
+    }
+    cand_.resize(w);
     return draw(total);
   } else {
     // Plain temperature: every token by its probability, walked in id order, block sums first.

@@ -37,12 +37,14 @@ class Sampler {
   std::span<const float> penalize(std::span<const float> logits, std::span<const int32_t> prompt,
                                   std::span<const int32_t> generated);
   int32_t draw(double total);
+  void nucleus_by_histogram(std::span<const float> logits, float max_logit, float t, double z);
 
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<float> work_;                 // penalized logits
   std::vector<float> block_max_;            // maxima of the logits' blocks
   std::vector<float> scratch_;              // block maxima, reordered to find a threshold
+  std::vector<double> hist_;                // probability mass by bucket of (max - logit) / t
   std::vector<Cand> cand_;                  // sorted candidates (logit desc, id asc)
   std::vector<int32_t> counts_;             // per-id marks and counts for the penalties, zero between calls
   std::vector<int32_t> touched_;            // ids whose counts_ are set
