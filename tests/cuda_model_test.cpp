@@ -515,6 +515,52 @@ TEST_P(CudaModelArch, GraphReplayedForTheNextSequenceAtTheSameAddresses) {
   EXPECT_EQ(p->cuda_graph_stats().timed_replays, 0);
 }
 
+TEST_P(CudaModelArch, DecodeStepReturnsItsBestLogitsWhenAsked) {
+  // A state that wants only its best logits gets the kTopKMax best of the row a plain state gets for
+  // the same tokens (bit for bit: the same kernels), in graph steps; fetch_logits gives the whole row
+  // while the device still holds it, and refuses once another state has run.
+  DS_REQUIRE_GPU();
+  auto g = load(tiny(), kGpu, {});
+  ASSERT_TRUE(g);
+  auto a = std::move(g->new_state()).value();
+  auto b = std::move(g->new_state()).value();
+  a->set_want_top_k(true);
+  const auto prompt = random_tokens(5, g->n_vocab(), 31);
+  ASSERT_TRUE(g->prefill(*a, prompt).is_ok());
+  EXPECT_TRUE(a->logits_valid());  // a prefill returns the row
+  std::vector<int32_t> tokens = {argmax(g->logits(*a))};
+  std::vector<TopKResult> bests;
+  std::vector<std::vector<float>> rows;
+  for (int step = 0; step < 6; ++step) {
+    ASSERT_TRUE(g->decode(*a, tokens.back()).is_ok()) << "step " << step;
+    ASSERT_TRUE(a->top_k_valid()) << "step " << step;
+    EXPECT_FALSE(a->logits_valid());
+    EXPECT_TRUE(g->logits(*a).empty());
+    bests.push_back(a->top_k());
+    ASSERT_TRUE(g->fetch_logits(*a).is_ok());
+    const auto row = g->logits(*a);
+    rows.emplace_back(row.begin(), row.end());
+    tokens.push_back(argmax(row));
+  }
+  EXPECT_GE(g->cuda_graph_stats().replays, 3);
+  ASSERT_TRUE(g->prefill(*b, prompt).is_ok());  // the device's logits are b's now
+  EXPECT_EQ(g->fetch_logits(*a).code(), StatusCode::kInvalidArgument);
+  for (int step = 0; step < 6; ++step) {
+    ASSERT_TRUE(g->decode(*b, tokens[static_cast<size_t>(step)]).is_ok());
+    const auto row = g->logits(*b);
+    ASSERT_TRUE(bitwise_equal(rows[static_cast<size_t>(step)], row)) << "step " << step;
+    std::vector<int32_t> order(row.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return row[x] > row[y]; });
+    const TopKResult& best = bests[static_cast<size_t>(step)];
+    ASSERT_EQ(best.n, std::min<int32_t>(kTopKMax, static_cast<int32_t>(row.size())));
+    for (int i = 0; i < best.n; ++i) {
+      ASSERT_EQ(best.ids[i], order[static_cast<size_t>(i)]) << "step " << step << " entry " << i;
+      ASSERT_EQ(best.values[i], row[static_cast<size_t>(order[static_cast<size_t>(i)])]);
+    }
+  }
+}
+
 TEST_P(CudaModelArch, GraphSurvivesKvChunkGrowthAndMaxKvBuckets) {
   DS_REQUIRE_GPU();
   ModelOptions on, off;
@@ -893,6 +939,39 @@ TEST(CudaModelEngine, PrefixSnapshotsWorkOnCudaAndAcrossDevices) {
   ASSERT_FALSE(hit.tokens.empty());
   EXPECT_EQ(hit.tokens[0], cpu_run.tokens[0]);
   fs::remove_all(dir);
+}
+
+TEST(CudaModelEngine, BestLogitsStepsGiveTheTokensOfWholeRows) {
+  // The engine samples greedy and top-k requests from the steps' best logits: the same tokens as
+  // from whole rows (step_top_k off), for the same seed.
+  DS_REQUIRE_GPU();
+  const std::string path = test_model("tiny", TestArch::kQwen35Moe, OutType::kQ8_0);
+  auto open = [&](bool top_k) {
+    EngineOptions o;
+    o.device = "cuda:0";
+    o.n_ctx = 512;
+    o.cache_ram_bytes = 0;
+    o.step_top_k = top_k;
+    auto e = LocalEngine::open(path, o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    return e.is_ok() ? std::move(e).value() : nullptr;
+  };
+  auto best = open(true), whole = open(false);
+  ASSERT_TRUE(best && whole);
+  for (const SamplingParams& p : {SamplingParams{.temperature = 0.0f},
+                                  SamplingParams{.temperature = 1.0f, .top_k = 20, .top_p = 0.95f, .seed = 7},
+                                  SamplingParams{.temperature = 0.8f, .top_k = 64, .min_p = 0.01f, .seed = 8}}) {
+    GenerateRequest r;
+    r.prompt = {1, 2, 3, 4, 5, 6};
+    r.max_tokens = 48;
+    r.ignore_eos = true;
+    r.sampling = p;
+    auto x = best->generate(r);
+    auto y = whole->generate(r);
+    ASSERT_TRUE(x.is_ok() && y.is_ok());
+    EXPECT_EQ(x->tokens, y->tokens) << "top_k " << p.top_k;
+    EXPECT_EQ(x->tokens.size(), 48u);
+  }
 }
 
 TEST(CudaModelEngine, DefaultKvCacheIsF16OnCuda) {

@@ -4,7 +4,9 @@
 // NaN. Skipped without a CUDA build or device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -20,6 +22,7 @@
 #include "ops/attention.h"
 #include "ops/conv1d.h"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_registry.h"
 #include "ops/cuda/pdl.h"
 #include "ops/delta_net.h"
@@ -263,6 +266,68 @@ TEST_F(CudaOpsTest, AttentionOverChunksWithGqa) {
 }
 
 // The real routers: 256 experts, top 8 (35B-A3B) and 128/8, with ties broken towards the lowest id.
+// cuda::top_k against a sort on the host: the kTopKMax best (value desc, index asc), NaN never taken,
+// -1 when the values at the threshold tie past the candidate capacity. Output poisoned first.
+TEST_F(CudaOpsTest, TopKMatchesAHostSort) {
+  const auto run = [&](const std::vector<float>& row, TopKResult* got) {
+    const int64_t n = static_cast<int64_t>(row.size());
+    const TensorView x = up(TensorView::contiguous(const_cast<float*>(row.data()), DType::F32, {n}));
+    const TensorView scratch = TensorView::contiguous(dev(4 * ((n + 127) / 128)), DType::F32, {(n + 127) / 128},
+                                                      ctx_.device);
+    auto* out = static_cast<TopKResult*>(dev(sizeof(TopKResult)));
+    EXPECT_TRUE(cuda::fill_bytes(out, 0xFF, sizeof(TopKResult), stream_).is_ok());  // n = -1, NaN values
+    const Status st = cuda::top_k(ctx_, x, scratch, out);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_TRUE(cuda::copy_to_host(got, out, sizeof(TopKResult), stream_).is_ok());
+    EXPECT_TRUE(stream_.synchronize().is_ok());
+  };
+  const auto expect_sorted = [&](const std::vector<float>& row, const char* what) {
+    std::vector<std::pair<float, int32_t>> want;
+    for (int32_t i = 0; i < static_cast<int32_t>(row.size()); ++i) {
+      if (!std::isnan(row[i])) want.emplace_back(row[i], i);
+    }
+    std::sort(want.begin(), want.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    TopKResult got;
+    run(row, &got);
+    const int n = static_cast<int>(std::min<size_t>(want.size(), kTopKMax));
+    ASSERT_EQ(got.n, n) << what;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(got.ids[i], want[i].second) << what << ", entry " << i;
+      ASSERT_EQ(got.values[i], want[i].first) << what << ", entry " << i;
+    }
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> row(248320);
+  for (float& v : row) v = nd(rng);
+  expect_sorted(row, "normal row of 248320");
+  for (int i = 0; i < 5000; ++i) row[(static_cast<size_t>(i) * 7919) % row.size()] = 30.0f;  // ties by index
+  expect_sorted(row, "5000 ties at the top");
+  for (size_t i = 0; i < row.size(); i += 5) row[i] = std::numeric_limits<float>::quiet_NaN();
+  expect_sorted(row, "NaN in every fifth");
+  for (int64_t n : {1, 77, 128, 1000, 8191, 100003}) {
+    std::vector<float> r(static_cast<size_t>(n));
+    for (float& v : r) v = nd(rng);
+    r[static_cast<size_t>(n) / 2] = -std::numeric_limits<float>::infinity();
+    expect_sorted(r, "short row");
+  }
+  std::vector<float> nan_row(1000, std::numeric_limits<float>::quiet_NaN());
+  nan_row[999] = -1.0f;
+  expect_sorted(nan_row, "one value that is not NaN");
+  // More equal values at the threshold than one CTA sorts: the caller must take the whole row.
+  std::vector<float> flat(248320, 1.0f);
+  TopKResult got;
+  run(flat, &got);
+  EXPECT_EQ(got.n, -1);
+  // Rows past the block maxima's capacity are refused clearly.
+  const TensorView big = TensorView::contiguous(dev(4 * 600000), DType::F32, {600000}, ctx_.device);
+  const TensorView sc = TensorView::contiguous(dev(4 * 5000), DType::F32, {5000}, ctx_.device);
+  const Status st = cuda::top_k(ctx_, big, sc, static_cast<TopKResult*>(dev(sizeof(TopKResult))));
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
+}
+
 TEST_F(CudaOpsTest, MoeRouteRealExpertCounts) {
   for (auto [n_expert, k, n_tokens] : {std::tuple<int64_t, int64_t, int64_t>{256, 8, 1}, {256, 8, 37}, {128, 8, 3},
                                        {64, 4, 2}}) {

@@ -313,6 +313,55 @@ TEST(Sampler, NaNLogitsAreNeverSampled) {
   }
 }
 
+TEST(Sampler, BestLogitsGiveTheTokensOfTheWholeRow) {
+  // What a CUDA decode step returns instead of the row: its kTopKMax best logits.
+  std::vector<float> logits = vocab_logits(12, 30);
+  for (int i = 0; i < 10; ++i) logits[(i * 7717) % kVocab] = 15.0f;  // ties at the head, by id
+  std::vector<std::pair<float, int32_t>> all;
+  for (int32_t i = 0; i < kVocab; ++i) all.emplace_back(logits[i], i);
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  TopKResult best;
+  best.n = kTopKMax;
+  for (int i = 0; i < kTopKMax; ++i) {
+    best.values[i] = all[i].first;
+    best.ids[i] = all[i].second;
+  }
+  for (const SamplingParams& p : {SamplingParams{.temperature = 0.0f, .seed = 1},
+                                  SamplingParams{.temperature = 1.0f, .top_k = 20, .top_p = 0.95f, .seed = 2},
+                                  SamplingParams{.temperature = 0.7f, .top_k = 64, .min_p = 0.02f, .seed = 3},
+                                  SamplingParams{.temperature = 1.2f, .top_k = 5, .seed = 4}}) {
+    Sampler whole(p), top(p);
+    ASSERT_GT(top.top_k_needed(kTopKMax), 0);
+    for (int i = 0; i < 300; ++i) {
+      ASSERT_EQ(top.sample_top(best), whole.sample(logits, {}, {})) << "draw " << i << ", top_k " << p.top_k;
+    }
+  }
+  // Fewer best logits than top-k (the rest NaN): the same as the row.
+  std::vector<float> few(kVocab, std::numeric_limits<float>::quiet_NaN());
+  few[3] = 1.0f;
+  few[70000] = 2.0f;
+  TopKResult two;
+  two.n = 2;
+  two.values[0] = 2.0f;
+  two.ids[0] = 70000;
+  two.values[1] = 1.0f;
+  two.ids[1] = 3;
+  Sampler a({.temperature = 1.0f, .top_k = 20, .seed = 5}), b({.temperature = 1.0f, .top_k = 20, .seed = 5});
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(a.sample_top(two), b.sample(few, {}, {}));
+}
+
+TEST(Sampler, TopKNeededSaysWhenTheBestLogitsSuffice) {
+  EXPECT_EQ(Sampler({}).top_k_needed(64), 1);                                       // greedy
+  EXPECT_EQ(Sampler({.temperature = 1.0f, .top_k = 20}).top_k_needed(64), 20);
+  EXPECT_EQ(Sampler({.temperature = 1.0f, .top_k = 64}).top_k_needed(64), 64);
+  EXPECT_EQ(Sampler({.temperature = 1.0f, .top_k = 65}).top_k_needed(64), 0);        // above the limit
+  EXPECT_EQ(Sampler({.temperature = 1.0f, .top_k = 0, .top_p = 0.9f}).top_k_needed(64), 0);
+  EXPECT_EQ(Sampler({.temperature = 0.0f, .repetition_penalty = 1.1f}).top_k_needed(64), 0);  // penalties
+  EXPECT_EQ(Sampler({.temperature = 1.0f, .top_k = 20, .presence_penalty = 0.5f}).top_k_needed(64), 0);
+}
+
 TEST(Sampler, RepetitionPenaltyFollowsAChangedPrompt) {
   // The prompt's distinct ids are kept between calls; another prompt of the same size replaces them.
   SamplingParams p;

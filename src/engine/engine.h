@@ -83,6 +83,9 @@ struct EngineOptions {
   int64_t n_ctx = 0;                // context per sequence; 0 = the model's training context, capped at 32768
   std::string device = "cpu";       // "cpu" or "cuda:N" (engine_parse_device)
   bool cuda_graphs = true;          // CUDA: replay decode steps as captured graphs (--no-cuda-graph)
+  // CUDA: a decode step whose sampling needs only the best logits (greedy, top-k up to kTopKMax,
+  // no penalties) selects them on the device and copies back those instead of the whole row.
+  bool step_top_k = true;
   // Tokens per prefill chunk (chunks are aligned to absolute positions); 0 = auto: 256 on the CPU;
   // on CUDA 4096 on devices of 28 GiB or more, else 1024.
   int64_t prefill_chunk = 0;

@@ -258,10 +258,15 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
 
   const auto t_decode = Clock::now();
   Sampler sampler(req.sampling);
+  state.set_want_top_k(options_.step_top_k && sampler.top_k_needed(kTopKMax) > 0);
   std::vector<int32_t>& out = result.tokens;
   result.finish = FinishReason::kLength;
   while (static_cast<int64_t>(out.size()) < max_tokens) {
-    const int32_t tok = sampler.sample(model_->logits(state), prompt, out);
+    // A step that returned only its best logits is sampled from them; one whose selection overflowed
+    // (values tied across the vocabulary) fetches its whole row.
+    if (state.top_k_valid() && state.top_k().n < 1) DS_TRY(model_->fetch_logits(state));
+    const int32_t tok = state.top_k_valid() && !state.logits_valid() ? sampler.sample_top(state.top_k())
+                                                                     : sampler.sample(model_->logits(state), prompt, out);
     out.push_back(tok);
     const bool is_stop = (!req.ignore_eos && std::find(info_.eos_tokens.begin(), info_.eos_tokens.end(), tok) != info_.eos_tokens.end()) ||
                          std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end();

@@ -13,6 +13,8 @@
 #include <functional>
 #include <limits>
 
+#include "core/check.h"
+
 // F8 values pass between inlined helpers only; the ABI note on 32-byte vectors does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -323,12 +325,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     // Candidates truncated to top-k, softmax with temperature over them (max-subtracted).
     select_top(v, block_max_, static_cast<size_t>(params_.top_k), cand_, scratch_);
-    double sum = 0;
-    for (auto& c : cand_) {
-      c.first = std::exp((c.first - m) / t);
-      sum += c.first;
-    }
-    for (auto& c : cand_) c.first = static_cast<float>(c.first / sum);
+    softmax_sorted();
   } else if (params_.top_p < 1.0f) {
     // Every token is a candidate: the normalizer over the whole vocabulary, then the nucleus. A peaked
     // distribution's nucleus is within the best 256 logits, found and sorted as top-k's; a flat one's
@@ -398,6 +395,20 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     return last;  // rounding between the block sum and the walk
   }
 
+  return finish_sorted();
+}
+
+void Sampler::softmax_sorted() {
+  const float max_logit = cand_[0].first;
+  double sum = 0;
+  for (auto& c : cand_) {
+    c.first = std::exp((c.first - max_logit) / params_.temperature);
+    sum += c.first;
+  }
+  for (auto& c : cand_) c.first = static_cast<float>(c.first / sum);
+}
+
+int32_t Sampler::finish_sorted() {
   if (params_.top_p < 1.0f) {
     double acc = 0;
     size_t keep = cand_.size();
@@ -419,6 +430,26 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   double total = 0;
   for (const auto& c : cand_) total += c.first;
   return draw(total);
+}
+
+int32_t Sampler::top_k_needed(int32_t limit) const {
+  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    return 0;
+  }
+  if (params_.temperature <= 0.0f) return 1;
+  return params_.top_k > 0 && params_.top_k <= limit ? params_.top_k : 0;
+}
+
+int32_t Sampler::sample_top(const TopKResult& best) {
+  const int32_t n = std::min(best.n, kTopKMax);
+  DS_CHECK(n >= 1 && top_k_needed(kTopKMax) > 0, "sample_top: {} best logits for a sampler that needs {}", best.n,
+           top_k_needed(kTopKMax));
+  if (params_.temperature <= 0.0f) return best.ids[0];
+  const int32_t k = std::min(n, params_.top_k);
+  cand_.resize(static_cast<size_t>(k));
+  for (int32_t i = 0; i < k; ++i) cand_[static_cast<size_t>(i)] = {best.values[i], best.ids[i]};
+  softmax_sorted();
+  return finish_sorted();
 }
 
 }  // namespace ds

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/top_k.h"
 
 namespace ds {
 
@@ -30,6 +31,15 @@ class Sampler {
   int32_t sample(std::span<const float> logits, std::span<const int32_t> prompt,
                  std::span<const int32_t> generated);
 
+  // How many of the best logits decide the next token, at most `limit`: 1 for greedy, top_k for top-k
+  // sampling; 0 when the sampler needs every logit (penalties; top-k off or above the limit). A model
+  // step can then return only those (SequenceState::set_want_top_k).
+  int32_t top_k_needed(int32_t limit) const;
+  // Picks the next token from a step's best logits (value desc, id asc; best.n >= 1 and at least
+  // top_k_needed of them, or every logit that is not NaN): the same token sample() gives on the whole
+  // row for the same seed.
+  int32_t sample_top(const TopKResult& best);
+
   const SamplingParams& params() const { return params_; }
 
  private:
@@ -37,6 +47,8 @@ class Sampler {
   std::span<const float> penalize(std::span<const float> logits, std::span<const int32_t> prompt,
                                   std::span<const int32_t> generated);
   int32_t draw(double total);
+  void softmax_sorted();    // cand_'s logits (sorted) -> probabilities with temperature
+  int32_t finish_sorted();  // top-p, min-p over cand_'s sorted probabilities, then the draw
   void nucleus_by_histogram(std::span<const float> logits, float max_logit, float t, double z);
 
   SamplingParams params_;

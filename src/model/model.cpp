@@ -264,6 +264,7 @@ Status Model::run_segment(SequenceState& state, std::span<const int32_t> tokens,
   DS_TRY(embed(tokens, hidden));
   DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
   state.set_logits_valid(false);
+  state.set_top_k_valid(false);
   if (want_logits) {
     const TensorView last = TensorView::contiguous(hidden.as<float>() + (n - 1) * config_.n_embd, DType::F32,
                                                    {config_.n_embd, 1}, options_.device);
@@ -409,12 +410,12 @@ Status Model::head(const TensorView& hidden_row, float* logits) {
   return Status::ok();
 }
 
-Status Model::head_queue(const TensorView& hidden_row, float* logits) {
+Status Model::head_queue(const TensorView& hidden_row, float* logits, TopKResult* top_k) {
   const TensorView row = reshape(hidden_row, {config_.n_embd, 1});
   const TensorView norm = head_norm_.view(DType::F32, {config_.n_embd, 1});
   DS_TRY(rms_norm(ctx_, row, weights_.output_norm, config_.rms_eps, norm));
   dump("result_norm", norm);
-  if (cuda_) return cuda_head_output(norm, logits);
+  if (cuda_) return cuda_head_output(norm, logits, top_k);
   const TensorView out = TensorView::contiguous(logits, DType::F32, {config_.n_vocab, 1}, options_.device);
   DS_TRY(matmul(ctx_, weights_.output, norm, out));
   dump("result_output", out);

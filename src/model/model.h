@@ -131,8 +131,13 @@ class Model {
   Status prefill(SequenceState& state, std::span<const int32_t> tokens);
   // One token (the same math as a 1-token prefill).
   Status decode(SequenceState& state, int32_t token);
-  // The state's last logits [n_vocab] (empty if none are valid).
+  // The state's last logits [n_vocab] (empty if none are valid). A CUDA decode step of a state that
+  // wants only its best logits (SequenceState::set_want_top_k) leaves state.top_k() valid instead.
   std::span<const float> logits(const SequenceState& state) const;
+  // The whole row of the state's last step when that step returned only its best logits: copied from
+  // the device now (for a best-logits result that overflowed, or a sampler that needs more). Must come
+  // before the model runs another step; kInvalidArgument otherwise.
+  Status fetch_logits(SequenceState& state);
 
   // ---- state streams (see state/state_io.h) ----
   Result<std::vector<uint8_t>> save_state(const SequenceState& state, int64_t n_tokens) const;
@@ -169,7 +174,8 @@ class Model {
   // head() on the model's device; the logits land in `logits` (CPU), or on CUDA (asynchronously) in
   // `logits` where it is page-locked host memory (a sequence's own, SequenceState::logits_pinned),
   // else (null) in the model's pinned logits buffer.
-  Status head_queue(const TensorView& hidden_row, float* logits);
+  // With top_k (CUDA: page-locked host memory) only the best logits are copied there, not the row.
+  Status head_queue(const TensorView& hidden_row, float* logits, TopKResult* top_k = nullptr);
   // Reports an intermediate to the debug hook (host copy of device tensors).
   void dump(std::string_view name, const TensorView& t) const;
 
@@ -181,8 +187,8 @@ class Model {
   Status cuda_stage(int64_t pos0, std::span<const int32_t> tokens);
   Status cuda_embed_staged(int64_t n_tokens, const TensorView& hidden);  // rows of the staged ids
   // logits = output * norm, its copy queued to `pinned` (page-locked host memory) or, null, to the
-  // model's pinned logits buffer.
-  Status cuda_head_output(const TensorView& norm, float* pinned);
+  // model's pinned logits buffer; with top_k (page-locked), only the best logits are copied, there.
+  Status cuda_head_output(const TensorView& norm, float* pinned, TopKResult* top_k = nullptr);
   // Waits for the stream; then the logits go from the model's pinned buffer to `logits`, unless
   // cuda_head_output copied them there itself (in_place).
   Status cuda_finish_logits(float* logits, bool in_place);

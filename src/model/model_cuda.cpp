@@ -44,6 +44,7 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_registry.h"
+#include "ops/cuda/top_k_launch.h"
 #include "ops/matmul.h"
 #include "quant/quant.h"
 #endif
@@ -114,6 +115,7 @@ struct GraphKey {
   uint64_t scratch_generation = 0;
   const void* hidden = nullptr;
   const float* logits = nullptr;  // where the step's logits copy goes (the sequence's pinned logits)
+  const TopKResult* top_k = nullptr;  // or where its best logits go, when only they are copied
   bool operator==(const GraphKey&) const = default;
 };
 
@@ -161,6 +163,10 @@ struct ModelCuda {
   bool step_pending = false;        // an upload queued from step_host may not have run yet
   DeviceBuffer logits_dev;          // [n_vocab] F32
   cuda::PinnedBuffer logits_host;   // [n_vocab] F32
+  DeviceBuffer top_k_dev;           // one TopKResult; empty where the vocabulary is too large
+  DeviceBuffer top_k_scratch;       // its block maxima
+  const SequenceState* logits_of = nullptr;  // whose step logits_dev holds (fetch_logits), at which position
+  int64_t logits_pos = -1;
   cudaGraphExec_t graph = nullptr;  // the decode step captured for graph_key
   GraphKey graph_key;
   bool warm = false;                // warm_key holds the key an uncaptured step ended with
@@ -216,6 +222,10 @@ Status Model::cuda_init() {
   DS_ASSIGN_OR_RETURN(c->step_uploaded, cuda::Event::create(dev.index));
   DS_ASSIGN_OR_RETURN(c->logits_dev, DeviceBuffer::alloc(dev, 4 * config_.n_vocab));
   DS_ASSIGN_OR_RETURN(c->logits_host, cuda::PinnedBuffer::allocate(4 * config_.n_vocab));
+  if (cuda::top_k_fits(config_.n_vocab)) {
+    DS_ASSIGN_OR_RETURN(c->top_k_dev, DeviceBuffer::alloc(dev, sizeof(TopKResult)));
+    DS_ASSIGN_OR_RETURN(c->top_k_scratch, DeviceBuffer::alloc(dev, 4 * cuda::top_k_scratch_floats(config_.n_vocab)));
+  }
   if (options_.cuda_time_steps) {
     DS_ASSIGN_OR_RETURN(c->replay_start, cuda::Event::create(dev.index));
     DS_ASSIGN_OR_RETURN(c->replay_end, cuda::Event::create(dev.index));
@@ -363,13 +373,32 @@ Status Model::cuda_embed_staged(int64_t n_tokens, const TensorView& hidden) {
   return Status::ok();
 }
 
-Status Model::cuda_head_output(const TensorView& norm, float* pinned) {
+Status Model::cuda_head_output(const TensorView& norm, float* pinned, TopKResult* top_k) {
   ModelCuda& c = *cuda_;
   const TensorView out = c.logits_dev.view(DType::F32, {config_.n_vocab, 1});
   DS_TRY(matmul(ctx_, weights_.output, norm, out));
   dump("result_output", out);
+  if (top_k != nullptr) {
+    DS_CHECK(!c.top_k_dev.empty(), "best logits asked of a model whose vocabulary of {} has none", config_.n_vocab);
+    const TensorView scratch = c.top_k_scratch.view(DType::F32, {cuda::top_k_scratch_floats(config_.n_vocab)});
+    DS_TRY(cuda::top_k(ctx_, c.logits_dev.view(DType::F32, {config_.n_vocab}), scratch, static_cast<TopKResult*>(c.top_k_dev.data())));
+    return cuda::copy_to_host(top_k, c.top_k_dev.data(), sizeof(TopKResult), c.stream);
+  }
   void* to = pinned != nullptr ? static_cast<void*>(pinned) : c.logits_host.data();
   return cuda::copy_to_host(to, c.logits_dev.data(), 4 * config_.n_vocab, c.stream);
+}
+
+Status Model::fetch_logits(SequenceState& state) {
+  if (state.logits_valid()) return Status::ok();
+  if (!cuda_ || !state.top_k_valid() || cuda_->logits_of != &state || cuda_->logits_pos != state.pos()) {
+    return invalid_argument("fetch_logits: the device no longer holds the logits of this state's last step");
+  }
+  ModelCuda& c = *cuda_;
+  cuda::DeviceGuard guard(c.device);
+  DS_TRY(cuda::copy_to_host(state.logits().data(), c.logits_dev.data(), 4 * config_.n_vocab, c.stream));
+  DS_TRY(c.stream.synchronize());
+  state.set_logits_valid(true);
+  return Status::ok();
 }
 
 Status Model::cuda_finish_logits(float* logits, bool in_place) {
@@ -390,6 +419,7 @@ Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> to
   DS_TRY(cuda_embed_staged(n, hidden));
   DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
   state.set_logits_valid(false);
+  state.set_top_k_valid(false);
   if (want_logits) {
     const TensorView last = TensorView::contiguous(hidden.as<float>() + (n - 1) * E, DType::F32, {E, 1},
                                                    options_.device);
@@ -410,6 +440,8 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
   cuda::DeviceGuard guard(c.device);
   scratch_->reset();  // outside any capture: merging spilled scratch blocks allocates
   float* direct = direct_logits(state);
+  // Only the best logits come back where the state wants no more and can take them as the logits.
+  TopKResult* top_k = state.want_top_k() && direct != nullptr && !c.top_k_dev.empty() ? state.top_k_data() : nullptr;
   const auto key_now = [&] {
     return GraphKey{&state,
                     state.recurrent_data(),
@@ -417,7 +449,8 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
                     std::min(n_ctx_, (pos + 1 + 1023) / 1024 * 1024),
                     scratch_->generation,
                     hidden_buf_.data(),
-                    direct};
+                    direct,
+                    top_k};
   };
   const GraphKey key = key_now();
 
@@ -433,7 +466,7 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 8, c.stream));
     DS_TRY(cuda_embed_staged(1, hidden));
     DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
-    return head_queue(hidden, direct);
+    return head_queue(hidden, direct, top_k);
   };
 
   bool ran = false, timed = false;
@@ -500,14 +533,17 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     c.warm_key = key_now();  // what the next step must match to be captured
   }
   c.step_pending = true;  // cleared by the synchronization below
-  DS_TRY(cuda_finish_logits(state.logits().data(), direct != nullptr));
+  DS_TRY(cuda_finish_logits(state.logits().data(), direct != nullptr || top_k != nullptr));
+  c.logits_of = &state;
+  c.logits_pos = pos + 1;
   if (timed) {
     DS_ASSIGN_OR_RETURN(const float ms, cuda::Event::elapsed_ms(c.replay_start, c.replay_end));
     c.stats.timed_replays++;
     c.stats.replay_device_ms += ms;
   }
   state.set_pos(pos + 1);
-  state.set_logits_valid(true);
+  state.set_logits_valid(top_k == nullptr);
+  state.set_top_k_valid(top_k != nullptr);
   return Status::ok();
 }
 
@@ -530,7 +566,11 @@ Status no_cuda(const Device& d) {
 Status Model::cuda_init() { return no_cuda(options_.device); }
 Status Model::cuda_stage(int64_t, std::span<const int32_t>) { return no_cuda(options_.device); }
 Status Model::cuda_embed_staged(int64_t, const TensorView&) { return no_cuda(options_.device); }
-Status Model::cuda_head_output(const TensorView&, float*) { return no_cuda(options_.device); }
+Status Model::cuda_head_output(const TensorView&, float*, TopKResult*) { return no_cuda(options_.device); }
+Status Model::fetch_logits(SequenceState& state) {
+  if (state.logits_valid()) return Status::ok();
+  return invalid_argument("fetch_logits: the state's last step left no logits");
+}
 Status Model::cuda_finish_logits(float*, bool) { return no_cuda(options_.device); }
 Status Model::cuda_run_segment(SequenceState&, std::span<const int32_t>, bool) { return no_cuda(options_.device); }
 Status Model::cuda_decode_graph(SequenceState&, int32_t) { return no_cuda(options_.device); }

@@ -28,6 +28,7 @@ Result<std::unique_ptr<SequenceState>> SequenceState::create(std::shared_ptr<KvP
                         DeviceBuffer::alloc(st->pool_->device(), entries * int64_t{sizeof(void*)}, /*zero=*/true));
   }
   DS_ASSIGN_OR_RETURN(st->logits_, HostBuffer::alloc(st->pool_->device(), l.n_vocab * int64_t{4}, /*zero=*/true));
+  DS_ASSIGN_OR_RETURN(st->top_k_, HostBuffer::alloc(st->pool_->device(), sizeof(TopKResult), /*zero=*/true));
   return st;
 }
 
@@ -92,6 +93,7 @@ Status SequenceState::reset() {
   kv_truncate(0);
   has_recurrent_ = true;
   logits_valid_ = false;
+  top_k_valid_ = false;
   if (!recurrent_.empty()) DS_TRY(device_zero(recurrent_.data(), recurrent_.device(), recurrent_.bytes()));
   return Status::ok();
 }
@@ -106,6 +108,7 @@ void SequenceState::kv_truncate(int64_t n_tokens) {
   }
   pos_ = n_tokens;
   logits_valid_ = false;
+  top_k_valid_ = false;
 }
 
 Result<std::unique_ptr<SequenceState>> SequenceState::fork() const {
@@ -125,6 +128,9 @@ Result<std::unique_ptr<SequenceState>> SequenceState::fork() const {
   copy->has_recurrent_ = has_recurrent_;
   if (logits_.bytes() > 0) std::memcpy(copy->logits_.data(), logits_.data(), static_cast<size_t>(logits_.bytes()));
   copy->logits_valid_ = logits_valid_;
+  std::memcpy(copy->top_k_.data(), top_k_.data(), sizeof(TopKResult));
+  copy->top_k_valid_ = top_k_valid_;
+  copy->want_top_k_ = want_top_k_;
   return copy;
 }
 

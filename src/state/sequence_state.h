@@ -16,6 +16,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "ops/device_buffer.h"
+#include "ops/top_k.h"
 #include "state/kv_pool.h"
 #include "state/state_layout.h"
 
@@ -68,6 +69,16 @@ class SequenceState {
   bool logits_valid() const { return logits_valid_; }
   void set_logits_valid(bool v) { logits_valid_ = v; }
 
+  // The best kTopKMax logits of the last step, for a step that returned only them: a CUDA decode step
+  // while want_top_k() (the engine sets it when its sampler needs no more); logits() is then not
+  // valid. Host memory at a fixed address, page-locked like the logits.
+  const TopKResult& top_k() const { return *static_cast<const TopKResult*>(top_k_.data()); }
+  TopKResult* top_k_data() { return static_cast<TopKResult*>(top_k_.data()); }
+  bool top_k_valid() const { return top_k_valid_; }
+  void set_top_k_valid(bool v) { top_k_valid_ = v; }
+  bool want_top_k() const { return want_top_k_; }
+  void set_want_top_k(bool v) { want_top_k_ = v; }
+
   // Back to position 0: frees the KV chunks, zeroes recurrent state, drops logits. Fails only on a
   // device error (the state is then unusable).
   Status reset();
@@ -90,6 +101,8 @@ class SequenceState {
   size_t n_logits() const { return static_cast<size_t>(logits_.bytes()) / sizeof(float); }
   HostBuffer logits_;  // n_vocab floats
   bool logits_valid_ = false;
+  HostBuffer top_k_;   // one TopKResult
+  bool top_k_valid_ = false, want_top_k_ = false;
 };
 
 }  // namespace ds

@@ -22,6 +22,7 @@
 #include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/matvec_q8_args.h"
 #include "ops/cuda/ops_launch.h"
+#include "ops/cuda/top_k_launch.h"
 #include "ops/op_registry.h"
 #include "ops/rms_norm.h"
 
@@ -306,6 +307,25 @@ Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float
   DeviceGuard guard(ctx.device.index);
   DS_CUDA_TRY(rope_neox_launch(f32(x), x.ne[0], x.ne[1], x.ne[2], n_rot, base, pos0, stream_of(ctx)),
               "rope_neox x {} n_rot {}", x.shape_string(), n_rot);
+  return Status::ok();
+}
+
+Status top_k(const OpContext& ctx, const TensorView& x, const TensorView& scratch, TopKResult* out) {
+  constexpr const char* op = "top_k";
+  DS_TRY(device_status(ctx.device.index));
+  if (x.dtype != DType::F32 || !x.is_contiguous() || !top_k_fits(x.n_elements())) {
+    return unsupported("{}: x {} {}: a contiguous F32 row of 1 to {} values", op, dtype_name(x.dtype),
+                       x.shape_string(), kTopKMaxBlocks * kTopKBlock);
+  }
+  if (scratch.dtype != DType::F32 || !scratch.is_contiguous() ||
+      scratch.n_elements() < top_k_scratch_floats(x.n_elements())) {
+    return invalid_argument("{}: scratch {} for x {}: needs {} contiguous floats", op, scratch.shape_string(),
+                            x.shape_string(), top_k_scratch_floats(x.n_elements()));
+  }
+  DS_TRY(check_device_memory(op, {&x, &scratch}));
+  DeviceGuard guard(ctx.device.index);
+  DS_CUDA_TRY(top_k_launch(f32(x), x.n_elements(), f32(scratch), out, stream_of(ctx)), "{} x {}", op,
+              x.shape_string());
   return Status::ok();
 }
 

@@ -11,6 +11,7 @@
 #include "ops/delta_net.h"
 #include "ops/moe.h"
 #include "ops/op_context.h"
+#include "ops/top_k.h"
 
 namespace ds::cuda {
 
@@ -110,6 +111,9 @@ Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, cons
                            const TensorView& act);
 // rope_neox with the first token's position read from device memory.
 Status rope_neox_at(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, const int32_t* d_pos);
+// The kTopKMax best values of the contiguous F32 row x (ops/top_k.h) into *out, device memory; scratch:
+// at least (n + 127) / 128 floats of device memory. Asynchronous on the context's stream.
+Status top_k(const OpContext& ctx, const TensorView& x, const TensorView& scratch, TopKResult* out);
 // get_rows whose ids the caller has already validated (no copy to the host).
 Status get_rows_trusted(const OpContext& ctx, const TensorView& table, const TensorView& ids, const TensorView& y);
 // moe_ffn for few tokens (n_tokens * k <= kMoeGatheredMaxSlots): every (token, slot) pair reads its
