@@ -543,7 +543,9 @@ TEST_P(CudaModelArch, DecodeStepReturnsItsBestLogitsWhenAsked) {
     tokens.push_back(argmax(row));
   }
   EXPECT_GE(g->cuda_graph_stats().replays, 3);
-  ASSERT_TRUE(g->prefill(*b, prompt).is_ok());  // the device's logits are b's now
+  ASSERT_TRUE(g->decode(*a, tokens.back()).is_ok());  // best logits only, the row left on the device
+  ASSERT_TRUE(g->prefill(*b, prompt).is_ok());        // the device's row is b's now
+  EXPECT_FALSE(a->logits_valid());
   EXPECT_EQ(g->fetch_logits(*a).code(), StatusCode::kInvalidArgument);
   for (int step = 0; step < 6; ++step) {
     ASSERT_TRUE(g->decode(*b, tokens[static_cast<size_t>(step)]).is_ok());

@@ -405,6 +405,7 @@ Status Model::cuda_finish_logits(float* logits, bool in_place) {
   ModelCuda& c = *cuda_;
   DS_TRY(c.stream.synchronize());
   c.step_pending = false;  // everything queued has run
+  c.logits_of = nullptr;   // logits_dev holds this head's row (cuda_decode_graph names its state after)
   if (!in_place) std::memcpy(logits, c.logits_host.data(), static_cast<size_t>(4 * config_.n_vocab));
   return Status::ok();
 }
