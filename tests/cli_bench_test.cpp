@@ -93,6 +93,32 @@ TEST(BenchCli, JsonHasEveryFigureOnTheCpu) {
   EXPECT_FALSE(fs::exists(json_path + ".tmp"));
 }
 
+TEST(BenchCli, ServedRowsDecodeThroughTheEngine) {
+  // --served: one more row per depth, the decode through the engine with the server's default sampling.
+  TempDir dir("served");
+  const std::string model = make_tiny_model(dir);
+  const std::string json_path = dir.path() + "/bench.json";
+  const RunResult r = run_exe(
+      "bench " + model + " --pp 8 --tg 6 --depth 0,12 --reps 2 -t 2 --served --json " + json_path, dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tg6-srv"), std::string::npos) << r.output;
+  std::ifstream in(json_path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j.value("complete", false), true) << j.dump(2);
+  ASSERT_EQ(j["tests"].size(), 5u) << j["tests"].dump(2);
+  for (size_t i = 3; i < 5; ++i) {
+    const auto& t = j["tests"][i];
+    SCOPED_TRACE(t.dump());
+    EXPECT_EQ(t.value("test", ""), "tg6-served");
+    EXPECT_EQ(t.value("kind", ""), "decode_served");
+    EXPECT_EQ(t.value("depth", int64_t{-1}), i == 3 ? 0 : 12);
+    EXPECT_GT(t.value("tok_s", 0.0), 0.0);
+    EXPECT_EQ(t["rep_tok_s"].size(), 2u);
+    EXPECT_GT(t.value("fraction_of_limit", 0.0), 0.0);
+  }
+}
+
 TEST(BenchCli, RejectsBadArgumentsClearly) {
   TempDir dir("args");
   const std::string model = make_tiny_model(dir);

@@ -44,6 +44,7 @@ struct Options {
   int64_t prefill_chunk = 0;   // 0 = auto, resolved by the model (ModelOptions::prefill_chunk)
   bool no_cuda_graph = false;  // CUDA: run every decode step as separate launches
   bool step_times = false;     // CUDA: time each replayed decode step on the device as well
+  bool served = false;         // also decode through the engine (sampler included), as serve does
   std::string device = "cpu";  // "cpu" or "cuda:N"
   std::string kv_type;         // "f32" / "f16"; empty = f16 on CUDA, f32 on the CPU
   std::string json_path;       // --json: every figure, for scripts
@@ -325,7 +326,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
   const double t_load = now_s();
   DS_ASSIGN_OR_RETURN(auto model, ds::Model::load(o.model, mo));
   if (cuda) std::fprintf(stderr, "loaded in %.1f s\n", now_s() - t_load);
-  const auto& cfg = model->config();
+  const ds::ModelConfig cfg = model->config();  // a copy: --served releases the model first
   const WeightBytes wb = weight_bytes(*model->gguf(), cfg);
   const int threads = ds::ThreadPool::global().n_threads();
   if (!cuda) lim = measure_cpu_limits();
@@ -463,6 +464,54 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
                 gib(mem.allocator_peak_reserved), gib(mem.allocator_peak_in_use), gib(mem.device_used_max),
                 gib(mem.device_total));
   }
+  if (!o.served) return ds::Status::ok();
+
+  // What a server's user gets: the same decode through the engine (LocalEngine::generate: the sampler
+  // on each step's logits, or the best logits on CUDA, then Model::decode) with the server's default
+  // sampling. The engine loads its own copy of the model, so the bench's goes first.
+  ds::EngineOptions eo;
+  eo.n_threads = o.threads;
+  eo.n_ctx = model->n_ctx();
+  eo.prefill_chunk = o.prefill_chunk;
+  eo.device = o.device;
+  eo.kv_type = o.kv_type;
+  eo.cuda_graphs = !o.no_cuda_graph;
+  eo.cache_ram_bytes = 0;
+  eo.checkpoint_every = 0;
+  model.reset();
+  std::fprintf(stderr, "loading %s into the engine\n", o.model.c_str());
+  DS_ASSIGN_OR_RETURN(auto engine, ds::LocalEngine::open(o.model, eo));
+  for (int64_t depth : o.depth) {
+    double best = 0;
+    std::vector<double> reps;
+    for (int r = 0; r < o.reps; ++r) {
+      ds::GenerateRequest req;
+      req.prompt = random_tokens(std::max<int64_t>(depth, 1));
+      req.max_tokens = static_cast<int32_t>(o.tg + 1);  // tg decode steps after the prompt's token
+      req.ignore_eos = true;
+      req.sampling = {.temperature = 1.0f, .top_k = 20, .top_p = 0.95f, .seed = static_cast<uint64_t>(r)};
+      DS_ASSIGN_OR_RETURN(const auto res, engine->generate(req));
+      const double tps = 1e3 * static_cast<double>(res.tokens.size() - 1) / std::max(1e-6, res.decode_ms);
+      best = std::max(best, tps);
+      reps.push_back(tps);
+      std::fprintf(stderr, "  tg%lld-served@%lld rep %d: %.2f tok/s\n", static_cast<long long>(o.tg),
+                   static_cast<long long>(depth), r, tps);
+    }
+    const double frac = best * wb.per_token / (bw * 1e9);
+    std::printf("tg%-8s %8lld %12.2f %13.0f%%  (served: engine, top-k 20, top-p 0.95)\n",
+                fmt::format("{}-srv", o.tg).c_str(), static_cast<long long>(depth), best, 100 * frac);
+    std::fflush(stdout);
+    doc["tests"].push_back({{"test", fmt::format("tg{}-served", o.tg)},
+                            {"kind", "decode_served"},
+                            {"sampling", "temperature 1, top-k 20, top-p 0.95"},
+                            {"n_tokens", o.tg},
+                            {"depth", depth},
+                            {"tok_s", best},
+                            {"rep_tok_s", reps},
+                            {"limit", "read_bandwidth"},
+                            {"fraction_of_limit", num_or_null(frac)}});
+    DS_TRY(report.write());
+  }
   return ds::Status::ok();
 }
 
@@ -520,6 +569,9 @@ void setup(CLI::App& app, int& exit_code) {
                  "else 1024)")
       ->capture_default_str();
   app.add_option("--device", o->device, "cpu or cuda:N")->capture_default_str();
+  app.add_flag("--served", o->served,
+               "Also decode through the engine, sampler included (the server's default sampling), as a user of "
+               "serve gets it: one more row per depth");
   app.add_option("--kv-type", o->kv_type, "Attention KV cache type: f16 or f32 (default f16 on CUDA, f32 on the CPU)");
   app.add_option("--json", o->json_path, "Also write every figure (limits, tok/s, fractions, peak memory) to this file");
   app.add_option("--ttft", o->ttft, "Instead: time to first token for these prompt lengths, cold / RAM hit / disk hit")
