@@ -381,7 +381,8 @@ Status Model::cuda_head_output(const TensorView& norm, float* pinned, TopKResult
   if (top_k != nullptr) {
     DS_CHECK(!c.top_k_dev.empty(), "best logits asked of a model whose vocabulary of {} has none", config_.n_vocab);
     const TensorView scratch = c.top_k_scratch.view(DType::F32, {cuda::top_k_scratch_floats(config_.n_vocab)});
-    DS_TRY(cuda::top_k(ctx_, c.logits_dev.view(DType::F32, {config_.n_vocab}), scratch, static_cast<TopKResult*>(c.top_k_dev.data())));
+    auto* best = static_cast<TopKResult*>(c.top_k_dev.data());
+    DS_TRY(cuda::top_k(ctx_, c.logits_dev.view(DType::F32, {config_.n_vocab}), scratch, best));
     return cuda::copy_to_host(top_k, c.top_k_dev.data(), sizeof(TopKResult), c.stream);
   }
   void* to = pinned != nullptr ? static_cast<void*>(pinned) : c.logits_host.data();
