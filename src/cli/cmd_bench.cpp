@@ -51,6 +51,7 @@ struct Options {
   std::vector<int64_t> ttft;   // prompt lengths for the time-to-first-token benchmark
   std::string cache_dir;       // disk tier directory for --ttft (a temporary one if empty)
   int64_t tail = 100;          // new tokens after the cached prefix
+  int64_t checkpoint_every = 0;  // --ttft: snapshots inside the prompt too, as serve takes them (0: only its end)
   std::string skip_kernels;    // diagnostic: CUDA kernels not launched (ops/cuda/pdl.h)
   std::string only_kernels;    // diagnostic: the only CUDA kernels launched
 };
@@ -131,7 +132,7 @@ ds::Status run_ttft(const Options& o) {
   eo.kv_type = o.kv_type;
   eo.kv_cache_dir = dir;
   eo.cache_ram_bytes = int64_t{16} << 30;
-  eo.checkpoint_every = 0;  // only the turn boundary below is saved
+  eo.checkpoint_every = o.checkpoint_every;  // 0: only the end of the prompt is saved
   std::printf("%-8s %12s %12s %12s %14s %12s %12s\n", "prompt", "cold ms", "RAM hit ms", "disk hit ms",
               "snapshot MiB", "KiB/token", "restore GB/s RAM/disk");
   for (int64_t len : o.ttft) {
@@ -578,6 +579,10 @@ void setup(CLI::App& app, int& exit_code) {
       ->delimiter(',');
   app.add_option("--kv-cache-dir", o->cache_dir, "With --ttft: snapshot directory (default: a temporary one)");
   app.add_option("--tail", o->tail, "With --ttft: new tokens after the cached prefix")->capture_default_str();
+  app.add_option("--checkpoint-every", o->checkpoint_every,
+                 "With --ttft: also snapshot every N prompt tokens, as serve does (--cache-checkpoint-every, 4096 "
+                 "there); 0: only the prompt's end")
+      ->capture_default_str();
   app.add_option("--skip-kernels", o->skip_kernels,
                  "Diagnostic, CUDA: do not launch kernels whose name contains one of these comma-separated "
                  "substrings (what they cost inside the decode graph; outputs are meaningless)");
