@@ -191,25 +191,10 @@ Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_
 
   HostImage img(st, chunks_for(l, n_tokens));
   DS_TRY(img.download((flags & kFlagRecurrent) != 0));
-  std::vector<uint8_t> buf;
+  size_t total = out.size();
+  for (const SectionSpec& s : sections) total += 4 + s.name.size() + 4 + 4 + 32 + 8 + 8 + 8 + s.n_bytes();
+  out.reserve(total);  // one allocation: the stream is hundreds of MB for a long prompt
   for (const SectionSpec& s : sections) {
-    // Fill the payload.
-    buf.resize(static_cast<size_t>(s.n_bytes()));
-    if (s.name == "logits") {
-      std::memcpy(buf.data(), st.logits().data(), buf.size());
-    } else {
-      const int64_t il = std::stoll(s.name.substr(4));
-      const bool attn_v = s.name.ends_with(".attn.v");
-      if (s.name.ends_with(".attn.k") || attn_v) {
-        int64_t ai = 0;
-        for (int64_t j = 0; j < il; ++j) ai += l.kinds[static_cast<size_t>(j)] == LayerStateKind::kAttention;
-        kv_rows(img, l, ai, attn_v, n_tokens, buf.data(), false);
-      } else if (s.name.ends_with(".deltanet.conv")) {
-        std::memcpy(buf.data(), img.recurrent(st.conv_state(il)), buf.size());
-      } else {
-        std::memcpy(buf.data(), img.recurrent(st.ssm_state(il)), buf.size());
-      }
-    }
     const size_t start = out.size();
     put<uint32_t>(out, static_cast<uint32_t>(s.name.size()));
     out.insert(out.end(), s.name.begin(), s.name.end());
@@ -218,9 +203,32 @@ Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_
     for (int64_t ne : s.ne) put<int64_t>(out, ne);
     put<uint64_t>(out, static_cast<uint64_t>(s.n_bytes()));
     put<uint64_t>(out, XXH3_64bits(out.data() + start, out.size() - start));
-    put<uint64_t>(out, XXH3_64bits(buf.data(), buf.size()));
-    out.insert(out.end(), buf.begin(), buf.end());
+    const size_t sum_at = out.size();
+    put<uint64_t>(out, 0);  // the payload's checksum, once it is written
+    // The payload, straight into the stream.
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(s.n_bytes()));
+    uint8_t* buf = out.data() + at;
+    const size_t n = static_cast<size_t>(s.n_bytes());
+    if (s.name == "logits") {
+      std::memcpy(buf, st.logits().data(), n);
+    } else {
+      const int64_t il = std::stoll(s.name.substr(4));
+      const bool attn_v = s.name.ends_with(".attn.v");
+      if (s.name.ends_with(".attn.k") || attn_v) {
+        int64_t ai = 0;
+        for (int64_t j = 0; j < il; ++j) ai += l.kinds[static_cast<size_t>(j)] == LayerStateKind::kAttention;
+        kv_rows(img, l, ai, attn_v, n_tokens, buf, false);
+      } else if (s.name.ends_with(".deltanet.conv")) {
+        std::memcpy(buf, img.recurrent(st.conv_state(il)), n);
+      } else {
+        std::memcpy(buf, img.recurrent(st.ssm_state(il)), n);
+      }
+    }
+    const uint64_t sum = XXH3_64bits(buf, n);
+    std::memcpy(out.data() + sum_at, &sum, sizeof(sum));
   }
+  DS_CHECK(out.size() == total, "state stream of {} bytes, {} computed", out.size(), total);
   return out;
 }
 
