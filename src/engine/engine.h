@@ -25,6 +25,10 @@ struct SamplingParams {
   uint64_t seed = 0;             // same seed + same request = same output
 };
 
+// The Qwen3.5/3.6 recommended sampling for thinking mode: what the server applies to the fields a
+// request omits, and what `bench --served` decodes with.
+inline constexpr SamplingParams kRecommendedSampling{.temperature = 1.0f, .top_k = 20, .top_p = 0.95f, .min_p = 0.0f};
+
 enum class FinishReason { kStop, kLength, kCancelled };
 
 struct GenerateRequest {

@@ -265,9 +265,8 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
     // A step that returned only its best logits is sampled from them; one whose selection overflowed
     // (values tied across the vocabulary) fetches its whole row.
     if (state.top_k_valid() && state.top_k().n < 1) DS_TRY(model_->fetch_logits(state));
-    const bool best_only = state.top_k_valid() && !state.logits_valid();
-    const int32_t tok =
-        best_only ? sampler.sample_top(state.top_k()) : sampler.sample(model_->logits(state), prompt, out);
+    const int32_t tok = state.top_k_valid() ? sampler.sample_top(state.top_k())
+                                            : sampler.sample(model_->logits(state), prompt, out);
     out.push_back(tok);
     const bool is_stop = (!req.ignore_eos && std::find(info_.eos_tokens.begin(), info_.eos_tokens.end(), tok) != info_.eos_tokens.end()) ||
                          std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end();

@@ -89,7 +89,7 @@ DS_INLINE float exp_sum_run(const float* v, int64_t n, float m, float t) {
   a0 += a1;
   float s = 0.0f;
   for (int j = 0; j < 8; ++j) s += a0[j];
-  for (; i < n; ++i) s += exp_neg8(splat8((v[i] - m) / t))[0];
+  for (; i < n; ++i) s += exp_neg((v[i] - m) / t);
   return s;
 }
 
@@ -144,7 +144,7 @@ DS_VOCAB_PASS void histogram_pass(const float* v, int64_t n, float m, float t, f
     const I8 b = __builtin_convertvector(bf, I8);
     for (int j = 0; j < 8; ++j) hist[b[j]] += e[j];
   }
-  for (; i < n; ++i) hist[hist_bucket(v[i], m, per)] += exp_neg8(splat8((v[i] - m) / t))[0];
+  for (; i < n; ++i) hist[hist_bucket(v[i], m, per)] += exp_neg((v[i] - m) / t);
 }
 
 bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {

@@ -264,7 +264,6 @@ Status Model::run_segment(SequenceState& state, std::span<const int32_t> tokens,
   DS_TRY(embed(tokens, hidden));
   DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
   state.set_logits_valid(false);
-  state.set_top_k_valid(false);
   if (want_logits) {
     const TensorView last = TensorView::contiguous(hidden.as<float>() + (n - 1) * config_.n_embd, DType::F32,
                                                    {config_.n_embd, 1}, options_.device);

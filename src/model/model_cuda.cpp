@@ -421,7 +421,6 @@ Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> to
   DS_TRY(cuda_embed_staged(n, hidden));
   DS_TRY(forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden));
   state.set_logits_valid(false);
-  state.set_top_k_valid(false);
   if (want_logits) {
     const TensorView last = TensorView::contiguous(hidden.as<float>() + (n - 1) * E, DType::F32, {E, 1},
                                                    options_.device);
@@ -544,8 +543,11 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     c.stats.replay_device_ms += ms;
   }
   state.set_pos(pos + 1);
-  state.set_logits_valid(top_k == nullptr);
-  state.set_top_k_valid(top_k != nullptr);
+  if (top_k != nullptr) {
+    state.set_top_k_valid();
+  } else {
+    state.set_logits_valid(true);
+  }
   return Status::ok();
 }
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "core/check.h"
 #ifdef DS_HAVE_CUDA
@@ -212,21 +213,14 @@ void HostBuffer::release() {
   pinned_ = false;
 }
 
-HostBuffer::HostBuffer(HostBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), pinned_(o.pinned_) {
-  o.data_ = nullptr;
-  o.bytes_ = 0;
-  o.pinned_ = false;
-}
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
   if (this != &o) {
     release();
-    data_ = o.data_;
-    bytes_ = o.bytes_;
-    pinned_ = o.pinned_;
-    o.data_ = nullptr;
-    o.bytes_ = 0;
-    o.pinned_ = false;
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    pinned_ = std::exchange(o.pinned_, false);
   }
   return *this;
 }

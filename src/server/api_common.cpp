@@ -156,10 +156,10 @@ Status check_model(const ApiContext& ctx, const std::optional<std::string>& mode
 
 Status parse_sampling(const json& body, SamplingParams* out) {
   // Defaults when a field is omitted: the Qwen3.5/3.6 recommended sampling for thinking mode.
-  out->temperature = 1.0f;
-  out->top_p = 0.95f;
-  out->top_k = 20;
-  out->min_p = 0.0f;
+  out->temperature = kRecommendedSampling.temperature;
+  out->top_p = kRecommendedSampling.top_p;
+  out->top_k = kRecommendedSampling.top_k;
+  out->min_p = kRecommendedSampling.min_p;
   std::optional<double> temperature, top_p, min_p, presence, frequency, repetition;
   std::optional<int64_t> top_k, seed;
   DS_TRY(field_number(body, "temperature", &temperature));

@@ -92,8 +92,7 @@ TensorView SequenceState::ssm_state(int64_t layer) const {
 Status SequenceState::reset() {
   kv_truncate(0);
   has_recurrent_ = true;
-  logits_valid_ = false;
-  top_k_valid_ = false;
+  set_logits_valid(false);
   if (!recurrent_.empty()) DS_TRY(device_zero(recurrent_.data(), recurrent_.device(), recurrent_.bytes()));
   return Status::ok();
 }
@@ -107,8 +106,7 @@ void SequenceState::kv_truncate(int64_t n_tokens) {
     block_table_.pop_back();
   }
   pos_ = n_tokens;
-  logits_valid_ = false;
-  top_k_valid_ = false;
+  set_logits_valid(false);
 }
 
 Result<std::unique_ptr<SequenceState>> SequenceState::fork() const {

@@ -67,15 +67,24 @@ class SequenceState {
   std::span<const float> logits() const { return {static_cast<const float*>(logits_.data()), n_logits()}; }
   bool logits_pinned() const { return logits_.pinned(); }
   bool logits_valid() const { return logits_valid_; }
-  void set_logits_valid(bool v) { logits_valid_ = v; }
+  // A step's output is its row of logits, or nothing: either way no best logits (below) of an earlier
+  // step stay valid.
+  void set_logits_valid(bool v) {
+    logits_valid_ = v;
+    top_k_valid_ = false;
+  }
 
   // The best kTopKMax logits of the last step, for a step that returned only them: a CUDA decode step
   // while want_top_k() (the engine sets it when its sampler needs no more); logits() is then not
-  // valid. Host memory at a fixed address, page-locked like the logits.
+  // valid, until the row is fetched (Model::fetch_logits, which makes the row the step's output).
+  // Host memory at a fixed address, page-locked like the logits.
   const TopKResult& top_k() const { return *static_cast<const TopKResult*>(top_k_.data()); }
   TopKResult* top_k_data() { return static_cast<TopKResult*>(top_k_.data()); }
   bool top_k_valid() const { return top_k_valid_; }
-  void set_top_k_valid(bool v) { top_k_valid_ = v; }
+  void set_top_k_valid() {
+    logits_valid_ = false;
+    top_k_valid_ = true;
+  }
   bool want_top_k() const { return want_top_k_; }
   void set_want_top_k(bool v) { want_top_k_ = v; }
 

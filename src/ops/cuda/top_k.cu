@@ -26,11 +26,6 @@ namespace {
 
 constexpr int kSelectThreads = 1024;
 
-struct Entry {
-  float v;
-  int32_t i;
-};
-
 // a before b in the output order: larger value first, then smaller index.
 __device__ __forceinline__ bool before(float av, int32_t ai, float bv, int32_t bi) {
   return av > bv || (av == bv && ai < bi);
