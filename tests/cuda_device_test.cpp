@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #if DS_HAVE_CUDA
@@ -161,6 +162,88 @@ TEST_F(CudaDeviceTest, HostBufferForCudaIsPageLocked) {
   ASSERT_TRUE(cuda::copy_to_host(host->data(), dev->data(), n, *stream).is_ok());
   ASSERT_TRUE(stream->synchronize().is_ok());
   EXPECT_EQ(std::memcmp(host->data(), src.data(), n), 0);
+}
+
+// Batched copies (device_copy_regions): pieces of every size, scattered in a shuffled order across
+// more than both staging buffers, one larger than a buffer, runs adjacent on the device, empty pieces;
+// device -> host, host -> device and device -> device against the plain copies; untouched bytes stay;
+// and the batch is ordered after work on another (non-blocking) stream.
+TEST_F(CudaDeviceTest, BatchedCopiesScatterAndGatherThroughStaging) {
+  const Device gpu{DeviceKind::kCuda, 0};
+  const int64_t n = (int64_t{90} << 20) + 12345;  // more than two 32 MiB staging buffers
+  std::mt19937 rng(7);
+  // Cut [0, n) into pieces: mostly small, some adjacent runs, one of 40 MiB, some empty.
+  struct Cut {
+    int64_t at, bytes;
+  };
+  std::vector<Cut> cuts;
+  for (int64_t at = 0; at < n;) {
+    int64_t len = 1 + static_cast<int64_t>(rng() % (3u << 20));
+    if (cuts.size() == 5) len = int64_t{40} << 20;
+    if (rng() % 7 == 0) cuts.push_back({at, 0});
+    len = std::min(len, n - at);
+    cuts.push_back({at, len});
+    at += len;
+  }
+  // Host positions: the same pieces in a shuffled order, with a gap of 16 poisoned bytes after each.
+  std::vector<size_t> order(cuts.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // Keep some neighbours in order so runs adjacent on the device are also adjacent in the batch.
+  for (size_t i = 0; i + 1 < order.size(); i += 3) std::swap(order[i], order[std::min(order.size() - 1, i + 1 + rng() % 8)]);
+  std::vector<int64_t> host_at(cuts.size());
+  int64_t h = 0;
+  for (size_t i : order) {
+    host_at[i] = h;
+    h += cuts[i].bytes + 16;
+  }
+  std::vector<uint8_t> ref(static_cast<size_t>(n));
+  for (auto& v : ref) v = static_cast<uint8_t>(rng());
+  auto dev = cuda::CudaBuffer::allocate(0, n);
+  auto dev2 = cuda::CudaBuffer::allocate(0, n);
+  ASSERT_TRUE(dev.is_ok() && dev2.is_ok());
+  auto* d = static_cast<uint8_t*>(dev->data());
+  auto* d2 = static_cast<uint8_t*>(dev2->data());
+  // The device's bytes arrive by a copy on a non-blocking stream the batch does not know of.
+  auto stream = cuda::Stream::create(0);
+  auto pinned = cuda::PinnedBuffer::allocate(n);
+  ASSERT_TRUE(stream.is_ok() && pinned.is_ok());
+  std::memcpy(pinned->data(), ref.data(), static_cast<size_t>(n));
+  ASSERT_TRUE(cuda::fill_bytes(d, 0, n, *stream).is_ok());
+  ASSERT_TRUE(cuda::copy_to_device(d, pinned->data(), n, *stream).is_ok());
+
+  std::vector<uint8_t> host(static_cast<size_t>(h), 0xA5);
+  std::vector<CopyRegion> down;
+  for (size_t i : order) down.push_back({host.data() + host_at[i], d + cuts[i].at, cuts[i].bytes});
+  ASSERT_TRUE(device_copy_regions(Device{}, gpu, down).is_ok());
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    ASSERT_EQ(std::memcmp(host.data() + host_at[i], ref.data() + cuts[i].at, static_cast<size_t>(cuts[i].bytes)), 0)
+        << "piece " << i << " at " << cuts[i].at << " of " << cuts[i].bytes << " bytes";
+    for (int g = 0; g < 16; ++g) ASSERT_EQ(host[static_cast<size_t>(host_at[i] + cuts[i].bytes + g)], 0xA5);
+  }
+
+  // Back up, changed, into the second buffer; the last piece left out keeps the buffer's bytes.
+  for (auto& v : host) v = static_cast<uint8_t>(v ^ 0x5C);
+  ASSERT_EQ(cudaMemset(d2, 0x11, static_cast<size_t>(n)), cudaSuccess);
+  std::vector<CopyRegion> up;
+  for (size_t i : order) {
+    if (i + 1 < cuts.size()) up.push_back({d2 + cuts[i].at, host.data() + host_at[i], cuts[i].bytes});
+  }
+  ASSERT_TRUE(device_copy_regions(gpu, Device{}, up).is_ok());
+  std::vector<uint8_t> back(static_cast<size_t>(n));
+  ASSERT_EQ(cudaMemcpy(back.data(), d2, static_cast<size_t>(n), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    for (int64_t j = 0; j < cuts[i].bytes; j += 997) {
+      const uint8_t want = i + 1 < cuts.size() ? static_cast<uint8_t>(ref[static_cast<size_t>(cuts[i].at + j)] ^ 0x5C) : 0x11;
+      ASSERT_EQ(back[static_cast<size_t>(cuts[i].at + j)], want) << "piece " << i << " byte " << j;
+    }
+  }
+
+  // Device to device, in the shuffled order: d2 becomes d again.
+  std::vector<CopyRegion> across;
+  for (size_t i : order) across.push_back({d2 + cuts[i].at, d + cuts[i].at, cuts[i].bytes});
+  ASSERT_TRUE(device_copy_regions(gpu, gpu, across).is_ok());
+  ASSERT_EQ(cudaMemcpy(back.data(), d2, static_cast<size_t>(n), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::memcmp(back.data(), ref.data(), static_cast<size_t>(n)), 0);
 }
 
 #else  // !DS_HAVE_CUDA

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string>
 
 #include "model_test_util.h"
 #include "ops/device_buffer.h"
@@ -235,6 +237,71 @@ TEST(DeviceCopy, CpuCopyAndZero) {
   EXPECT_TRUE(device_copy(b.data(), Device{}, a.data(), Device{}, 0).is_ok());
   EXPECT_EQ(device_copy(b.data(), Device{}, a.data(), Device{}, -1).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(device_zero(b.data(), Device{}, -1).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DeviceCopy, CpuRegions) {
+  std::vector<uint8_t> a(100), b(100, 7);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i);
+  const std::vector<CopyRegion> regions = {{b.data() + 50, a.data(), 10}, {b.data(), a.data() + 90, 10}, {b.data() + 20, a.data(), 0}};
+  ASSERT_TRUE(device_copy_regions(Device{}, Device{}, regions).is_ok());
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(b[i], i >= 50 && i < 60 ? a[i - 50] : i < 10 ? a[i + 90] : 7) << i;
+  }
+  const std::vector<CopyRegion> bad = {{b.data(), a.data(), -1}};
+  EXPECT_EQ(device_copy_regions(Device{}, Device{}, bad).code(), StatusCode::kInvalidArgument);
+}
+
+// The stream's payloads are the state's bytes in the documented order (state_io.h): K / V rows in
+// token order across chunks (the last one partial), conv and SSM states, the logits. Disk snapshots
+// written by earlier builds read back only while this holds.
+TEST(StateIoFormat, PayloadsAreTheStateInTokenOrder) {
+  auto m = test::load_tiny(false, opts());
+  auto st = std::move(m->new_state()).value();
+  const int64_t n = 21;  // chunks of 8: the third holds 5 tokens
+  ASSERT_TRUE(m->prefill(*st, test::tokens(n)).is_ok());
+  const auto bytes = state_serialize(*st, n);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  const KvPool& pool = *m->kv_pool();
+  const StateLayout& l = pool.layout();
+  const int64_t row = l.n_head_kv * l.head_dim * 4;
+  size_t off = 64, n_checked = 0;
+  uint32_t n_sections = 0;
+  std::memcpy(&n_sections, bytes->data() + 28, 4);
+  for (uint32_t i = 0; i < n_sections; ++i) {
+    uint32_t len = 0;
+    std::memcpy(&len, bytes->data() + off, 4);
+    const std::string name(reinterpret_cast<const char*>(bytes->data() + off + 4), len);
+    off += 4 + len + 4 + 4 + 32;
+    uint64_t payload = 0;
+    std::memcpy(&payload, bytes->data() + off, 8);
+    off += 8 + 8 + 8;
+    const uint8_t* p = bytes->data() + off;
+    off += payload;
+    if (name == "logits") {
+      EXPECT_EQ(std::memcmp(p, st->logits().data(), payload), 0);
+      ++n_checked;
+      continue;
+    }
+    const int64_t il = std::stoll(name.substr(4));
+    if (name.ends_with(".attn.k") || name.ends_with(".attn.v")) {
+      int64_t ai = 0;
+      for (int64_t j = 0; j < il; ++j) ai += l.kinds[static_cast<size_t>(j)] == LayerStateKind::kAttention;
+      ASSERT_EQ(static_cast<int64_t>(payload), n * row) << name;
+      for (int64_t t = 0; t < n; ++t) {
+        const int32_t slot = st->block_table()[static_cast<size_t>(t / l.kv_chunk_tokens)];
+        const TensorView v = name.ends_with(".attn.k") ? pool.k_view(slot, ai) : pool.v_view(slot, ai);
+        EXPECT_EQ(std::memcmp(p + t * row, static_cast<const uint8_t*>(v.data) + (t % l.kv_chunk_tokens) * row, row), 0)
+            << name << " token " << t;
+      }
+    } else {
+      const TensorView v = name.ends_with(".deltanet.conv") ? st->conv_state(il) : st->ssm_state(il);
+      ASSERT_EQ(static_cast<int64_t>(payload), v.n_bytes()) << name;
+      EXPECT_EQ(std::memcmp(p, v.data, payload), 0) << name;
+    }
+    ++n_checked;
+  }
+  EXPECT_EQ(off, bytes->size());
+  EXPECT_EQ(n_checked, 1 + 2 * l.n_attention_layers() + 2 * (l.n_layer() - l.n_attention_layers()));
 }
 
 TEST(HostBuffer, CpuBufferIsPlainZeroedAndAligned) {

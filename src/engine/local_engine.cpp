@@ -252,7 +252,11 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
     }
     DS_TRY(model_->prefill(state, std::span<const int32_t>(prompt).subspan(pos, s - pos)));
     pos = s;
-    if (save_at.count(s)) save_snapshot(state, prompt, s, restored.prefill_ms + ms_since(t_prefill));
+    if (save_at.count(s)) {
+      const auto t_save = Clock::now();
+      save_snapshot(state, prompt, s, restored.prefill_ms + ms_since(t_prefill));
+      result.snapshot_ms += ms_since(t_save);
+    }
   }
   result.prefill_ms = ms_since(t_prefill);
 

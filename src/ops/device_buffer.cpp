@@ -78,6 +78,27 @@ Status device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, i
   return unsupported("device_copy: {} -> {} has no backend in this build", src_dev.to_string(), dst_dev.to_string());
 }
 
+Status device_copy_regions(Device dst_dev, Device src_dev, std::span<const CopyRegion> regions) {
+  for (const CopyRegion& r : regions) {
+    if (r.bytes < 0) return invalid_argument("device_copy_regions: negative size {}", r.bytes);
+    DS_CHECK(r.bytes == 0 || (r.dst != nullptr && r.src != nullptr), "device_copy_regions: {} bytes with a null pointer",
+             r.bytes);
+  }
+  if (dst_dev.kind == DeviceKind::kCpu && src_dev.kind == DeviceKind::kCpu) {
+    for (const CopyRegion& r : regions) {
+      if (r.bytes > 0) std::memmove(r.dst, r.src, static_cast<size_t>(r.bytes));
+    }
+    return Status::ok();
+  }
+#ifdef DS_HAVE_CUDA
+  const bool dst_ok = dst_dev.kind == DeviceKind::kCuda || dst_dev.kind == DeviceKind::kCpu;
+  const bool src_ok = src_dev.kind == DeviceKind::kCuda || src_dev.kind == DeviceKind::kCpu;
+  if (dst_ok && src_ok) return cuda::copy_regions(dst_dev, src_dev, regions);
+#endif
+  return unsupported("device_copy_regions: {} -> {} has no backend in this build", src_dev.to_string(),
+                     dst_dev.to_string());
+}
+
 Status device_zero(void* p, Device d, int64_t bytes) {
   if (bytes < 0) return invalid_argument("device_zero: negative size {}", bytes);
   if (bytes == 0) return Status::ok();

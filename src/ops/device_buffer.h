@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 
 #include "core/status.h"
 #include "core/tensor.h"
@@ -33,6 +34,19 @@ void allocator_reset_peak(Device device);
 Status device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, int64_t bytes);
 // Sets `bytes` bytes at p (on device d) to zero; returns when done.
 Status device_zero(void* p, Device d, int64_t bytes);
+
+// One piece of a batched copy: `bytes` from src to dst.
+struct CopyRegion {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  int64_t bytes = 0;
+};
+// Copies every region from src_dev to dst_dev (regions must not overlap one another); returns when
+// all are in place. Ordered with every stream as device_copy is, at one synchronization per batch: on
+// CUDA, host regions move through a pair of page-locked staging buffers (the transfer of one
+// overlapping the host's copies of the other), and regions adjacent on the device move together in
+// one transfer, so a snapshot of thousands of KV pieces costs about its bytes over the host link.
+Status device_copy_regions(Device dst_dev, Device src_dev, std::span<const CopyRegion> regions);
 
 class DeviceBuffer {
  public:

@@ -3,6 +3,7 @@
 #include "state/sequence_state.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/check.h"
 
@@ -116,12 +117,12 @@ Result<std::unique_ptr<SequenceState>> SequenceState::fork() const {
                               : static_cast<int64_t>(block_table_.size()) * layout().kv_chunk_tokens));
   const int64_t slot_bytes = layout().kv_slot_bytes();
   const Device dev = pool_->device();
+  std::vector<CopyRegion> regions;
   for (size_t c = 0; c < block_table_.size(); ++c) {
-    DS_TRY(device_copy(pool_->slot_data(copy->block_table_[c]), dev, pool_->slot_data(block_table_[c]), dev, slot_bytes));
+    regions.push_back({pool_->slot_data(copy->block_table_[c]), pool_->slot_data(block_table_[c]), slot_bytes});
   }
-  if (!recurrent_.empty()) {
-    DS_TRY(device_copy(copy->recurrent_.data(), dev, recurrent_.data(), dev, recurrent_.bytes()));
-  }
+  if (!recurrent_.empty()) regions.push_back({copy->recurrent_.data(), recurrent_.data(), recurrent_.bytes()});
+  DS_TRY(device_copy_regions(dev, dev, regions));
   copy->pos_ = pos_;
   copy->has_recurrent_ = has_recurrent_;
   if (logits_.bytes() > 0) std::memcpy(copy->logits_.data(), logits_.data(), static_cast<size_t>(logits_.bytes()));

@@ -1,8 +1,9 @@
 // State stream writer and verifying reader (format table in state_io.h). The reader bounds every
 // length against the stream and the layout before copying, and checks each checksum.
-// Non-obvious choice: a state on a device is read and written through a host image of its KV slots
-// and recurrent buffer (one copy per slot, not per layer and chunk), and the stream is assembled from
-// that image exactly as from CPU memory, so the bytes do not depend on the device the state lives on.
+// Non-obvious choice: the payloads move between the stream and the state's KV slots and recurrent
+// buffer as one batch of copy regions (device_copy_regions) on any device, ordered so that a slot's
+// pieces are adjacent: a device state costs one synchronization and about its bytes over the host
+// link, and the bytes do not depend on the device the state lives on.
 #include "state/state_io.h"
 
 #include <xxhash.h>
@@ -21,11 +22,16 @@ constexpr uint32_t kFlagRecurrent = 1u << 0;
 constexpr uint32_t kFlagLogits = 1u << 1;
 constexpr uint32_t kMaxNameLen = 64;
 
+enum class SectionKind : uint8_t { kLogits, kKey, kValue, kConv, kSsm };
+
 struct SectionSpec {
   std::string name;
   int n_dims;
   int64_t ne[4];
   DType dtype = DType::F32;
+  SectionKind kind = SectionKind::kLogits;
+  int64_t layer = -1;       // the model layer (all but logits)
+  int64_t attn_index = -1;  // K / V: the layer's index among attention layers
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
   int64_t n_bytes() const { return n_elements() * dtype_block_bytes(dtype); }
 };
@@ -35,21 +41,61 @@ std::vector<SectionSpec> expected_sections(const StateLayout& l, int64_t n_token
                                            int64_t last) {
   std::vector<SectionSpec> out;
   if (flags & kFlagLogits) out.push_back({"logits", 1, {l.n_vocab, 1, 1, 1}});
-  for (int64_t il = first; il < last; ++il) {
-    if (l.kinds[static_cast<size_t>(il)] == LayerStateKind::kAttention) {
-      out.push_back({"blk." + std::to_string(il) + ".attn.k", 3, {l.head_dim, l.n_head_kv, n_tokens, 1}, l.kv_dtype});
-      out.push_back({"blk." + std::to_string(il) + ".attn.v", 3, {l.head_dim, l.n_head_kv, n_tokens, 1}, l.kv_dtype});
+  int64_t ai = 0;
+  for (int64_t il = 0; il < last; ++il) {
+    if (l.kinds[static_cast<size_t>(il)] != LayerStateKind::kAttention) continue;
+    if (il >= first) {
+      const std::string blk = "blk." + std::to_string(il);
+      out.push_back({blk + ".attn.k", 3, {l.head_dim, l.n_head_kv, n_tokens, 1}, l.kv_dtype, SectionKind::kKey, il, ai});
+      out.push_back({blk + ".attn.v", 3, {l.head_dim, l.n_head_kv, n_tokens, 1}, l.kv_dtype, SectionKind::kValue, il, ai});
     }
+    ++ai;
   }
   if (flags & kFlagRecurrent) {
     for (int64_t il = first; il < last; ++il) {
       if (l.kinds[static_cast<size_t>(il)] == LayerStateKind::kRecurrent) {
-        out.push_back({"blk." + std::to_string(il) + ".deltanet.conv", 2, {l.conv_dim, l.conv_kernel - 1, 1, 1}});
-        out.push_back({"blk." + std::to_string(il) + ".deltanet.ssm", 3, {l.ssm_dv, l.ssm_dk, l.ssm_nv, 1}});
+        const std::string blk = "blk." + std::to_string(il);
+        out.push_back({blk + ".deltanet.conv", 2, {l.conv_dim, l.conv_kernel - 1, 1, 1}, DType::F32, SectionKind::kConv, il});
+        out.push_back({blk + ".deltanet.ssm", 3, {l.ssm_dv, l.ssm_dk, l.ssm_nv, 1}, DType::F32, SectionKind::kSsm, il});
       }
     }
   }
   return out;
+}
+
+// The device copies between a state and the payloads of a stream's sections (payload[i] is section
+// i's bytes in the stream): a host region and a state region per piece, KV chunk by chunk and within
+// a chunk in slot order, so the pieces of one slot are adjacent in the state and move as one transfer.
+// The logits (host memory on every device) are not among them.
+std::vector<CopyRegion> state_regions(const SequenceState& st, const std::vector<SectionSpec>& sections,
+                                      const std::vector<uint8_t*>& payload, int64_t n_tokens, bool to_state) {
+  const StateLayout& l = st.layout();
+  const KvPool& pool = *st.pool();
+  const int64_t row = l.n_head_kv * l.head_dim * dtype_block_bytes(l.kv_dtype);  // bytes per token
+  std::vector<CopyRegion> regions;
+  auto add = [&](uint8_t* host, void* state, int64_t bytes) {
+    regions.push_back(to_state ? CopyRegion{state, host, bytes} : CopyRegion{host, state, bytes});
+  };
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += l.kv_chunk_tokens) {
+    const int64_t c = t0 / l.kv_chunk_tokens;
+    const int64_t n = std::min(l.kv_chunk_tokens, n_tokens - t0);
+    uint8_t* slot = pool.slot_data(st.block_table()[static_cast<size_t>(c)]);
+    for (size_t i = 0; i < sections.size(); ++i) {
+      const SectionSpec& s = sections[i];
+      if (s.kind == SectionKind::kKey) add(payload[i] + t0 * row, slot + pool.k_offset(s.attn_index), n * row);
+      if (s.kind == SectionKind::kValue) add(payload[i] + t0 * row, slot + pool.v_offset(s.attn_index), n * row);
+    }
+  }
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const SectionSpec& s = sections[i];
+    if (s.kind == SectionKind::kConv || s.kind == SectionKind::kSsm) {
+      const TensorView t = s.kind == SectionKind::kConv ? st.conv_state(s.layer) : st.ssm_state(s.layer);
+      DS_CHECK(t.n_bytes() == s.n_bytes(), "section '{}' of {} bytes, state tensor of {}", s.name, s.n_bytes(),
+               t.n_bytes());
+      add(payload[i], t.data, s.n_bytes());
+    }
+  }
+  return regions;
 }
 
 template <typename T>
@@ -66,94 +112,6 @@ T get_at(const uint8_t* p) {
   return v;
 }
 
-// Host-addressable image of a state's first n_chunks KV slots and of its recurrent buffer: the
-// state's own memory on the CPU, a staging copy for a device state.
-class HostImage {
- public:
-  HostImage(const SequenceState& st, int64_t n_chunks)
-      : st_(st), n_chunks_(n_chunks), staged_(st.pool()->device().kind != DeviceKind::kCpu),
-        slot_bytes_(st.layout().kv_slot_bytes()) {
-    if (staged_) kv_.resize(static_cast<size_t>(n_chunks * slot_bytes_));
-  }
-
-  // Device state: copies the slots (and the recurrent buffer) to the image.
-  Status download(bool recurrent) {
-    if (!staged_) return Status::ok();
-    const Device dev = st_.pool()->device();
-    for (int64_t c = 0; c < n_chunks_; ++c) {
-      DS_TRY(device_copy(kv_.data() + c * slot_bytes_, Device{}, slot(c), dev, slot_bytes_));
-    }
-    if (recurrent) {
-      rec_.resize(static_cast<size_t>(st_.recurrent_bytes()));
-      DS_TRY(device_copy(rec_.data(), Device{}, st_.recurrent_data(), dev, st_.recurrent_bytes()));
-    }
-    return Status::ok();
-  }
-  // Device state: writes the image back (the recurrent buffer only if `recurrent`).
-  Status upload(bool recurrent) {
-    if (!staged_) return Status::ok();
-    const Device dev = st_.pool()->device();
-    for (int64_t c = 0; c < n_chunks_; ++c) {
-      DS_TRY(device_copy(slot(c), dev, kv_.data() + c * slot_bytes_, Device{}, slot_bytes_));
-    }
-    if (recurrent) {
-      DS_CHECK(static_cast<int64_t>(rec_.size()) == st_.recurrent_bytes(), "recurrent image of {} bytes",
-               rec_.size());
-      DS_TRY(device_copy(st_.recurrent_data(), dev, rec_.data(), Device{}, st_.recurrent_bytes()));
-    }
-    return Status::ok();
-  }
-  // Device state whose recurrent buffer the stream overwrites whole: an image without a download.
-  void blank_recurrent() {
-    if (staged_) rec_.assign(static_cast<size_t>(st_.recurrent_bytes()), 0);
-  }
-
-  // Start of K (or V) of attention layer `attn_index` in logical chunk `chunk`.
-  uint8_t* kv(int64_t attn_index, bool is_v, int64_t chunk) {
-    DS_CHECK(chunk >= 0 && chunk < n_chunks_, "KV chunk {} of an image of {}", chunk, n_chunks_);
-    const KvPool& pool = *st_.pool();
-    const int64_t off = is_v ? pool.v_offset(attn_index) : pool.k_offset(attn_index);
-    return (staged_ ? kv_.data() + chunk * slot_bytes_ : slot(chunk)) + off;
-  }
-  // A tensor inside the recurrent buffer (conv_state / ssm_state view of the state).
-  uint8_t* recurrent(const TensorView& t) {
-    const int64_t off = static_cast<const uint8_t*>(t.data) - static_cast<const uint8_t*>(st_.recurrent_data());
-    DS_CHECK(off >= 0 && off + t.n_bytes() <= st_.recurrent_bytes(), "recurrent view outside the buffer");
-    if (!staged_) return static_cast<uint8_t*>(t.data);
-    DS_CHECK(static_cast<int64_t>(rec_.size()) == st_.recurrent_bytes(), "recurrent image not loaded");
-    return rec_.data() + off;
-  }
-
- private:
-  uint8_t* slot(int64_t c) const { return st_.pool()->slot_data(st_.block_table()[static_cast<size_t>(c)]); }
-
-  const SequenceState& st_;
-  int64_t n_chunks_;
-  bool staged_;
-  int64_t slot_bytes_;
-  std::vector<uint8_t> kv_;   // staged: n_chunks slots back to back
-  std::vector<uint8_t> rec_;  // staged: the recurrent buffer
-};
-
-// Copies tokens [0, n_tokens) of one attention layer's K or V out of (or into) the image.
-void kv_rows(HostImage& img, const StateLayout& l, int64_t attn_index, bool is_v, int64_t n_tokens, uint8_t* buf,
-             bool to_state) {
-  const int64_t row = l.n_head_kv * l.head_dim * dtype_block_bytes(l.kv_dtype);  // bytes per token
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += l.kv_chunk_tokens) {
-    const int64_t c = t0 / l.kv_chunk_tokens;
-    const int64_t n = std::min(l.kv_chunk_tokens, n_tokens - t0);
-    uint8_t* chunk = img.kv(attn_index, is_v, c);
-    if (to_state) {
-      std::memcpy(chunk, buf + t0 * row, static_cast<size_t>(n * row));
-    } else {
-      std::memcpy(buf + t0 * row, chunk, static_cast<size_t>(n * row));
-    }
-  }
-}
-
-int64_t chunks_for(const StateLayout& l, int64_t n_tokens) {
-  return l.n_attention_layers() == 0 ? 0 : (n_tokens + l.kv_chunk_tokens - 1) / l.kv_chunk_tokens;
-}
 
 }  // namespace
 
@@ -189,46 +147,38 @@ Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_
   out.resize(56, 0);
   put<uint64_t>(out, XXH3_64bits(out.data(), 56));
 
-  HostImage img(st, chunks_for(l, n_tokens));
-  DS_TRY(img.download((flags & kFlagRecurrent) != 0));
   size_t total = out.size();
-  for (const SectionSpec& s : sections) total += 4 + s.name.size() + 4 + 4 + 32 + 8 + 8 + 8 + s.n_bytes();
+  for (const SectionSpec& sec : sections) total += 4 + sec.name.size() + 4 + 4 + 32 + 8 + 8 + 8 + sec.n_bytes();
   out.reserve(total);  // one allocation: the stream is hundreds of MB for a long prompt
-  for (const SectionSpec& s : sections) {
+  // The section headers, each payload's place left for it ...
+  std::vector<size_t> sum_at(sections.size());
+  std::vector<size_t> payload_at(sections.size());
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const SectionSpec& sec = sections[i];
     const size_t start = out.size();
-    put<uint32_t>(out, static_cast<uint32_t>(s.name.size()));
-    out.insert(out.end(), s.name.begin(), s.name.end());
-    put<uint32_t>(out, static_cast<uint32_t>(s.dtype));
-    put<uint32_t>(out, static_cast<uint32_t>(s.n_dims));
-    for (int64_t ne : s.ne) put<int64_t>(out, ne);
-    put<uint64_t>(out, static_cast<uint64_t>(s.n_bytes()));
+    put<uint32_t>(out, static_cast<uint32_t>(sec.name.size()));
+    out.insert(out.end(), sec.name.begin(), sec.name.end());
+    put<uint32_t>(out, static_cast<uint32_t>(sec.dtype));
+    put<uint32_t>(out, static_cast<uint32_t>(sec.n_dims));
+    for (int64_t ne : sec.ne) put<int64_t>(out, ne);
+    put<uint64_t>(out, static_cast<uint64_t>(sec.n_bytes()));
     put<uint64_t>(out, XXH3_64bits(out.data() + start, out.size() - start));
-    const size_t sum_at = out.size();
+    sum_at[i] = out.size();
     put<uint64_t>(out, 0);  // the payload's checksum, once it is written
-    // The payload, straight into the stream.
-    const size_t at = out.size();
-    out.resize(at + static_cast<size_t>(s.n_bytes()));
-    uint8_t* buf = out.data() + at;
-    const size_t n = static_cast<size_t>(s.n_bytes());
-    if (s.name == "logits") {
-      std::memcpy(buf, st.logits().data(), n);
-    } else {
-      const int64_t il = std::stoll(s.name.substr(4));
-      const bool attn_v = s.name.ends_with(".attn.v");
-      if (s.name.ends_with(".attn.k") || attn_v) {
-        int64_t ai = 0;
-        for (int64_t j = 0; j < il; ++j) ai += l.kinds[static_cast<size_t>(j)] == LayerStateKind::kAttention;
-        kv_rows(img, l, ai, attn_v, n_tokens, buf, false);
-      } else if (s.name.ends_with(".deltanet.conv")) {
-        std::memcpy(buf, img.recurrent(st.conv_state(il)), n);
-      } else {
-        std::memcpy(buf, img.recurrent(st.ssm_state(il)), n);
-      }
-    }
-    const uint64_t sum = XXH3_64bits(buf, n);
-    std::memcpy(out.data() + sum_at, &sum, sizeof(sum));
+    payload_at[i] = out.size();
+    out.resize(out.size() + static_cast<size_t>(sec.n_bytes()));
   }
   DS_CHECK(out.size() == total, "state stream of {} bytes, {} computed", out.size(), total);
+  // ... then the payloads straight from the state, in one batch of copies.
+  std::vector<uint8_t*> payload(sections.size());
+  for (size_t i = 0; i < sections.size(); ++i) payload[i] = out.data() + payload_at[i];
+  DS_TRY(device_copy_regions(Device{}, st.pool()->device(), state_regions(st, sections, payload, n_tokens, false)));
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const size_t n = static_cast<size_t>(sections[i].n_bytes());
+    if (sections[i].kind == SectionKind::kLogits) std::memcpy(payload[i], st.logits().data(), n);
+    const uint64_t sum = XXH3_64bits(payload[i], n);
+    std::memcpy(out.data() + sum_at[i], &sum, sizeof(sum));
+  }
   return out;
 }
 
@@ -279,16 +229,10 @@ Status load_into(std::span<const uint8_t> bytes, SequenceState& state) {
     return invalid_argument("state stream: a stream at position {} cannot be merged into a state at position {}",
                             n_tokens, st->pos());
   }
-  const bool with_recurrent = (flags & kFlagRecurrent) != 0;
   DS_TRY(st->kv_reserve(n_tokens));
-  // A stream of every layer overwrites everything the image holds; a layer-range stream keeps the
-  // other layers, so its image starts from the state's current contents.
-  HostImage img(*st, chunks_for(l, n_tokens));
-  if (first == 0 && last == l.n_layer()) {
-    if (with_recurrent) img.blank_recurrent();
-  } else {
-    DS_TRY(img.download(with_recurrent));
-  }
+  // Every section is verified before any byte reaches the state; a layer-range stream writes only its
+  // layers' pieces, so the state's other layers keep their contents.
+  std::vector<uint8_t*> payloads(specs.size());
   size_t off = kHeaderBytes;
   for (const SectionSpec& s : specs) {
     const size_t start = off;
@@ -327,25 +271,16 @@ Status load_into(std::span<const uint8_t> bytes, SequenceState& state) {
     if (payload_sum != XXH3_64bits(h + off, payload)) {
       return corrupt("state stream: section '{}' payload checksum mismatch at offset {}", s.name, off);
     }
-    const uint8_t* data = h + off;
+    payloads[static_cast<size_t>(&s - specs.data())] = const_cast<uint8_t*>(h + off);
     off += payload;
-    if (s.name == "logits") {
-      std::memcpy(st->logits().data(), data, payload);
-      continue;
-    }
-    const int64_t il = std::stoll(s.name.substr(4));
-    if (s.name.ends_with(".attn.k") || s.name.ends_with(".attn.v")) {
-      int64_t ai = 0;
-      for (int64_t j = 0; j < il; ++j) ai += l.kinds[static_cast<size_t>(j)] == LayerStateKind::kAttention;
-      kv_rows(img, l, ai, s.name.ends_with(".attn.v"), n_tokens, const_cast<uint8_t*>(data), true);
-    } else if (s.name.ends_with(".deltanet.conv")) {
-      std::memcpy(img.recurrent(st->conv_state(il)), data, payload);
-    } else {
-      std::memcpy(img.recurrent(st->ssm_state(il)), data, payload);
-    }
   }
   if (off != bytes.size()) return corrupt("state stream: {} trailing bytes after the last section", bytes.size() - off);
-  DS_TRY(img.upload(with_recurrent));
+  DS_TRY(device_copy_regions(st->pool()->device(), Device{}, state_regions(*st, specs, payloads, n_tokens, true)));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].kind == SectionKind::kLogits) {
+      std::memcpy(st->logits().data(), payloads[i], static_cast<size_t>(specs[i].n_bytes()));
+    }
+  }
   st->set_pos(n_tokens);
   const bool stateless = l.n_layer() == l.n_attention_layers();
   st->set_has_recurrent((flags & kFlagRecurrent) != 0 || n_tokens == 0 || stateless);

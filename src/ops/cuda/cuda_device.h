@@ -9,10 +9,12 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/device_buffer.h"
 
 namespace ds::cuda {
 
@@ -185,6 +187,11 @@ void buffer_free(int device, void* ptr);
 // address may still copy into one, and a copy into pages unlocked and locked again faults.
 void* host_pinned_alloc(int64_t bytes);
 void host_pinned_free(void* ptr, int64_t bytes);
+
+// For the ops layer's device_copy_regions (cuda_transfer.cpp): host <-> device regions through the
+// device's two page-locked staging buffers, device <-> device regions as merged asynchronous copies;
+// returns when every region is in place.
+Status copy_regions(Device dst_dev, Device src_dev, std::span<const CopyRegion> regions);
 
 // Asynchronous copies and fills on `stream` (host memory should be pinned for overlap).
 Status copy_to_device(void* dst, const void* src, int64_t bytes, const Stream& stream);

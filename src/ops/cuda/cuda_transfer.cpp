@@ -1,0 +1,226 @@
+// Batched copies between host memory and a CUDA device (cuda::copy_regions, behind the ops layer's
+// device_copy_regions): what snapshots, restores and forks move, thousands of KV pieces at a time.
+// Host regions pass through two page-locked staging buffers per device on a copy stream of its own:
+// while the device fills (or drains) one buffer, the host copies the other out (or in). Pieces adjacent
+// on the device join one transfer. Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// Non-obvious choices: the staging buffers are allocated at a device's first batch and kept for the
+// process (page-locking is slow, and a batch is a state operation that recurs); a mutex per device
+// serializes batches over them. When the system refuses page-locked memory, each region is one
+// synchronous cudaMemcpy instead (correct, slower).
+#if DS_HAVE_CUDA
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/check.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_device.h"
+
+namespace ds::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr int64_t kStageBytes = int64_t{32} << 20;  // per staging buffer
+
+struct Stager {
+  std::mutex mu;  // one batch at a time over the buffers below
+  bool initialized = false;
+  bool staged = false;  // false: the page-locked buffers were refused
+  cudaStream_t stream = nullptr;
+  std::array<uint8_t*, 2> buf{};
+  std::array<cudaEvent_t, 2> done{};
+};
+
+Stager& stager(int device) {
+  static std::array<Stager, kMaxDevices> stagers;
+  DS_CHECK(device >= 0 && device < kMaxDevices, "CUDA device {} out of range", device);
+  return stagers[static_cast<size_t>(device)];
+}
+
+// Creates the copy stream, events and staging buffers of `device` (current) on first use.
+Status init_locked(Stager& s, int device) {
+  if (s.initialized) return Status::ok();
+  DS_CUDA_TRY(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "copy stream on cuda:{}", device);
+  for (cudaEvent_t& e : s.done) {
+    DS_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "copy event on cuda:{}", device);
+  }
+  s.staged = true;
+  for (uint8_t*& b : s.buf) {
+    b = static_cast<uint8_t*>(host_pinned_alloc(kStageBytes));
+    s.staged = s.staged && b != nullptr;
+  }
+  s.initialized = true;
+  return Status::ok();
+}
+
+Status sync_device(int device) {
+  DeviceGuard guard(device);
+  DS_CUDA_TRY(cudaDeviceSynchronize(), "batched copy: waiting for cuda:{}", device);
+  return Status::ok();
+}
+
+// One staged batch in one direction. Regions are cut into pieces at buffer boundaries; a piece's bytes
+// sit at `off` in its buffer; consecutive pieces whose device addresses follow each other form one
+// transfer ("run").
+class Batch {
+ public:
+  Batch(Stager& s, bool to_host, int device) : s_(s), to_host_(to_host), device_(device) {}
+
+  Status add(const CopyRegion& r) {
+    const auto* src = static_cast<const uint8_t*>(r.src);
+    auto* dst = static_cast<uint8_t*>(r.dst);
+    for (int64_t done = 0; done < r.bytes;) {
+      if (fill_[h_] == kStageBytes) DS_TRY(flush());
+      const int64_t n = std::min(r.bytes - done, kStageBytes - fill_[h_]);
+      uint8_t* stage = s_.buf[h_] + fill_[h_];
+      uint8_t* dev = to_host_ ? const_cast<uint8_t*>(src + done) : dst + done;
+      if (to_host_) {
+        pieces_[h_].push_back({dst + done, fill_[h_], n});
+      } else {
+        std::memcpy(stage, src + done, static_cast<size_t>(n));
+      }
+      if (run_bytes_ > 0 && run_dev_ + run_bytes_ == dev) {
+        run_bytes_ += n;
+      } else {
+        DS_TRY(issue_run());
+        run_dev_ = dev;
+        run_off_ = fill_[h_];
+        run_bytes_ = n;
+      }
+      fill_[h_] += n;
+      done += n;
+    }
+    return Status::ok();
+  }
+
+  // Sends what is staged and waits for every transfer (and, to the host, every host copy).
+  Status finish() {
+    DS_TRY(flush());
+    DS_TRY(drain(h_ ^ 1));
+    DS_CUDA_TRY(cudaStreamSynchronize(s_.stream), "batched copy on cuda:{}", device_);
+    return Status::ok();
+  }
+
+ private:
+  struct Piece {
+    uint8_t* host;
+    int64_t off;
+    int64_t bytes;
+  };
+
+  Status issue_run() {
+    if (run_bytes_ == 0) return Status::ok();
+    uint8_t* stage = s_.buf[h_] + run_off_;
+    const size_t n = static_cast<size_t>(run_bytes_);
+    run_bytes_ = 0;
+    if (to_host_) {
+      DS_CUDA_TRY(cudaMemcpyAsync(stage, run_dev_, n, cudaMemcpyDeviceToHost, s_.stream),
+                  "batched copy of {} bytes from cuda:{}", n, device_);
+    } else {
+      DS_CUDA_TRY(cudaMemcpyAsync(run_dev_, stage, n, cudaMemcpyHostToDevice, s_.stream),
+                  "batched copy of {} bytes to cuda:{}", n, device_);
+    }
+    return Status::ok();
+  }
+
+  // Closes the current buffer (its transfers enqueued, an event after them) and makes the other
+  // buffer current once its own transfers are done.
+  Status flush() {
+    DS_TRY(issue_run());
+    if (fill_[h_] == 0) return Status::ok();
+    DS_CUDA_TRY(cudaEventRecord(s_.done[h_], s_.stream), "batched copy on cuda:{}", device_);
+    in_flight_[h_] = true;
+    h_ ^= 1;
+    return drain(h_);
+  }
+
+  // Waits for buffer k's transfers; to the host, copies its pieces out.
+  Status drain(int k) {
+    if (!in_flight_[k]) return Status::ok();
+    DS_CUDA_TRY(cudaEventSynchronize(s_.done[k]), "batched copy on cuda:{}", device_);
+    for (const Piece& p : pieces_[k]) std::memcpy(p.host, s_.buf[k] + p.off, static_cast<size_t>(p.bytes));
+    pieces_[k].clear();
+    fill_[k] = 0;
+    in_flight_[k] = false;
+    return Status::ok();
+  }
+
+  Stager& s_;
+  bool to_host_;
+  int device_;
+  int h_ = 0;  // the buffer being filled
+  std::array<int64_t, 2> fill_{};
+  std::array<bool, 2> in_flight_{};
+  std::array<std::vector<Piece>, 2> pieces_;  // to the host: where each buffer's bytes go
+  uint8_t* run_dev_ = nullptr;                // the open run: device address, offset in buffer h_, bytes
+  int64_t run_off_ = 0;
+  int64_t run_bytes_ = 0;
+};
+
+Status staged_copy(Stager& s, int device, bool to_host, std::span<const CopyRegion> regions) {
+  Batch batch(s, to_host, device);
+  Status st = Status::ok();
+  for (const CopyRegion& r : regions) {
+    st = batch.add(r);
+    if (!st.is_ok()) break;
+  }
+  if (st.is_ok()) st = batch.finish();
+  // After a failure nothing may still write into (or read from) the buffers the next batch reuses.
+  if (!st.is_ok()) (void)cudaStreamSynchronize(s.stream);
+  return st;
+}
+
+}  // namespace
+
+Status copy_regions(Device dst_dev, Device src_dev, std::span<const CopyRegion> regions) {
+  const bool dst_cuda = dst_dev.kind == DeviceKind::kCuda, src_cuda = src_dev.kind == DeviceKind::kCuda;
+  DS_CHECK(dst_cuda || src_cuda, "copy_regions: neither {} nor {} is a CUDA device", dst_dev.to_string(),
+           src_dev.to_string());
+  if (src_cuda) DS_TRY(device_status(src_dev.index));
+  if (dst_cuda) DS_TRY(device_status(dst_dev.index));
+  // Ordered after all work on both devices, as device_copy is.
+  if (src_cuda) DS_TRY(sync_device(src_dev.index));
+  if (dst_cuda && !(src_cuda && src_dev == dst_dev)) DS_TRY(sync_device(dst_dev.index));
+  const int device = src_cuda ? src_dev.index : dst_dev.index;
+  DeviceGuard guard(device);
+  Stager& s = stager(device);
+  std::lock_guard<std::mutex> lock(s.mu);
+  DS_TRY(init_locked(s, device));
+  if (src_cuda && dst_cuda) {
+    // Device to device: one asynchronous copy per run of pieces adjacent on both sides.
+    for (size_t i = 0; i < regions.size();) {
+      auto* dst = static_cast<uint8_t*>(regions[i].dst);
+      const auto* src = static_cast<const uint8_t*>(regions[i].src);
+      int64_t n = regions[i].bytes;
+      for (++i; i < regions.size() && regions[i].dst == dst + n && regions[i].src == src + n; ++i) n += regions[i].bytes;
+      if (n == 0) continue;
+      const cudaError_t e = cudaMemcpyAsync(dst, src, static_cast<size_t>(n), cudaMemcpyDefault, s.stream);
+      if (e != cudaSuccess) {
+        (void)cudaStreamSynchronize(s.stream);
+        return cuda_error(e, "cudaMemcpyAsync", fmt::format("batched copy of {} bytes {} -> {}", n, src_dev.to_string(),
+                                                            dst_dev.to_string()));
+      }
+    }
+    DS_CUDA_TRY(cudaStreamSynchronize(s.stream), "batched copy {} -> {}", src_dev.to_string(), dst_dev.to_string());
+    return Status::ok();
+  }
+  if (!s.staged) {
+    for (const CopyRegion& r : regions) {
+      if (r.bytes == 0) continue;
+      DS_CUDA_TRY(cudaMemcpy(r.dst, r.src, static_cast<size_t>(r.bytes), cudaMemcpyDefault),
+                  "copy of {} bytes {} -> {}", r.bytes, src_dev.to_string(), dst_dev.to_string());
+    }
+    // cudaMemcpy from pageable host memory may return before the DMA lands: wait for it.
+    DS_CUDA_TRY(cudaDeviceSynchronize(), "copy to {}", dst_dev.to_string());
+    return Status::ok();
+  }
+  return staged_copy(s, device, /*to_host=*/src_cuda, regions);
+}
+
+}  // namespace ds::cuda
+
+#endif  // DS_HAVE_CUDA
