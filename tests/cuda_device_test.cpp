@@ -246,6 +246,52 @@ TEST_F(CudaDeviceTest, BatchedCopiesScatterAndGatherThroughStaging) {
   EXPECT_EQ(std::memcmp(back.data(), ref.data(), static_cast<size_t>(n)), 0);
 }
 
+// Small allocations often lie back to back in the device's address space, yet one copy may not span
+// two of them: a batch over pieces that end and start at adjacent allocations (a KV pool's small slots)
+// copies each allocation's pieces on their own.
+TEST_F(CudaDeviceTest, BatchedCopiesDoNotSpanAdjacentAllocations) {
+  const Device gpu{DeviceKind::kCuda, 0};
+  constexpr int kBlocks = 64;
+  constexpr int64_t kBytes = 4096;
+  std::vector<cuda::CudaBuffer> blocks;
+  for (int i = 0; i < kBlocks; ++i) {
+    auto b = cuda::CudaBuffer::allocate(0, kBytes);
+    ASSERT_TRUE(b.is_ok());
+    blocks.push_back(std::move(*b));
+  }
+  std::sort(blocks.begin(), blocks.end(), [](const cuda::CudaBuffer& a, const cuda::CudaBuffer& b) { return a.data() < b.data(); });
+  int adjacent = 0;
+  for (int i = 0; i + 1 < kBlocks; ++i) {
+    adjacent += static_cast<const uint8_t*>(blocks[i].data()) + kBytes == blocks[i + 1].data();
+  }
+  std::printf("[batched-copy] %d of %d small allocations end where the next begins\n", adjacent, kBlocks - 1);
+  std::vector<uint8_t> host(kBlocks * kBytes), back(kBlocks * kBytes, 0);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 31 + 7);
+  std::vector<CopyRegion> up, down;
+  for (int i = 0; i < kBlocks; ++i) {
+    up.push_back({blocks[i].data(), host.data() + i * kBytes, kBytes});
+    down.push_back({back.data() + i * kBytes, blocks[i].data(), kBytes});
+  }
+  ASSERT_TRUE(device_copy_regions(gpu, Device{}, up).is_ok());
+  ASSERT_TRUE(device_copy_regions(Device{}, gpu, down).is_ok());
+  EXPECT_EQ(host, back);
+  // Device to device: each block onto its neighbour's place in a second set.
+  std::vector<cuda::CudaBuffer> others;
+  std::vector<CopyRegion> across;
+  for (int i = 0; i < kBlocks; ++i) {
+    auto b = cuda::CudaBuffer::allocate(0, kBytes);
+    ASSERT_TRUE(b.is_ok());
+    others.push_back(std::move(*b));
+  }
+  std::sort(others.begin(), others.end(), [](const cuda::CudaBuffer& a, const cuda::CudaBuffer& b) { return a.data() < b.data(); });
+  for (int i = 0; i < kBlocks; ++i) across.push_back({others[i].data(), blocks[i].data(), kBytes});
+  ASSERT_TRUE(device_copy_regions(gpu, gpu, across).is_ok());
+  std::fill(back.begin(), back.end(), 0);
+  for (int i = 0; i < kBlocks; ++i) down[i].src = others[i].data();
+  ASSERT_TRUE(device_copy_regions(Device{}, gpu, down).is_ok());
+  EXPECT_EQ(host, back);
+}
+
 #else  // !DS_HAVE_CUDA
 
 TEST(CudaDeviceTest, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA"; }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -142,6 +143,47 @@ TEST_P(EngineSnapshotTest, DiskHitAfterRestartIsTokenIdentical) {
   const auto got = gen(*restarted, p2);
   EXPECT_EQ(got.tokens, ref2.tokens);
   EXPECT_EQ(got.cached_tokens, static_cast<int64_t>(p1.size()) - 2);
+  EXPECT_EQ(restarted->stats().cache_disk_hits, 1u);
+}
+
+// A long prompt's checkpoints and turn boundaries are saved as deltas, each on the one before: the
+// cache holds each token's KV once. A later request restores the whole chain (RAM), and after a restart
+// the disk files (whole streams, joined by the writer) do the same; both answer as an uncached run.
+TEST_P(EngineSnapshotTest, CheckpointsAreDeltasThatRestoreTokenIdentically) {
+  const auto p1 = conversation(8, 31);  // 370 tokens: checkpoints at 128 and 256, a boundary, the end
+  auto p2 = p1;
+  p2.pop_back();
+  const auto more = conversation(2, 32);
+  p2.insert(p2.end(), more.begin(), more.end());
+  GenerateResult ref2;
+  {
+    auto plain = open(0, false);
+    ref2 = gen(*plain, p2);
+  }
+  {
+    auto e = open(256 << 20, true);
+    gen(*e, p1);
+    auto end = e->ram_cache()->find(p1);
+    ASSERT_NE(end, nullptr);
+    EXPECT_EQ(end->tokens.size(), p1.size());
+    ASSERT_GE(end->depth(), 3);  // 128 <- 256 <- the last boundary <- the end
+    for (const Snapshot* s = end.get(); s->parent; s = s->parent.get()) {
+      int64_t kv_from = 0;
+      std::memcpy(&kv_from, s->state.data() + 40, sizeof(kv_from));
+      EXPECT_EQ(kv_from, static_cast<int64_t>(s->parent->tokens.size()));
+    }
+    EXPECT_EQ(e->ram_cache()->stats().bytes_used, end->chain_bytes());
+    const auto got = gen(*e, p2);
+    EXPECT_EQ(got.tokens, ref2.tokens);
+    EXPECT_EQ(got.cached_tokens, static_cast<int64_t>(p1.size()) - 2);
+    EXPECT_EQ(got.restored_bytes, e->ram_cache()->find(std::vector<int32_t>(p1.begin(), p1.end() - 2))->chain_bytes());
+    e->disk_store()->flush();
+    EXPECT_EQ(e->disk_store()->stats().write_failures, 0u);
+  }
+  auto restarted = open(0, true);
+  const auto got = gen(*restarted, p2);
+  EXPECT_EQ(got.tokens, ref2.tokens);
+  EXPECT_EQ(got.cached_tokens, static_cast<int64_t>(p2.size()));  // the previous request's own end
   EXPECT_EQ(restarted->stats().cache_disk_hits, 1u);
 }
 

@@ -95,6 +95,71 @@ TEST_P(StateIo, KvOnlyStreamCannotContinue) {
   }
 }
 
+// A delta (KV of [f, b) and the state at b) on top of the state at f continues exactly as the whole
+// stream does, and a chain joins into the whole stream byte for byte; whole streams stay version 1.
+TEST_P(StateIo, DeltaStreamsContinueAndJoinIntoTheWholeStream) {
+  auto m = test::load_tiny(GetParam(), opts());
+  const auto toks = test::tokens(45);
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data(), 11)).is_ok());
+  const auto s0 = std::move(m->save_state(*st, 11)).value();  // f = 11: inside the second KV chunk of 8
+  ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data() + 11, 16)).is_ok());
+  const auto d1 = std::move(m->save_state_since(*st, 11, 27)).value();
+  ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data() + 27, 5)).is_ok());
+  const auto d2 = std::move(m->save_state_since(*st, 27, 32)).value();
+  const auto whole = std::move(m->save_state(*st, 32)).value();
+  EXPECT_EQ(s0[4], 1);  // write version 1: what earlier builds read
+  EXPECT_EQ(d1[4], 2);
+  EXPECT_EQ(d1[6], 2);  // earlier readers refuse it
+  EXPECT_LT(d1.size(), whole.size());
+
+  // Join: byte-identical to the whole stream.
+  const std::vector<std::span<const uint8_t>> chain = {s0, d1, d2};
+  auto joined = state_stream_join(chain, m->kv_pool()->layout());
+  ASSERT_TRUE(joined.is_ok()) << joined.status().to_string();
+  EXPECT_EQ(*joined, whole);
+  auto one = state_stream_join(std::vector<std::span<const uint8_t>>{s0}, m->kv_pool()->layout());
+  ASSERT_TRUE(one.is_ok());
+  EXPECT_EQ(*one, s0);
+
+  // Restore: the links' KV, the last one's recurrent state; then on as the original.
+  auto r = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->load_state_into(s0, *r, false).is_ok());
+  EXPECT_FALSE(r->has_recurrent());
+  EXPECT_FALSE(r->logits_valid());
+  ASSERT_TRUE(m->load_state_into(d1, *r, false).is_ok());
+  EXPECT_EQ(r->pos(), 27);
+  ASSERT_TRUE(m->load_state_into(d2, *r).is_ok());
+  EXPECT_EQ(r->pos(), 32);
+  EXPECT_TRUE(r->has_recurrent());
+  EXPECT_EQ(logits_of(*m, *r), logits_of(*m, *st));
+  EXPECT_EQ(*m->save_state(*r, 32), whole);
+  ASSERT_TRUE(m->prefill(*r, std::span<const int32_t>(toks.data() + 32, 13)).is_ok());
+  ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data() + 32, 13)).is_ok());
+  EXPECT_EQ(logits_of(*m, *r), logits_of(*m, *st));
+
+  // A delta only goes on top of the state it continues.
+  auto fresh = std::move(m->new_state()).value();
+  EXPECT_EQ(m->load_state_into(d1, *fresh).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->load_state(d1).status().code(), StatusCode::kInvalidArgument);
+  auto at11 = std::move(m->load_state(s0)).value();
+  EXPECT_EQ(m->load_state_into(d2, *at11).code(), StatusCode::kInvalidArgument);
+  // Chains with a gap, out of order, or not starting at token 0 do not join.
+  const auto layout = m->kv_pool()->layout();
+  EXPECT_EQ(state_stream_join(std::vector<std::span<const uint8_t>>{s0, d2}, layout).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_stream_join(std::vector<std::span<const uint8_t>>{d1, d2}, layout).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_stream_join(std::vector<std::span<const uint8_t>>{}, layout).status().code(),
+            StatusCode::kInvalidArgument);
+  // Bad arguments, and a corrupted delta.
+  EXPECT_EQ(m->save_state_since(*st, 50, 45).status().code(), StatusCode::kInvalidArgument);
+  auto bad = d1;
+  bad[bad.size() / 2] ^= 0x10;
+  EXPECT_EQ(state_stream_join(std::vector<std::span<const uint8_t>>{s0, bad}, layout).status().code(),
+            StatusCode::kCorrupt);
+}
+
 TEST_P(StateIo, CorruptTruncatedAndForeignStreamsAreRejected) {
   auto m = test::load_tiny(GetParam(), opts());
   auto st = std::move(m->new_state()).value();

@@ -132,5 +132,50 @@ TEST(PrefixCache, ReplacingSameTokensKeepsOneEntry) {
   EXPECT_EQ(cache.stats().bytes_used, 208u);
 }
 
+// Deltas on parents: a parent stays while a child builds on it, even when its own score is the lowest;
+// once its children are gone it is an ordinary leaf; an ancestor evicted before its child was stored
+// comes back with the child, so the budget counts every byte the cache keeps alive.
+TEST(PrefixCache, ParentsStayWhileChildrenBuildOnThem) {
+  PrefixCache cache(4000);
+  auto root = make_snapshot({1}, 1000, 1.0);  // cheapest: first to go were it a leaf
+  cache.put(root);
+  auto child = make_snapshot({1, 2}, 1000, 900.0);
+  child->parent = root;
+  cache.put(child);
+  EXPECT_EQ(child->chain_bytes(), 2012u);
+  EXPECT_EQ(child->depth(), 1);
+  ASSERT_EQ(child->chain().size(), 2u);
+  EXPECT_EQ(child->chain()[0].data(), root->state.data());
+  cache.put(make_snapshot({5}, 1000, 50.0));
+  cache.put(make_snapshot({6}, 1000, 60.0));  // over budget: a leaf goes, not the root
+  EXPECT_LE(cache.stats().bytes_used, 4000u);
+  std::vector<int32_t> q1 = {1}, q5 = {5}, q12 = {1, 2};
+  EXPECT_NE(cache.find(q1), nullptr);
+  EXPECT_NE(cache.find(q12), nullptr);
+  EXPECT_EQ(cache.find(q5), nullptr);
+  // A stored parent is not replaced by another snapshot of its tokens.
+  cache.put(make_snapshot({1}, 10, 1.0));
+  EXPECT_EQ(cache.find(q1), root);
+
+  // Without its child (a bigger newcomer pushes leaves out), the root goes too when it scores lowest.
+  PrefixCache small(2100);
+  small.put(root);
+  small.put(child);
+  small.put(make_snapshot({7}, 1500, 1e6));
+  EXPECT_LE(small.stats().bytes_used, 2100u);
+  EXPECT_EQ(small.find(q12), nullptr);
+  EXPECT_EQ(small.find(q1), nullptr);
+
+  // Re-storing a child whose parent was evicted brings the parent back, counted.
+  PrefixCache again(1 << 20);
+  auto grandchild = make_snapshot({1, 2, 3}, 500, 1000.0);
+  grandchild->parent = child;
+  again.put(grandchild);
+  EXPECT_EQ(again.stats().entries, 3u);
+  EXPECT_EQ(again.stats().bytes_used, grandchild->chain_bytes());
+  std::vector<int32_t> q123 = {1, 2, 3, 4};
+  EXPECT_EQ(again.find(q123), grandchild);
+}
+
 }  // namespace
 }  // namespace ds

@@ -12,6 +12,7 @@
 #include "engine/sampler.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "state/state_io.h"
 
 namespace ds {
 namespace {
@@ -78,7 +79,8 @@ struct LocalEngine::Restored {
   int64_t n_tokens = 0;     // prompt tokens covered by the restored state
   double prefill_ms = 0;    // cost of computing that prefix from scratch
   bool from_disk = false;
-  uint64_t bytes = 0;       // serialized size of the restored snapshot
+  uint64_t bytes = 0;       // serialized size of the restored snapshot, its chain included
+  std::shared_ptr<const Snapshot> snapshot;  // the snapshot restored (the next one's parent)
 };
 
 LocalEngine::~LocalEngine() = default;
@@ -121,7 +123,11 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_
                                                    : static_cast<uint64_t>(options.cache_ram_bytes);
   if (ram > 0) e->ram_ = std::make_unique<PrefixCache>(ram);
   if (!options.kv_cache_dir.empty()) {
-    auto disk = DiskSnapshotStore::open({options.kv_cache_dir, e->fingerprint_, options.kv_cache_disk_budget, 8});
+    DiskStoreOptions so{options.kv_cache_dir, e->fingerprint_, options.kv_cache_disk_budget, 8};
+    so.whole_stream = [layout = m.kv_pool()->layout()](const Snapshot& snap) {
+      return state_stream_join(snap.chain(), layout);
+    };
+    auto disk = DiskSnapshotStore::open(so);
     if (disk.is_ok()) {
       e->disk_ = std::move(disk).value();
     } else {
@@ -169,12 +175,13 @@ Result<LocalEngine::Restored> LocalEngine::restore_longest(const std::vector<int
     }
   }
   if (snap) {
-    auto state = model_->load_state(snap->state);
+    auto state = restore_snapshot(*snap);
     if (state.is_ok() && (*state)->pos() == static_cast<int64_t>(snap->tokens.size()) && (*state)->logits_valid()) {
       r.state = std::move(state).value();
       r.n_tokens = static_cast<int64_t>(snap->tokens.size());
       r.prefill_ms = snap->prefill_ms;
-      r.bytes = snap->bytes();
+      r.bytes = snap->chain_bytes();
+      r.snapshot = std::move(snap);
       return r;
     }
     DS_LOG_WARN("snapshot of {} tokens could not be restored ({}); prefilling from scratch", snap->tokens.size(),
@@ -185,22 +192,39 @@ Result<LocalEngine::Restored> LocalEngine::restore_longest(const std::vector<int
   return r;
 }
 
-void LocalEngine::save_snapshot(const SequenceState& state, const std::vector<int32_t>& prompt, int64_t b,
-                                double prefill_ms) {
-  if (!ram_ && !disk_) return;
-  auto bytes = model_->save_state(state, b);
+Result<std::unique_ptr<SequenceState>> LocalEngine::restore_snapshot(const Snapshot& snap) {
+  const auto chain = snap.chain();
+  DS_ASSIGN_OR_RETURN(auto state, model_->new_state());
+  for (size_t i = 0; i < chain.size(); ++i) {
+    DS_TRY(model_->load_state_into(chain[i], *state, /*with_recurrent=*/i + 1 == chain.size()));
+  }
+  return state;
+}
+
+std::shared_ptr<const Snapshot> LocalEngine::save_snapshot(const SequenceState& state, const std::vector<int32_t>& prompt,
+                                                           int64_t b, double prefill_ms,
+                                                           std::shared_ptr<const Snapshot> parent) {
+  if (!ram_ && !disk_) return nullptr;
+  // A delta on the snapshot this state continues, unless its chain is long: a restore loads every link.
+  if (parent && (parent->depth() + 1 >= kMaxSnapshotChain || parent->tokens.size() >= static_cast<size_t>(b))) {
+    parent = nullptr;
+  }
+  auto bytes = parent ? model_->save_state_since(state, static_cast<int64_t>(parent->tokens.size()), b)
+                      : model_->save_state(state, b);
   if (!bytes.is_ok()) {
     DS_LOG_WARN("snapshot at {} not saved: {}", b, bytes.status().to_string());
-    return;
+    return nullptr;
   }
   auto snap = std::make_shared<Snapshot>();
   snap->tokens.assign(prompt.begin(), prompt.begin() + b);
   snap->state = std::move(bytes).value();
+  snap->parent = std::move(parent);
   snap->prefill_ms = prefill_ms;
   if (ram_) ram_->put(snap);
   if (disk_) disk_->put_async(snap);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   stats_.snapshots_saved++;
+  return snap;
 }
 
 Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
@@ -244,6 +268,7 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
 
   const auto t_prefill = t_restore;
   int64_t pos = restored.n_tokens;
+  std::shared_ptr<const Snapshot> parent = restored.snapshot;  // what the state's KV so far is saved in
   for (int64_t s : splits) {
     if (cancelled()) {
       result.finish = FinishReason::kCancelled;
@@ -254,7 +279,8 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
     pos = s;
     if (save_at.count(s)) {
       const auto t_save = Clock::now();
-      save_snapshot(state, prompt, s, restored.prefill_ms + ms_since(t_prefill));
+      auto saved = save_snapshot(state, prompt, s, restored.prefill_ms + ms_since(t_prefill), parent);
+      if (saved) parent = std::move(saved);
       result.snapshot_ms += ms_since(t_save);
     }
   }

@@ -46,8 +46,16 @@ class LocalEngine : public Engine {
   std::vector<int64_t> split_points(const std::vector<int32_t>& prompt, int64_t from) const;
   struct Restored;
   Result<Restored> restore_longest(const std::vector<int32_t>& prompt);
-  void save_snapshot(const SequenceState& state, const std::vector<int32_t>& prompt, int64_t b,
-                     double prefill_ms);
+  // A state from a snapshot's chain (every link's KV, the last one's recurrent state and logits).
+  Result<std::unique_ptr<SequenceState>> restore_snapshot(const Snapshot& snap);
+  // Saves the state at b (= its position) to the tiers: a delta on `parent` (the snapshot the state's
+  // KV up to parent's length was restored from or saved to) when there is one. Returns the snapshot,
+  // or null when none was saved.
+  std::shared_ptr<const Snapshot> save_snapshot(const SequenceState& state, const std::vector<int32_t>& prompt,
+                                                int64_t b, double prefill_ms, std::shared_ptr<const Snapshot> parent);
+
+  // Deltas on deltas up to this many links; then a whole snapshot starts a new chain.
+  static constexpr int kMaxSnapshotChain = 32;
 
   std::unique_ptr<Model> model_;
   EngineOptions options_;

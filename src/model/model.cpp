@@ -435,9 +435,14 @@ Result<std::vector<uint8_t>> Model::save_state(const SequenceState& state, int64
   return state_serialize(state, n_tokens, range.first, range.last);
 }
 
-Status Model::load_state_into(std::span<const uint8_t> bytes, SequenceState& state) const {
+Status Model::load_state_into(std::span<const uint8_t> bytes, SequenceState& state, bool with_recurrent) const {
   if (state.pool() != pool_) return invalid_argument("load_state_into: the state belongs to another model");
-  return state_deserialize_into(bytes, state);
+  return state_deserialize_into(bytes, state, with_recurrent);
+}
+
+Result<std::vector<uint8_t>> Model::save_state_since(const SequenceState& state, int64_t kv_from,
+                                                     int64_t n_tokens) const {
+  return state_serialize(state, n_tokens, 0, -1, kv_from);
 }
 
 }  // namespace ds

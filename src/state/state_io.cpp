@@ -1,5 +1,6 @@
-// State stream writer and verifying reader (format table in state_io.h). The reader bounds every
-// length against the stream and the layout before copying, and checks each checksum.
+// State stream writer, verifying reader and joiner (format table in state_io.h). The reader bounds
+// every length against the stream and the layout, and checks each checksum, before any byte reaches
+// a state.
 // Non-obvious choice: the payloads move between the stream and the state's KV slots and recurrent
 // buffer as one batch of copy regions (device_copy_regions) on any device, ordered so that a slot's
 // pieces are adjacent: a device state costs one synchronization and about its bytes over the host
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/host_memory.h"
 
 namespace ds {
 namespace {
@@ -21,6 +23,7 @@ constexpr size_t kHeaderBytes = 64;
 constexpr uint32_t kFlagRecurrent = 1u << 0;
 constexpr uint32_t kFlagLogits = 1u << 1;
 constexpr uint32_t kMaxNameLen = 64;
+constexpr uint16_t kWholeStreamVersion = 1;  // a stream of KV from token 0 is still version 1
 
 enum class SectionKind : uint8_t { kLogits, kKey, kValue, kConv, kSsm };
 
@@ -36,23 +39,32 @@ struct SectionSpec {
   int64_t n_bytes() const { return n_elements() * dtype_block_bytes(dtype); }
 };
 
-// The sections a stream with these flags carries, in order.
-std::vector<SectionSpec> expected_sections(const StateLayout& l, int64_t n_tokens, uint32_t flags, int64_t first,
-                                           int64_t last) {
+// What a stream's header says.
+struct StreamHeader {
+  int64_t n_tokens = 0;  // the boundary b
+  int64_t kv_from = 0;   // the first KV row it carries
+  uint32_t flags = 0;
+  int64_t first = 0, last = 0;  // layer range
+};
+
+// The sections a stream carries, in order: KV rows [kv_from, n_tokens) of the attention layers of
+// [first, last), and with the flags the logits and recurrent state.
+std::vector<SectionSpec> expected_sections(const StateLayout& l, const StreamHeader& sh) {
   std::vector<SectionSpec> out;
-  if (flags & kFlagLogits) out.push_back({"logits", 1, {l.n_vocab, 1, 1, 1}});
+  const int64_t rows = sh.n_tokens - sh.kv_from;
+  if (sh.flags & kFlagLogits) out.push_back({"logits", 1, {l.n_vocab, 1, 1, 1}});
   int64_t ai = 0;
-  for (int64_t il = 0; il < last; ++il) {
+  for (int64_t il = 0; il < sh.last; ++il) {
     if (l.kinds[static_cast<size_t>(il)] != LayerStateKind::kAttention) continue;
-    if (il >= first) {
+    if (il >= sh.first) {
       const std::string blk = "blk." + std::to_string(il);
-      out.push_back({blk + ".attn.k", 3, {l.head_dim, l.n_head_kv, n_tokens, 1}, l.kv_dtype, SectionKind::kKey, il, ai});
-      out.push_back({blk + ".attn.v", 3, {l.head_dim, l.n_head_kv, n_tokens, 1}, l.kv_dtype, SectionKind::kValue, il, ai});
+      out.push_back({blk + ".attn.k", 3, {l.head_dim, l.n_head_kv, rows, 1}, l.kv_dtype, SectionKind::kKey, il, ai});
+      out.push_back({blk + ".attn.v", 3, {l.head_dim, l.n_head_kv, rows, 1}, l.kv_dtype, SectionKind::kValue, il, ai});
     }
     ++ai;
   }
-  if (flags & kFlagRecurrent) {
-    for (int64_t il = first; il < last; ++il) {
+  if (sh.flags & kFlagRecurrent) {
+    for (int64_t il = sh.first; il < sh.last; ++il) {
       if (l.kinds[static_cast<size_t>(il)] == LayerStateKind::kRecurrent) {
         const std::string blk = "blk." + std::to_string(il);
         out.push_back({blk + ".deltanet.conv", 2, {l.conv_dim, l.conv_kernel - 1, 1, 1}, DType::F32, SectionKind::kConv, il});
@@ -61,41 +73,6 @@ std::vector<SectionSpec> expected_sections(const StateLayout& l, int64_t n_token
     }
   }
   return out;
-}
-
-// The device copies between a state and the payloads of a stream's sections (payload[i] is section
-// i's bytes in the stream): a host region and a state region per piece, KV chunk by chunk and within
-// a chunk in slot order, so the pieces of one slot are adjacent in the state and move as one transfer.
-// The logits (host memory on every device) are not among them.
-std::vector<CopyRegion> state_regions(const SequenceState& st, const std::vector<SectionSpec>& sections,
-                                      const std::vector<uint8_t*>& payload, int64_t n_tokens, bool to_state) {
-  const StateLayout& l = st.layout();
-  const KvPool& pool = *st.pool();
-  const int64_t row = l.n_head_kv * l.head_dim * dtype_block_bytes(l.kv_dtype);  // bytes per token
-  std::vector<CopyRegion> regions;
-  auto add = [&](uint8_t* host, void* state, int64_t bytes) {
-    regions.push_back(to_state ? CopyRegion{state, host, bytes} : CopyRegion{host, state, bytes});
-  };
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += l.kv_chunk_tokens) {
-    const int64_t c = t0 / l.kv_chunk_tokens;
-    const int64_t n = std::min(l.kv_chunk_tokens, n_tokens - t0);
-    uint8_t* slot = pool.slot_data(st.block_table()[static_cast<size_t>(c)]);
-    for (size_t i = 0; i < sections.size(); ++i) {
-      const SectionSpec& s = sections[i];
-      if (s.kind == SectionKind::kKey) add(payload[i] + t0 * row, slot + pool.k_offset(s.attn_index), n * row);
-      if (s.kind == SectionKind::kValue) add(payload[i] + t0 * row, slot + pool.v_offset(s.attn_index), n * row);
-    }
-  }
-  for (size_t i = 0; i < sections.size(); ++i) {
-    const SectionSpec& s = sections[i];
-    if (s.kind == SectionKind::kConv || s.kind == SectionKind::kSsm) {
-      const TensorView t = s.kind == SectionKind::kConv ? st.conv_state(s.layer) : st.ssm_state(s.layer);
-      DS_CHECK(t.n_bytes() == s.n_bytes(), "section '{}' of {} bytes, state tensor of {}", s.name, s.n_bytes(),
-               t.n_bytes());
-      add(payload[i], t.data, s.n_bytes());
-    }
-  }
-  return regions;
 }
 
 template <typename T>
@@ -112,82 +89,69 @@ T get_at(const uint8_t* p) {
   return v;
 }
 
-
-}  // namespace
-
-Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_tokens, int64_t layer_first,
-                                             int64_t layer_last) {
-  const StateLayout& l = st.layout();
-  if (n_tokens < 0 || n_tokens > st.pos()) {
-    return invalid_argument("state_serialize: boundary {} outside [0, {}]", n_tokens, st.pos());
-  }
-  if (layer_last < 0) layer_last = l.n_layer();
-  if (layer_first < 0 || layer_first >= layer_last || layer_last > l.n_layer()) {
-    return invalid_argument("state_serialize: layer range [{}, {}) outside [0, {})", layer_first, layer_last, l.n_layer());
-  }
-  uint32_t flags = 0;
-  if (n_tokens == st.pos()) {
-    if (!st.has_recurrent() && n_tokens > 0 && l.n_layer() != l.n_attention_layers()) {
-      return invalid_argument("state_serialize: the state has no recurrent part at position {}", n_tokens);
-    }
-    flags |= kFlagRecurrent;
-    if (st.logits_valid()) flags |= kFlagLogits;
-  }
-  const auto sections = expected_sections(l, n_tokens, flags, layer_first, layer_last);
+// A stream being written: the header and every section header in place, each payload's bytes
+// allocated (payload[i]) and its checksum written by finish().
+struct StreamBuilder {
   std::vector<uint8_t> out;
-  put<uint32_t>(out, kStateMagic);
-  put<uint16_t>(out, kStateVersion);
-  put<uint16_t>(out, kStateVersion);
-  put<uint64_t>(out, l.fingerprint());
-  put<int64_t>(out, n_tokens);
-  put<uint32_t>(out, flags);
-  put<uint32_t>(out, static_cast<uint32_t>(sections.size()));
-  put<uint32_t>(out, static_cast<uint32_t>(layer_first));
-  put<uint32_t>(out, static_cast<uint32_t>(layer_last));
-  out.resize(56, 0);
-  put<uint64_t>(out, XXH3_64bits(out.data(), 56));
+  std::vector<uint8_t*> payload;
+  std::vector<size_t> sum_at;
 
-  size_t total = out.size();
-  for (const SectionSpec& sec : sections) total += 4 + sec.name.size() + 4 + 4 + 32 + 8 + 8 + 8 + sec.n_bytes();
-  out.reserve(total);  // one allocation: the stream is hundreds of MB for a long prompt
-  // The section headers, each payload's place left for it ...
-  std::vector<size_t> sum_at(sections.size());
-  std::vector<size_t> payload_at(sections.size());
-  for (size_t i = 0; i < sections.size(); ++i) {
-    const SectionSpec& sec = sections[i];
-    const size_t start = out.size();
-    put<uint32_t>(out, static_cast<uint32_t>(sec.name.size()));
-    out.insert(out.end(), sec.name.begin(), sec.name.end());
-    put<uint32_t>(out, static_cast<uint32_t>(sec.dtype));
-    put<uint32_t>(out, static_cast<uint32_t>(sec.n_dims));
-    for (int64_t ne : sec.ne) put<int64_t>(out, ne);
-    put<uint64_t>(out, static_cast<uint64_t>(sec.n_bytes()));
-    put<uint64_t>(out, XXH3_64bits(out.data() + start, out.size() - start));
-    sum_at[i] = out.size();
-    put<uint64_t>(out, 0);  // the payload's checksum, once it is written
-    payload_at[i] = out.size();
-    out.resize(out.size() + static_cast<size_t>(sec.n_bytes()));
+  StreamBuilder(const StateLayout& l, const StreamHeader& sh, const std::vector<SectionSpec>& sections) {
+    const uint16_t version = sh.kv_from > 0 ? kStateVersion : kWholeStreamVersion;
+    put<uint32_t>(out, kStateMagic);
+    put<uint16_t>(out, version);
+    put<uint16_t>(out, version);
+    put<uint64_t>(out, l.fingerprint());
+    put<int64_t>(out, sh.n_tokens);
+    put<uint32_t>(out, sh.flags);
+    put<uint32_t>(out, static_cast<uint32_t>(sections.size()));
+    put<uint32_t>(out, static_cast<uint32_t>(sh.first));
+    put<uint32_t>(out, static_cast<uint32_t>(sh.last));
+    put<int64_t>(out, sh.kv_from);
+    out.resize(56, 0);
+    put<uint64_t>(out, XXH3_64bits(out.data(), 56));
+    size_t total = out.size();
+    for (const SectionSpec& s : sections) total += 4 + s.name.size() + 4 + 4 + 32 + 8 + 8 + 8 + s.n_bytes();
+    out.reserve(total);  // one allocation: the stream is hundreds of MB for a long prompt
+    advise_huge_pages(out.data(), out.capacity());
+    std::vector<size_t> payload_at;
+    for (const SectionSpec& s : sections) {
+      const size_t start = out.size();
+      put<uint32_t>(out, static_cast<uint32_t>(s.name.size()));
+      out.insert(out.end(), s.name.begin(), s.name.end());
+      put<uint32_t>(out, static_cast<uint32_t>(s.dtype));
+      put<uint32_t>(out, static_cast<uint32_t>(s.n_dims));
+      for (int64_t ne : s.ne) put<int64_t>(out, ne);
+      put<uint64_t>(out, static_cast<uint64_t>(s.n_bytes()));
+      put<uint64_t>(out, XXH3_64bits(out.data() + start, out.size() - start));
+      sum_at.push_back(out.size());
+      put<uint64_t>(out, 0);  // the payload's checksum, once it is written
+      payload_at.push_back(out.size());
+      out.resize(out.size() + static_cast<size_t>(s.n_bytes()));
+    }
+    DS_CHECK(out.size() == total, "state stream of {} bytes, {} computed", out.size(), total);
+    for (size_t at : payload_at) payload.push_back(out.data() + at);
   }
-  DS_CHECK(out.size() == total, "state stream of {} bytes, {} computed", out.size(), total);
-  // ... then the payloads straight from the state, in one batch of copies.
-  std::vector<uint8_t*> payload(sections.size());
-  for (size_t i = 0; i < sections.size(); ++i) payload[i] = out.data() + payload_at[i];
-  DS_TRY(device_copy_regions(Device{}, st.pool()->device(), state_regions(st, sections, payload, n_tokens, false)));
-  for (size_t i = 0; i < sections.size(); ++i) {
-    const size_t n = static_cast<size_t>(sections[i].n_bytes());
-    if (sections[i].kind == SectionKind::kLogits) std::memcpy(payload[i], st.logits().data(), n);
-    const uint64_t sum = XXH3_64bits(payload[i], n);
-    std::memcpy(out.data() + sum_at[i], &sum, sizeof(sum));
+
+  std::vector<uint8_t> finish(const std::vector<SectionSpec>& sections) {
+    for (size_t i = 0; i < sections.size(); ++i) {
+      const uint64_t sum = XXH3_64bits(payload[i], static_cast<size_t>(sections[i].n_bytes()));
+      std::memcpy(out.data() + sum_at[i], &sum, sizeof(sum));
+    }
+    return std::move(out);
   }
-  return out;
-}
+};
 
-namespace {
+// A verified stream: its header, its sections, and where each payload lies in it.
+struct ParsedStream {
+  StreamHeader header;
+  std::vector<SectionSpec> sections;
+  std::vector<const uint8_t*> payload;
+};
 
-// Verifies a stream and writes it into `st` (fresh at position 0, or at the stream's position).
-Status load_into(std::span<const uint8_t> bytes, SequenceState& state) {
-  SequenceState* st = &state;
-  const StateLayout& l = st->layout();
+// Verifies a whole stream against layout `l`: magic, versions, fingerprint, header fields, and every
+// section's name, shape and checksums, with every length bounded by the stream.
+Result<ParsedStream> parse_stream(std::span<const uint8_t> bytes, const StateLayout& l) {
   if (bytes.size() < kHeaderBytes) {
     return corrupt("state stream: {} bytes is shorter than the {}-byte header", bytes.size(), kHeaderBytes);
   }
@@ -205,36 +169,36 @@ Status load_into(std::span<const uint8_t> bytes, SequenceState& state) {
     return invalid_argument("state stream: fingerprint {:016x} is from another model or state layout (this model: {:016x})",
                             get_at<uint64_t>(h + 8), l.fingerprint());
   }
-  const int64_t n_tokens = get_at<int64_t>(h + 16);
-  const uint32_t flags = get_at<uint32_t>(h + 24);
+  ParsedStream p;
+  StreamHeader& sh = p.header;
+  sh.n_tokens = get_at<int64_t>(h + 16);
+  sh.flags = get_at<uint32_t>(h + 24);
   const uint32_t n_sections = get_at<uint32_t>(h + 28);
-  if (n_tokens < 0 || n_tokens > l.n_ctx) {
-    return corrupt("state stream: {} tokens outside the context [0, {}]", n_tokens, l.n_ctx);
+  if (sh.n_tokens < 0 || sh.n_tokens > l.n_ctx) {
+    return corrupt("state stream: {} tokens outside the context [0, {}]", sh.n_tokens, l.n_ctx);
   }
-  if ((flags & ~(kFlagRecurrent | kFlagLogits)) != 0 || ((flags & kFlagLogits) && !(flags & kFlagRecurrent))) {
-    return corrupt("state stream: unknown flags 0x{:x}", flags);
+  if ((sh.flags & ~(kFlagRecurrent | kFlagLogits)) != 0 || ((sh.flags & kFlagLogits) && !(sh.flags & kFlagRecurrent))) {
+    return corrupt("state stream: unknown flags 0x{:x}", sh.flags);
   }
-  const int64_t first = get_at<uint32_t>(h + 32), last = get_at<uint32_t>(h + 36);
-  if (first >= last || last > l.n_layer()) {
-    return corrupt("state stream: layer range [{}, {}) outside this model's [0, {})", first, last, l.n_layer());
+  sh.first = get_at<uint32_t>(h + 32);
+  sh.last = get_at<uint32_t>(h + 36);
+  if (sh.first >= sh.last || sh.last > l.n_layer()) {
+    return corrupt("state stream: layer range [{}, {}) outside this model's [0, {})", sh.first, sh.last, l.n_layer());
   }
-  for (size_t i = 40; i < 56; ++i) {
+  sh.kv_from = get_at<int64_t>(h + 40);
+  if (sh.kv_from < 0 || sh.kv_from > sh.n_tokens || (sh.kv_from > 0 && min_reader < 2)) {
+    return corrupt("state stream: KV from token {} of a stream of {} tokens (reader version {})", sh.kv_from,
+                   sh.n_tokens, min_reader);
+  }
+  for (size_t i = 48; i < 56; ++i) {
     if (h[i] != 0) return corrupt("state stream: reserved header byte {} is not zero", i);
   }
-  const auto specs = expected_sections(l, n_tokens, flags, first, last);
-  if (n_sections != specs.size()) {
-    return corrupt("state stream: {} sections, expected {}", n_sections, specs.size());
+  p.sections = expected_sections(l, sh);
+  if (n_sections != p.sections.size()) {
+    return corrupt("state stream: {} sections, expected {}", n_sections, p.sections.size());
   }
-  if (!(st->pos() == 0 && st->n_kv_chunks() == 0) && st->pos() != n_tokens) {
-    return invalid_argument("state stream: a stream at position {} cannot be merged into a state at position {}",
-                            n_tokens, st->pos());
-  }
-  DS_TRY(st->kv_reserve(n_tokens));
-  // Every section is verified before any byte reaches the state; a layer-range stream writes only its
-  // layers' pieces, so the state's other layers keep their contents.
-  std::vector<uint8_t*> payloads(specs.size());
   size_t off = kHeaderBytes;
-  for (const SectionSpec& s : specs) {
+  for (const SectionSpec& s : p.sections) {
     const size_t start = off;
     auto need = [&](size_t n) -> Status {
       if (bytes.size() - off < n) return corrupt("state stream: section '{}' truncated at offset {}", s.name, off);
@@ -271,34 +235,161 @@ Status load_into(std::span<const uint8_t> bytes, SequenceState& state) {
     if (payload_sum != XXH3_64bits(h + off, payload)) {
       return corrupt("state stream: section '{}' payload checksum mismatch at offset {}", s.name, off);
     }
-    payloads[static_cast<size_t>(&s - specs.data())] = const_cast<uint8_t*>(h + off);
+    p.payload.push_back(h + off);
     off += payload;
   }
   if (off != bytes.size()) return corrupt("state stream: {} trailing bytes after the last section", bytes.size() - off);
-  DS_TRY(device_copy_regions(st->pool()->device(), Device{}, state_regions(*st, specs, payloads, n_tokens, true)));
-  for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].kind == SectionKind::kLogits) {
-      std::memcpy(st->logits().data(), payloads[i], static_cast<size_t>(specs[i].n_bytes()));
+  return p;
+}
+
+// The copies between a state and the payloads of a stream's sections (payload[i]: section i's bytes):
+// one region per piece, KV chunk by chunk and within a chunk in slot order, so the pieces of one slot
+// are adjacent in the state and move as one transfer. The logits (host memory on every device) and,
+// unless `recurrent`, the conv / SSM sections are not among them.
+std::vector<CopyRegion> state_regions(const SequenceState& st, const StreamHeader& sh,
+                                      const std::vector<SectionSpec>& sections, const std::vector<uint8_t*>& payload,
+                                      bool to_state, bool recurrent) {
+  const StateLayout& l = st.layout();
+  const KvPool& pool = *st.pool();
+  const int64_t row = l.n_head_kv * l.head_dim * dtype_block_bytes(l.kv_dtype);  // bytes per token
+  std::vector<CopyRegion> regions;
+  auto add = [&](uint8_t* host, void* state, int64_t bytes) {
+    regions.push_back(to_state ? CopyRegion{state, host, bytes} : CopyRegion{host, state, bytes});
+  };
+  for (int64_t t0 = sh.kv_from; t0 < sh.n_tokens;) {
+    const int64_t c = t0 / l.kv_chunk_tokens, in_chunk = t0 % l.kv_chunk_tokens;
+    const int64_t n = std::min(l.kv_chunk_tokens - in_chunk, sh.n_tokens - t0);
+    uint8_t* slot = pool.slot_data(st.block_table()[static_cast<size_t>(c)]) + in_chunk * row;
+    const int64_t at = (t0 - sh.kv_from) * row;
+    for (size_t i = 0; i < sections.size(); ++i) {
+      const SectionSpec& s = sections[i];
+      if (s.kind == SectionKind::kKey) add(payload[i] + at, slot + pool.k_offset(s.attn_index), n * row);
+      if (s.kind == SectionKind::kValue) add(payload[i] + at, slot + pool.v_offset(s.attn_index), n * row);
+    }
+    t0 += n;
+  }
+  for (size_t i = 0; i < sections.size() && recurrent; ++i) {
+    const SectionSpec& s = sections[i];
+    if (s.kind == SectionKind::kConv || s.kind == SectionKind::kSsm) {
+      const TensorView t = s.kind == SectionKind::kConv ? st.conv_state(s.layer) : st.ssm_state(s.layer);
+      DS_CHECK(t.n_bytes() == s.n_bytes(), "section '{}' of {} bytes, state tensor of {}", s.name, s.n_bytes(),
+               t.n_bytes());
+      add(payload[i], t.data, s.n_bytes());
     }
   }
-  st->set_pos(n_tokens);
-  const bool stateless = l.n_layer() == l.n_attention_layers();
-  st->set_has_recurrent((flags & kFlagRecurrent) != 0 || n_tokens == 0 || stateless);
-  if (flags & kFlagLogits) st->set_logits_valid(true);
-  return Status::ok();
+  return regions;
 }
 
 }  // namespace
 
+Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_tokens, int64_t layer_first,
+                                             int64_t layer_last, int64_t kv_from) {
+  const StateLayout& l = st.layout();
+  if (n_tokens < 0 || n_tokens > st.pos()) {
+    return invalid_argument("state_serialize: boundary {} outside [0, {}]", n_tokens, st.pos());
+  }
+  if (kv_from < 0 || kv_from > n_tokens) {
+    return invalid_argument("state_serialize: KV from token {} outside [0, {}]", kv_from, n_tokens);
+  }
+  if (layer_last < 0) layer_last = l.n_layer();
+  if (layer_first < 0 || layer_first >= layer_last || layer_last > l.n_layer()) {
+    return invalid_argument("state_serialize: layer range [{}, {}) outside [0, {})", layer_first, layer_last, l.n_layer());
+  }
+  StreamHeader sh{n_tokens, kv_from, 0, layer_first, layer_last};
+  if (n_tokens == st.pos()) {
+    if (!st.has_recurrent() && n_tokens > 0 && l.n_layer() != l.n_attention_layers()) {
+      return invalid_argument("state_serialize: the state has no recurrent part at position {}", n_tokens);
+    }
+    sh.flags |= kFlagRecurrent;
+    if (st.logits_valid()) sh.flags |= kFlagLogits;
+  }
+  const auto sections = expected_sections(l, sh);
+  // The headers first, then the payloads straight from the state in one batch of copies.
+  StreamBuilder b(l, sh, sections);
+  DS_TRY(device_copy_regions(Device{}, st.pool()->device(), state_regions(st, sh, sections, b.payload, false, true)));
+  for (size_t i = 0; i < sections.size(); ++i) {
+    if (sections[i].kind == SectionKind::kLogits) {
+      std::memcpy(b.payload[i], st.logits().data(), static_cast<size_t>(sections[i].n_bytes()));
+    }
+  }
+  return b.finish(sections);
+}
+
+Status state_deserialize_into(std::span<const uint8_t> bytes, SequenceState& st, bool with_recurrent) {
+  const StateLayout& l = st.layout();
+  DS_ASSIGN_OR_RETURN(ParsedStream p, parse_stream(bytes, l));
+  const StreamHeader& sh = p.header;
+  // Into a fresh state (position 0, no KV), a state at the stream's position (the next layer range of
+  // a split state), or for a stream of KV from token f > 0, a state at position f.
+  const bool fresh = st.pos() == 0 && st.n_kv_chunks() == 0;
+  if (sh.kv_from > 0 ? (st.pos() != sh.kv_from && st.pos() != sh.n_tokens)
+                     : (!fresh && st.pos() != sh.n_tokens)) {
+    return invalid_argument("state stream: a stream of tokens [{}, {}) cannot be merged into a state at position {}",
+                            sh.kv_from, sh.n_tokens, st.pos());
+  }
+  DS_TRY(st.kv_reserve(sh.n_tokens));
+  const bool recurrent = with_recurrent && (sh.flags & kFlagRecurrent) != 0;
+  std::vector<uint8_t*> payload;
+  for (const uint8_t* q : p.payload) payload.push_back(const_cast<uint8_t*>(q));
+  DS_TRY(device_copy_regions(st.pool()->device(), Device{}, state_regions(st, sh, p.sections, payload, true, recurrent)));
+  const bool logits = recurrent && (sh.flags & kFlagLogits) != 0;
+  for (size_t i = 0; i < p.sections.size() && logits; ++i) {
+    if (p.sections[i].kind == SectionKind::kLogits) {
+      std::memcpy(st.logits().data(), payload[i], static_cast<size_t>(p.sections[i].n_bytes()));
+    }
+  }
+  st.set_pos(sh.n_tokens);
+  const bool stateless = l.n_layer() == l.n_attention_layers();
+  st.set_has_recurrent(recurrent || sh.n_tokens == 0 || stateless);
+  if (logits) st.set_logits_valid(true);
+  return Status::ok();
+}
+
 Result<std::unique_ptr<SequenceState>> state_deserialize(std::span<const uint8_t> bytes,
                                                          std::shared_ptr<KvPool> pool) {
   DS_ASSIGN_OR_RETURN(auto st, SequenceState::create(std::move(pool)));
-  DS_TRY(load_into(bytes, *st));
+  DS_TRY(state_deserialize_into(bytes, *st));
   return st;
 }
 
-Status state_deserialize_into(std::span<const uint8_t> bytes, SequenceState& state) {
-  return load_into(bytes, state);
+Result<std::vector<uint8_t>> state_stream_join(std::span<const std::span<const uint8_t>> chain, const StateLayout& l) {
+  if (chain.empty()) return invalid_argument("state_stream_join: no streams");
+  std::vector<ParsedStream> parts;
+  for (std::span<const uint8_t> bytes : chain) {
+    DS_ASSIGN_OR_RETURN(ParsedStream p, parse_stream(bytes, l));
+    const int64_t want_from = parts.empty() ? 0 : parts.back().header.n_tokens;
+    if (p.header.kv_from != want_from || (!parts.empty() && (p.header.first != parts[0].header.first ||
+                                                             p.header.last != parts[0].header.last))) {
+      return invalid_argument("state_stream_join: a stream of tokens [{}, {}) layers [{}, {}) does not continue one "
+                              "that ends at token {}", p.header.kv_from, p.header.n_tokens, p.header.first,
+                              p.header.last, want_from);
+    }
+    parts.push_back(std::move(p));
+  }
+  StreamHeader sh = parts.back().header;
+  sh.kv_from = 0;
+  const auto sections = expected_sections(l, sh);
+  StreamBuilder b(l, sh, sections);
+  const ParsedStream& last = parts.back();
+  // Sections line up by name: K / V rows appended link by link, the rest from the last link.
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const SectionSpec& s = sections[i];
+    if (s.kind == SectionKind::kKey || s.kind == SectionKind::kValue) {
+      uint8_t* dst = b.payload[i];
+      for (const ParsedStream& p : parts) {
+        auto it = std::find_if(p.sections.begin(), p.sections.end(), [&](const SectionSpec& q) { return q.name == s.name; });
+        DS_CHECK(it != p.sections.end(), "section '{}' missing from a verified stream", s.name);
+        const size_t n = static_cast<size_t>(it->n_bytes());
+        std::memcpy(dst, p.payload[static_cast<size_t>(it - p.sections.begin())], n);
+        dst += n;
+      }
+      DS_CHECK(dst == b.payload[i] + s.n_bytes(), "joined section '{}' of the wrong size", s.name);
+    } else {
+      DS_CHECK(last.sections[i].name == s.name, "section '{}' out of place", s.name);
+      std::memcpy(b.payload[i], last.payload[i], static_cast<size_t>(s.n_bytes()));
+    }
+  }
+  return b.finish(sections);
 }
 
 }  // namespace ds

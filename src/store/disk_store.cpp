@@ -176,7 +176,17 @@ void DiskSnapshotStore::writer_loop() {
       writing_ = true;
     }
     const std::string path = (fs::path(options_.dir) / snapshot_file_name(snap->tokens)).string();
-    Status st = snapshot_file_write(path, options_.fingerprint, snap->tokens, snap->state, snap->prefill_ms);
+    Result<std::vector<uint8_t>> joined = std::vector<uint8_t>{};
+    if (snap->parent) {
+      joined = options_.whole_stream ? options_.whole_stream(*snap)
+                                     : Result<std::vector<uint8_t>>(unsupported("a delta snapshot and no joiner"));
+    }
+    Status st = !joined.is_ok() ? joined.status()
+                                : snapshot_file_write(path, options_.fingerprint, snap->tokens,
+                                                      snap->parent ? std::span<const uint8_t>(*joined)
+                                                                   : std::span<const uint8_t>(snap->state),
+                                                      snap->prefill_ms);
+    joined = std::vector<uint8_t>{};  // a whole stream can be GBs: not kept while indexing
     Result<SnapshotFileInfo> info = st.is_ok() ? snapshot_file_read_info(path, options_.fingerprint)
                                                : Result<SnapshotFileInfo>(st);
     {

@@ -1,5 +1,5 @@
 // Disk tier of the prefix cache (--kv-cache-dir). Snapshots are written by a background thread (a
-// request never waits on disk), indexed at startup from file headers and token ids (payloads are not
+// request never waits on disk), each file a whole stream (a delta snapshot joined with its chain there), indexed at startup from file headers and token ids (payloads are not
 // read), looked up by longest token prefix, and verified when loaded. A corrupt, truncated, foreign or
 // unreadable file is moved into DIR/quarantine/ (or deleted if that fails) with one warning and is
 // never used; the quarantine keeps the kQuarantineKeepFiles most recently quarantined files (and,
@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,6 +33,10 @@ struct DiskStoreOptions {
   std::string fingerprint;        // model/layout identity; files with another one are foreign
   uint64_t budget_bytes = 0;      // 0 = unlimited
   size_t max_pending_writes = 8;  // beyond this, new writes are dropped (the request never waits)
+  // The whole state stream of a snapshot that is a delta on a parent (state_stream_join over its
+  // chain), made by the writer thread: files always hold whole streams. Without it such snapshots
+  // are not written.
+  std::function<Result<std::vector<uint8_t>>(const Snapshot&)> whole_stream;
 };
 
 struct DiskStoreStats {

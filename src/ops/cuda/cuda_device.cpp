@@ -296,6 +296,15 @@ Result<void*> DeviceAllocator::allocate(int64_t bytes) {
   return ptr;
 }
 
+const void* DeviceAllocator::live_block_end(const void* p) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.upper_bound(const_cast<void*>(p));
+  if (it == live_.begin()) return nullptr;
+  --it;
+  const auto* end = static_cast<const uint8_t*>(it->first) + it->second;
+  return p < end ? end : nullptr;
+}
+
 void DeviceAllocator::release(void* ptr) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mutex_);

@@ -64,6 +64,9 @@ class DeviceAllocator {
 
   Result<void*> allocate(int64_t bytes);
   void release(void* ptr);  // ptr must come from allocate() of this allocator
+  // The end of the live block (one cudaMalloc allocation) that holds p, or null when none does. One
+  // device copy may span only one allocation.
+  const void* live_block_end(const void* p) const;
   Status trim();            // returns every cached block to the driver
   Stats stats() const;
   void reset_peaks();

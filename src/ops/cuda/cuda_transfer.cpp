@@ -2,7 +2,8 @@
 // device_copy_regions): what snapshots, restores and forks move, thousands of KV pieces at a time.
 // Host regions pass through two page-locked staging buffers per device on a copy stream of its own:
 // while the device fills (or drains) one buffer, the host copies the other out (or in). Pieces adjacent
-// on the device join one transfer. Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// on the device and inside one allocation of the device's allocator join one transfer (a copy may not
+// span two allocations, even adjacent ones). Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choices: the staging buffers are allocated at a device's first batch and kept for the
 // process (page-locking is slow, and a batch is a state operation that recurs); a mutex per device
 // serializes batches over them. When the system refuses page-locked memory, each region is one
@@ -83,11 +84,12 @@ class Batch {
       } else {
         std::memcpy(stage, src + done, static_cast<size_t>(n));
       }
-      if (run_bytes_ > 0 && run_dev_ + run_bytes_ == dev) {
+      if (run_bytes_ > 0 && run_dev_ + run_bytes_ == dev && run_end_ != nullptr && dev + n <= run_end_) {
         run_bytes_ += n;
       } else {
         DS_TRY(issue_run());
         run_dev_ = dev;
+        run_end_ = static_cast<const uint8_t*>(DeviceAllocator::for_device(device_).live_block_end(dev));
         run_off_ = fill_[h_];
         run_bytes_ = n;
       }
@@ -157,6 +159,7 @@ class Batch {
   std::array<bool, 2> in_flight_{};
   std::array<std::vector<Piece>, 2> pieces_;  // to the host: where each buffer's bytes go
   uint8_t* run_dev_ = nullptr;                // the open run: device address, offset in buffer h_, bytes
+  const uint8_t* run_end_ = nullptr;          // the end of the allocation run_dev_ lies in (null: unknown)
   int64_t run_off_ = 0;
   int64_t run_bytes_ = 0;
 };
@@ -191,12 +194,21 @@ Status copy_regions(Device dst_dev, Device src_dev, std::span<const CopyRegion> 
   std::lock_guard<std::mutex> lock(s.mu);
   DS_TRY(init_locked(s, device));
   if (src_cuda && dst_cuda) {
-    // Device to device: one asynchronous copy per run of pieces adjacent on both sides.
+    // Device to device: one asynchronous copy per run of pieces adjacent on both sides, each side
+    // inside one allocation.
+    DeviceAllocator& src_alloc = DeviceAllocator::for_device(src_dev.index);
+    DeviceAllocator& dst_alloc = DeviceAllocator::for_device(dst_dev.index);
     for (size_t i = 0; i < regions.size();) {
       auto* dst = static_cast<uint8_t*>(regions[i].dst);
       const auto* src = static_cast<const uint8_t*>(regions[i].src);
+      const auto* dst_end = static_cast<const uint8_t*>(dst_alloc.live_block_end(dst));
+      const auto* src_end = static_cast<const uint8_t*>(src_alloc.live_block_end(src));
       int64_t n = regions[i].bytes;
-      for (++i; i < regions.size() && regions[i].dst == dst + n && regions[i].src == src + n; ++i) n += regions[i].bytes;
+      for (++i; i < regions.size() && dst_end != nullptr && src_end != nullptr && regions[i].dst == dst + n &&
+                regions[i].src == src + n && dst + n + regions[i].bytes <= dst_end && src + n + regions[i].bytes <= src_end;
+           ++i) {
+        n += regions[i].bytes;
+      }
       if (n == 0) continue;
       const cudaError_t e = cudaMemcpyAsync(dst, src, static_cast<size_t>(n), cudaMemcpyDefault, s.stream);
       if (e != cudaSuccess) {
