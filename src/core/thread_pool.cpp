@@ -97,4 +97,11 @@ ThreadPool& ThreadPool::global() {
 
 void ThreadPool::set_default_threads(int n_threads) { g_default_threads.store(n_threads); }
 
+void host_parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain) {
+  static std::mutex turn;
+  static ThreadPool pool(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
+  std::lock_guard<std::mutex> lock(turn);
+  pool.parallel_for(n, fn, grain);
+}
+
 }  // namespace ds

@@ -46,4 +46,9 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
 };
 
+// parallel_for on the process's pool for passes over host memory (snapshot copies and checksums),
+// apart from the compute pool, so a disk writer's pass cannot collide with a forward's loop: at most
+// 8 threads, the caller's included; callers on several threads take turns.
+void host_parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain = 1);
+
 }  // namespace ds

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/thread_pool.h"
 #ifdef DS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -85,9 +86,12 @@ Status device_copy_regions(Device dst_dev, Device src_dev, std::span<const CopyR
              r.bytes);
   }
   if (dst_dev.kind == DeviceKind::kCpu && src_dev.kind == DeviceKind::kCpu) {
-    for (const CopyRegion& r : regions) {
-      if (r.bytes > 0) std::memmove(r.dst, r.src, static_cast<size_t>(r.bytes));
-    }
+    host_parallel_for(static_cast<int64_t>(regions.size()), [&](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) {
+        const CopyRegion& r = regions[static_cast<size_t>(i)];
+        if (r.bytes > 0) std::memmove(r.dst, r.src, static_cast<size_t>(r.bytes));
+      }
+    });
     return Status::ok();
   }
 #ifdef DS_HAVE_CUDA

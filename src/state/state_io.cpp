@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/host_memory.h"
+#include "core/thread_pool.h"
 
 namespace ds {
 namespace {
@@ -134,10 +135,12 @@ struct StreamBuilder {
   }
 
   std::vector<uint8_t> finish(const std::vector<SectionSpec>& sections) {
-    for (size_t i = 0; i < sections.size(); ++i) {
-      const uint64_t sum = XXH3_64bits(payload[i], static_cast<size_t>(sections[i].n_bytes()));
-      std::memcpy(out.data() + sum_at[i], &sum, sizeof(sum));
-    }
+    host_parallel_for(static_cast<int64_t>(sections.size()), [&](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) {
+        const uint64_t sum = XXH3_64bits(payload[i], static_cast<size_t>(sections[i].n_bytes()));
+        std::memcpy(out.data() + sum_at[i], &sum, sizeof(sum));
+      }
+    });
     return std::move(out);
   }
 };
@@ -198,6 +201,7 @@ Result<ParsedStream> parse_stream(std::span<const uint8_t> bytes, const StateLay
     return corrupt("state stream: {} sections, expected {}", n_sections, p.sections.size());
   }
   size_t off = kHeaderBytes;
+  std::vector<uint64_t> sums;  // each payload's checksum as the stream states it
   for (const SectionSpec& s : p.sections) {
     const size_t start = off;
     auto need = [&](size_t n) -> Status {
@@ -232,13 +236,24 @@ Result<ParsedStream> parse_stream(std::span<const uint8_t> bytes, const StateLay
                               dtype_name(s.dtype));
     }
     DS_TRY(need(payload));
-    if (payload_sum != XXH3_64bits(h + off, payload)) {
-      return corrupt("state stream: section '{}' payload checksum mismatch at offset {}", s.name, off);
-    }
     p.payload.push_back(h + off);
+    sums.push_back(payload_sum);
     off += payload;
   }
   if (off != bytes.size()) return corrupt("state stream: {} trailing bytes after the last section", bytes.size() - off);
+  // Every payload's checksum, the sections on several threads.
+  std::vector<uint8_t> ok(p.sections.size());
+  host_parallel_for(static_cast<int64_t>(p.sections.size()), [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      ok[i] = XXH3_64bits(p.payload[i], static_cast<size_t>(p.sections[i].n_bytes())) == sums[i];
+    }
+  });
+  for (size_t i = 0; i < p.sections.size(); ++i) {
+    if (!ok[i]) {
+      return corrupt("state stream: section '{}' payload checksum mismatch at offset {}", p.sections[i].name,
+                     p.payload[i] - h);
+    }
+  }
   return p;
 }
 
@@ -278,6 +293,26 @@ std::vector<CopyRegion> state_regions(const SequenceState& st, const StreamHeade
     }
   }
   return regions;
+}
+
+// Section `s` (index i) of the whole stream that a verified chain `parts` restores, written to dst:
+// K / V rows appended link by link, the rest from the last link. False if a link lacks it.
+bool join_section(const std::vector<ParsedStream>& parts, const SectionSpec& s, uint8_t* dst, size_t i) {
+  if (s.kind == SectionKind::kKey || s.kind == SectionKind::kValue) {
+    uint8_t* at = dst;
+    for (const ParsedStream& p : parts) {
+      auto it = std::find_if(p.sections.begin(), p.sections.end(), [&](const SectionSpec& q) { return q.name == s.name; });
+      if (it == p.sections.end()) return false;
+      const size_t n = static_cast<size_t>(it->n_bytes());
+      std::memcpy(at, p.payload[static_cast<size_t>(it - p.sections.begin())], n);
+      at += n;
+    }
+    return at == dst + s.n_bytes();
+  }
+  const ParsedStream& last = parts.back();
+  if (i >= last.sections.size() || last.sections[i].name != s.name) return false;
+  std::memcpy(dst, last.payload[i], static_cast<size_t>(s.n_bytes()));
+  return true;
 }
 
 }  // namespace
@@ -370,24 +405,12 @@ Result<std::vector<uint8_t>> state_stream_join(std::span<const std::span<const u
   sh.kv_from = 0;
   const auto sections = expected_sections(l, sh);
   StreamBuilder b(l, sh, sections);
-  const ParsedStream& last = parts.back();
-  // Sections line up by name: K / V rows appended link by link, the rest from the last link.
+  std::vector<uint8_t> joined(sections.size());
+  host_parallel_for(static_cast<int64_t>(sections.size()), [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) joined[i] = join_section(parts, sections[i], b.payload[i], static_cast<size_t>(i));
+  });
   for (size_t i = 0; i < sections.size(); ++i) {
-    const SectionSpec& s = sections[i];
-    if (s.kind == SectionKind::kKey || s.kind == SectionKind::kValue) {
-      uint8_t* dst = b.payload[i];
-      for (const ParsedStream& p : parts) {
-        auto it = std::find_if(p.sections.begin(), p.sections.end(), [&](const SectionSpec& q) { return q.name == s.name; });
-        DS_CHECK(it != p.sections.end(), "section '{}' missing from a verified stream", s.name);
-        const size_t n = static_cast<size_t>(it->n_bytes());
-        std::memcpy(dst, p.payload[static_cast<size_t>(it - p.sections.begin())], n);
-        dst += n;
-      }
-      DS_CHECK(dst == b.payload[i] + s.n_bytes(), "joined section '{}' of the wrong size", s.name);
-    } else {
-      DS_CHECK(last.sections[i].name == s.name, "section '{}' out of place", s.name);
-      std::memcpy(b.payload[i], last.payload[i], static_cast<size_t>(s.n_bytes()));
-    }
+    DS_CHECK(joined[i], "section '{}' missing or of the wrong size in a verified chain", sections[i].name);
   }
   return b.finish(sections);
 }

@@ -3,7 +3,8 @@
 // Host regions pass through two page-locked staging buffers per device on a copy stream of its own:
 // while the device fills (or drains) one buffer, the host copies the other out (or in). Pieces adjacent
 // on the device and inside one allocation of the device's allocator join one transfer (a copy may not
-// span two allocations, even adjacent ones). Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
+// span two allocations, even adjacent ones); the host's copies run on several threads (host_parallel_for).
+// Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choices: the staging buffers are allocated at a device's first batch and kept for the
 // process (page-locking is slow, and a batch is a state operation that recurs); a mutex per device
 // serializes batches over them. When the system refuses page-locked memory, each region is one
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/thread_pool.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_device.h"
 
@@ -65,34 +67,21 @@ Status sync_device(int device) {
 }
 
 // One staged batch in one direction. Regions are cut into pieces at buffer boundaries; a piece's bytes
-// sit at `off` in its buffer; consecutive pieces whose device addresses follow each other form one
-// transfer ("run").
+// sit at `off` in its buffer. When a buffer is full its transfers are enqueued, one per run of pieces
+// that follow each other on the device inside one allocation; the host copies of a buffer's pieces
+// (in before its transfers, out after them) run on several threads while the other buffer's transfers
+// are in flight.
 class Batch {
  public:
   Batch(Stager& s, bool to_host, int device) : s_(s), to_host_(to_host), device_(device) {}
 
   Status add(const CopyRegion& r) {
-    const auto* src = static_cast<const uint8_t*>(r.src);
-    auto* dst = static_cast<uint8_t*>(r.dst);
+    auto* host = static_cast<uint8_t*>(to_host_ ? r.dst : const_cast<void*>(r.src));
+    auto* dev = static_cast<uint8_t*>(to_host_ ? const_cast<void*>(r.src) : r.dst);
     for (int64_t done = 0; done < r.bytes;) {
       if (fill_[h_] == kStageBytes) DS_TRY(flush());
       const int64_t n = std::min(r.bytes - done, kStageBytes - fill_[h_]);
-      uint8_t* stage = s_.buf[h_] + fill_[h_];
-      uint8_t* dev = to_host_ ? const_cast<uint8_t*>(src + done) : dst + done;
-      if (to_host_) {
-        pieces_[h_].push_back({dst + done, fill_[h_], n});
-      } else {
-        std::memcpy(stage, src + done, static_cast<size_t>(n));
-      }
-      if (run_bytes_ > 0 && run_dev_ + run_bytes_ == dev && run_end_ != nullptr && dev + n <= run_end_) {
-        run_bytes_ += n;
-      } else {
-        DS_TRY(issue_run());
-        run_dev_ = dev;
-        run_end_ = static_cast<const uint8_t*>(DeviceAllocator::for_device(device_).live_block_end(dev));
-        run_off_ = fill_[h_];
-        run_bytes_ = n;
-      }
+      pieces_[h_].push_back({host + done, dev + done, fill_[h_], n});
       fill_[h_] += n;
       done += n;
     }
@@ -110,41 +99,64 @@ class Batch {
  private:
   struct Piece {
     uint8_t* host;
+    uint8_t* dev;
     int64_t off;
     int64_t bytes;
   };
 
-  Status issue_run() {
-    if (run_bytes_ == 0) return Status::ok();
-    uint8_t* stage = s_.buf[h_] + run_off_;
-    const size_t n = static_cast<size_t>(run_bytes_);
-    run_bytes_ = 0;
-    if (to_host_) {
-      DS_CUDA_TRY(cudaMemcpyAsync(stage, run_dev_, n, cudaMemcpyDeviceToHost, s_.stream),
-                  "batched copy of {} bytes from cuda:{}", n, device_);
-    } else {
-      DS_CUDA_TRY(cudaMemcpyAsync(run_dev_, stage, n, cudaMemcpyHostToDevice, s_.stream),
-                  "batched copy of {} bytes to cuda:{}", n, device_);
-    }
-    return Status::ok();
+  // Copies buffer k's pieces between the host and the buffer, on several threads.
+  void host_copies(int k) {
+    const std::vector<Piece>& ps = pieces_[k];
+    uint8_t* stage = s_.buf[k];
+    const bool out = to_host_;
+    host_parallel_for(static_cast<int64_t>(ps.size()), [&](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) {
+        const Piece& p = ps[static_cast<size_t>(i)];
+        if (out) {
+          std::memcpy(p.host, stage + p.off, static_cast<size_t>(p.bytes));
+        } else {
+          std::memcpy(stage + p.off, p.host, static_cast<size_t>(p.bytes));
+        }
+      }
+    });
   }
 
-  // Closes the current buffer (its transfers enqueued, an event after them) and makes the other
-  // buffer current once its own transfers are done.
+  // Enqueues the current buffer's transfers (to the device, after copying its pieces in) and an
+  // event after them, then makes the other buffer current once its own transfers are done.
   Status flush() {
-    DS_TRY(issue_run());
-    if (fill_[h_] == 0) return Status::ok();
+    const std::vector<Piece>& ps = pieces_[h_];
+    if (ps.empty()) return Status::ok();
+    if (!to_host_) host_copies(h_);
+    DeviceAllocator& alloc = DeviceAllocator::for_device(device_);
+    for (size_t i = 0; i < ps.size();) {
+      uint8_t* dev = ps[i].dev;
+      uint8_t* stage = s_.buf[h_] + ps[i].off;
+      const auto* block_end = static_cast<const uint8_t*>(alloc.live_block_end(dev));
+      int64_t n = ps[i].bytes;
+      for (++i; i < ps.size() && block_end != nullptr && ps[i].dev == dev + n && ps[i].off == ps[i - 1].off + ps[i - 1].bytes &&
+                dev + n + ps[i].bytes <= block_end;
+           ++i) {
+        n += ps[i].bytes;
+      }
+      if (to_host_) {
+        DS_CUDA_TRY(cudaMemcpyAsync(stage, dev, static_cast<size_t>(n), cudaMemcpyDeviceToHost, s_.stream),
+                    "batched copy of {} bytes from cuda:{}", n, device_);
+      } else {
+        DS_CUDA_TRY(cudaMemcpyAsync(dev, stage, static_cast<size_t>(n), cudaMemcpyHostToDevice, s_.stream),
+                    "batched copy of {} bytes to cuda:{}", n, device_);
+      }
+    }
     DS_CUDA_TRY(cudaEventRecord(s_.done[h_], s_.stream), "batched copy on cuda:{}", device_);
     in_flight_[h_] = true;
     h_ ^= 1;
     return drain(h_);
   }
 
-  // Waits for buffer k's transfers; to the host, copies its pieces out.
+  // Waits for buffer k's transfers; to the host, copies its pieces out. The buffer is then free.
   Status drain(int k) {
     if (!in_flight_[k]) return Status::ok();
     DS_CUDA_TRY(cudaEventSynchronize(s_.done[k]), "batched copy on cuda:{}", device_);
-    for (const Piece& p : pieces_[k]) std::memcpy(p.host, s_.buf[k] + p.off, static_cast<size_t>(p.bytes));
+    if (to_host_) host_copies(k);
     pieces_[k].clear();
     fill_[k] = 0;
     in_flight_[k] = false;
@@ -157,11 +169,7 @@ class Batch {
   int h_ = 0;  // the buffer being filled
   std::array<int64_t, 2> fill_{};
   std::array<bool, 2> in_flight_{};
-  std::array<std::vector<Piece>, 2> pieces_;  // to the host: where each buffer's bytes go
-  uint8_t* run_dev_ = nullptr;                // the open run: device address, offset in buffer h_, bytes
-  const uint8_t* run_end_ = nullptr;          // the end of the allocation run_dev_ lies in (null: unknown)
-  int64_t run_off_ = 0;
-  int64_t run_bytes_ = 0;
+  std::array<std::vector<Piece>, 2> pieces_;
 };
 
 Status staged_copy(Stager& s, int device, bool to_host, std::span<const CopyRegion> regions) {
