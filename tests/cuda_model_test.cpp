@@ -931,7 +931,7 @@ TEST(CudaModelEngine, PrefixSnapshotsWorkOnCudaAndAcrossDevices) {
     auto cpu = open("cpu", 0, true);
     ASSERT_NE(cpu, nullptr);
     cpu_run = gen(*cpu, p1);
-    cpu->disk_store()->flush();
+    cpu->flush_snapshots();
   }
   auto from_disk = open("cuda:0", 0, true);
   ASSERT_NE(from_disk, nullptr);

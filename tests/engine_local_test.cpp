@@ -136,7 +136,7 @@ TEST_P(EngineSnapshotTest, DiskHitAfterRestartIsTokenIdentical) {
   {
     auto e = open(0, true);
     gen(*e, p1);
-    e->disk_store()->flush();
+    e->flush_snapshots();
     EXPECT_GT(e->disk_store()->stats().files, 0u);
   }
   auto restarted = open(0, true);  // no RAM tier: the hit must come from disk
@@ -163,6 +163,7 @@ TEST_P(EngineSnapshotTest, CheckpointsAreDeltasThatRestoreTokenIdentically) {
   {
     auto e = open(256 << 20, true);
     gen(*e, p1);
+    e->flush_snapshots();
     auto end = e->ram_cache()->find(p1);
     ASSERT_NE(end, nullptr);
     EXPECT_EQ(end->tokens.size(), p1.size());
@@ -177,7 +178,7 @@ TEST_P(EngineSnapshotTest, CheckpointsAreDeltasThatRestoreTokenIdentically) {
     EXPECT_EQ(got.tokens, ref2.tokens);
     EXPECT_EQ(got.cached_tokens, static_cast<int64_t>(p1.size()) - 2);
     EXPECT_EQ(got.restored_bytes, e->ram_cache()->find(std::vector<int32_t>(p1.begin(), p1.end() - 2))->chain_bytes());
-    e->disk_store()->flush();
+    e->flush_snapshots();
     EXPECT_EQ(e->disk_store()->stats().write_failures, 0u);
   }
   auto restarted = open(0, true);
@@ -197,7 +198,7 @@ TEST_P(EngineSnapshotTest, CorruptDiskSnapshotsNeverChangeTheAnswer) {
   {
     auto e = open(0, true);
     gen(*e, p);
-    e->disk_store()->flush();
+    e->flush_snapshots();
   }
   int corrupted = 0;
   for (const auto& de : fs::directory_iterator(dir_)) {
@@ -270,7 +271,7 @@ TEST_P(EngineSnapshotTest, SnapshotsAreKeptApartByKvType) {
     auto e32 = open(0, true, "f32");
     ASSERT_NE(e32, nullptr);
     gen(*e32, p1);
-    e32->disk_store()->flush();
+    e32->flush_snapshots();
   }
   {
     auto e16 = open(0, true, "f16");
@@ -279,7 +280,7 @@ TEST_P(EngineSnapshotTest, SnapshotsAreKeptApartByKvType) {
     EXPECT_EQ(miss.cached_tokens, 0);
     EXPECT_EQ(e16->stats().cache_disk_hits, 0u);
     EXPECT_EQ(miss.tokens, ref16.tokens);
-    e16->disk_store()->flush();
+    e16->flush_snapshots();
   }
   auto again = open(0, true, "f16");
   const auto hit = gen(*again, p1);

@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
+#include <functional>
 #include <set>
+#include <thread>
 
 #include "core/log.h"
 #include "engine/sampler.h"
@@ -83,11 +87,76 @@ struct LocalEngine::Restored {
   std::shared_ptr<const Snapshot> snapshot;  // the snapshot restored (the next one's parent)
 };
 
+// One thread that finishes snapshot captures in the order they were taken (a delta after its parent).
+class LocalEngine::SnapshotSaver {
+ public:
+  SnapshotSaver() : thread_([this] { loop(); }) {}
+  ~SnapshotSaver() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // after the queue is drained
+  }
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+  }
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [&] { return jobs_.empty() && !running_; });
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+        running_ = true;
+      }
+      job();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        running_ = false;
+      }
+      idle_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;  // guards the queue and flags
+  std::condition_variable cv_, idle_;
+  std::deque<std::function<void()>> jobs_;
+  bool running_ = false, stop_ = false;
+  std::thread thread_;
+};
+
 LocalEngine::~LocalEngine() = default;
+
+void LocalEngine::release_saved_states() {
+  saver_->wait_idle();
+  held_states_.clear();
+}
+
+void LocalEngine::wait_snapshots() { saver_->wait_idle(); }
+
+void LocalEngine::flush_snapshots() {
+  saver_->wait_idle();
+  if (disk_) disk_->flush();
+}
 
 Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_path, const EngineOptions& options) {
   std::unique_ptr<LocalEngine> e(new LocalEngine());
   e->options_ = options;
+  e->saver_ = std::make_unique<SnapshotSaver>();
   ModelOptions mo;
   mo.n_threads = options.n_threads;
   mo.n_ctx = options.n_ctx;
@@ -209,21 +278,32 @@ std::shared_ptr<const Snapshot> LocalEngine::save_snapshot(const SequenceState& 
   if (parent && (parent->depth() + 1 >= kMaxSnapshotChain || parent->tokens.size() >= static_cast<size_t>(b))) {
     parent = nullptr;
   }
-  auto bytes = parent ? model_->save_state_since(state, static_cast<int64_t>(parent->tokens.size()), b)
-                      : model_->save_state(state, b);
-  if (!bytes.is_ok()) {
-    DS_LOG_WARN("snapshot at {} not saved: {}", b, bytes.status().to_string());
+  auto cap = state_capture(state, b, 0, -1, parent ? static_cast<int64_t>(parent->tokens.size()) : 0);
+  if (!cap.is_ok()) {
+    DS_LOG_WARN("snapshot at {} not saved: {}", b, cap.status().to_string());
     return nullptr;
   }
   auto snap = std::make_shared<Snapshot>();
   snap->tokens.assign(prompt.begin(), prompt.begin() + b);
-  snap->state = std::move(bytes).value();
   snap->parent = std::move(parent);
   snap->prefill_ms = prefill_ms;
-  if (ram_) ram_->put(snap);
-  if (disk_) disk_->put_async(snap);
-  std::lock_guard<std::mutex> lock(stats_mutex_);
-  stats_.snapshots_saved++;
+  auto pending = std::make_shared<StateCapture>(std::move(cap).value());
+  saver_->submit([this, snap, pending] {
+    if (snap->parent && snap->parent->state.empty()) {
+      DS_LOG_WARN("snapshot at {} not saved: the snapshot it continues was not", snap->tokens.size());
+      return;
+    }
+    auto bytes = state_capture_finish(std::move(*pending));
+    if (!bytes.is_ok()) {
+      DS_LOG_WARN("snapshot at {} not saved: {}", snap->tokens.size(), bytes.status().to_string());
+      return;
+    }
+    snap->state = std::move(bytes).value();
+    if (ram_) ram_->put(snap);
+    if (disk_) disk_->put_async(snap);
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.snapshots_saved++;
+  });
   return snap;
 }
 
@@ -246,7 +326,14 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
   GenerateResult result;
   result.prompt_tokens = n;
   const auto t_restore = Clock::now();
+  release_saved_states();  // the previous request's snapshots, stored before this one looks for them
   DS_ASSIGN_OR_RETURN(Restored restored, restore_longest(prompt));
+  // The state outlives this call while snapshots of it are being copied out.
+  struct Hold {
+    std::vector<std::unique_ptr<SequenceState>>& held;
+    std::unique_ptr<SequenceState>& state;
+    ~Hold() { held.push_back(std::move(state)); }
+  } hold{held_states_, restored.state};
   result.restore_ms = ms_since(t_restore);
   result.restored_bytes = restored.bytes;
   SequenceState& state = *restored.state;

@@ -37,6 +37,11 @@ class LocalEngine : public Engine {
   Model& model() { return *model_; }
   PrefixCache* ram_cache() { return ram_.get(); }
   DiskSnapshotStore* disk_store() { return disk_.get(); }
+  // Waits for the snapshots still being copied out of the last request's state (they reach the RAM
+  // tier and the disk writer's queue when done); the next request waits for them too, first.
+  void wait_snapshots();
+  // That, then the disk writer's queue.
+  void flush_snapshots();
   // Identity written into disk snapshots: model fingerprint, sizes and state layout.
   const std::string& fingerprint_text() const { return fingerprint_; }
 
@@ -49,13 +54,19 @@ class LocalEngine : public Engine {
   // A state from a snapshot's chain (every link's KV, the last one's recurrent state and logits).
   Result<std::unique_ptr<SequenceState>> restore_snapshot(const Snapshot& snap);
   // Saves the state at b (= its position) to the tiers: a delta on `parent` (the snapshot the state's
-  // KV up to parent's length was restored from or saved to) when there is one. Returns the snapshot,
-  // or null when none was saved.
+  // KV up to parent's length was restored from or saved to) when there is one. Takes what the next
+  // step changes now and copies the KV rows on the saver's thread, which stores the snapshot when
+  // done; the state must be kept until then (held_states_). Returns the snapshot (its stream not yet
+  // written), or null when none will be saved.
   std::shared_ptr<const Snapshot> save_snapshot(const SequenceState& state, const std::vector<int32_t>& prompt,
                                                 int64_t b, double prefill_ms, std::shared_ptr<const Snapshot> parent);
 
   // Deltas on deltas up to this many links; then a whole snapshot starts a new chain.
   static constexpr int kMaxSnapshotChain = 32;
+
+  class SnapshotSaver;
+  // Waits for the last request's snapshot copies, then frees the state they were copied from.
+  void release_saved_states();
 
   std::unique_ptr<Model> model_;
   EngineOptions options_;
@@ -66,6 +77,10 @@ class LocalEngine : public Engine {
   std::string fingerprint_;
   mutable std::mutex stats_mutex_;  // guards stats_ (generate runs on one thread, metrics on others)
   EngineStats stats_;
+  // States whose snapshots may still be copying out (their KV must stay); freed at the next request.
+  // Declared after model_ and before saver_: the saver's thread ends first, then these go, then the model.
+  std::vector<std::unique_ptr<SequenceState>> held_states_;
+  std::unique_ptr<SnapshotSaver> saver_;
 };
 
 }  // namespace ds

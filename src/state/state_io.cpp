@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "core/check.h"
@@ -257,42 +258,40 @@ Result<ParsedStream> parse_stream(std::span<const uint8_t> bytes, const StateLay
   return p;
 }
 
-// The copies between a state and the payloads of a stream's sections (payload[i]: section i's bytes):
-// one region per piece, KV chunk by chunk and within a chunk in slot order, so the pieces of one slot
-// are adjacent in the state and move as one transfer. The logits (host memory on every device) and,
-// unless `recurrent`, the conv / SSM sections are not among them.
-std::vector<CopyRegion> state_regions(const SequenceState& st, const StreamHeader& sh,
-                                      const std::vector<SectionSpec>& sections, const std::vector<uint8_t*>& payload,
-                                      bool to_state, bool recurrent) {
-  const StateLayout& l = st.layout();
-  const KvPool& pool = *st.pool();
+// The copies between KV chunks and the payloads of a stream's K / V sections (payload[i]: section
+// i's bytes; slot(c): the slot of logical chunk c): one region per piece, chunk by chunk and within a
+// chunk in slot order, so the pieces of one slot are adjacent and move as one transfer.
+void add_kv_regions(std::vector<CopyRegion>& regions, const KvPool& pool, const StreamHeader& sh,
+                    const std::vector<SectionSpec>& sections, const std::vector<uint8_t*>& payload,
+                    const std::function<uint8_t*(int64_t)>& slot, bool to_state) {
+  const StateLayout& l = pool.layout();
   const int64_t row = l.n_head_kv * l.head_dim * dtype_block_bytes(l.kv_dtype);  // bytes per token
-  std::vector<CopyRegion> regions;
-  auto add = [&](uint8_t* host, void* state, int64_t bytes) {
-    regions.push_back(to_state ? CopyRegion{state, host, bytes} : CopyRegion{host, state, bytes});
-  };
   for (int64_t t0 = sh.kv_from; t0 < sh.n_tokens;) {
     const int64_t c = t0 / l.kv_chunk_tokens, in_chunk = t0 % l.kv_chunk_tokens;
     const int64_t n = std::min(l.kv_chunk_tokens - in_chunk, sh.n_tokens - t0);
-    uint8_t* slot = pool.slot_data(st.block_table()[static_cast<size_t>(c)]) + in_chunk * row;
+    uint8_t* base = slot(c) + in_chunk * row;
     const int64_t at = (t0 - sh.kv_from) * row;
     for (size_t i = 0; i < sections.size(); ++i) {
       const SectionSpec& s = sections[i];
-      if (s.kind == SectionKind::kKey) add(payload[i] + at, slot + pool.k_offset(s.attn_index), n * row);
-      if (s.kind == SectionKind::kValue) add(payload[i] + at, slot + pool.v_offset(s.attn_index), n * row);
+      if (s.kind != SectionKind::kKey && s.kind != SectionKind::kValue) continue;
+      uint8_t* kv = base + (s.kind == SectionKind::kKey ? pool.k_offset(s.attn_index) : pool.v_offset(s.attn_index));
+      regions.push_back(to_state ? CopyRegion{kv, payload[i] + at, n * row} : CopyRegion{payload[i] + at, kv, n * row});
     }
     t0 += n;
   }
-  for (size_t i = 0; i < sections.size() && recurrent; ++i) {
+}
+
+// The same for the conv / SSM sections and the state's recurrent buffer.
+void add_recurrent_regions(std::vector<CopyRegion>& regions, const SequenceState& st,
+                           const std::vector<SectionSpec>& sections, const std::vector<uint8_t*>& payload,
+                           bool to_state) {
+  for (size_t i = 0; i < sections.size(); ++i) {
     const SectionSpec& s = sections[i];
-    if (s.kind == SectionKind::kConv || s.kind == SectionKind::kSsm) {
-      const TensorView t = s.kind == SectionKind::kConv ? st.conv_state(s.layer) : st.ssm_state(s.layer);
-      DS_CHECK(t.n_bytes() == s.n_bytes(), "section '{}' of {} bytes, state tensor of {}", s.name, s.n_bytes(),
-               t.n_bytes());
-      add(payload[i], t.data, s.n_bytes());
-    }
+    if (s.kind != SectionKind::kConv && s.kind != SectionKind::kSsm) continue;
+    const TensorView t = s.kind == SectionKind::kConv ? st.conv_state(s.layer) : st.ssm_state(s.layer);
+    DS_CHECK(t.n_bytes() == s.n_bytes(), "section '{}' of {} bytes, state tensor of {}", s.name, s.n_bytes(), t.n_bytes());
+    regions.push_back(to_state ? CopyRegion{t.data, payload[i], s.n_bytes()} : CopyRegion{payload[i], t.data, s.n_bytes()});
   }
-  return regions;
 }
 
 // Section `s` (index i) of the whole stream that a verified chain `parts` restores, written to dst:
@@ -317,8 +316,23 @@ bool join_section(const std::vector<ParsedStream>& parts, const SectionSpec& s, 
 
 }  // namespace
 
-Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_tokens, int64_t layer_first,
-                                             int64_t layer_last, int64_t kv_from) {
+struct StateCaptureData {
+  std::shared_ptr<KvPool> pool;
+  StreamHeader header;
+  std::vector<SectionSpec> sections;
+  std::vector<uint8_t*> slots;   // the slot of each chunk holding rows [kv_from, n_tokens), from kv_from's
+  std::vector<uint8_t> small;    // the logits, conv and SSM payloads, copied at the capture
+  std::vector<size_t> small_at;  // each section's place in `small` (K / V: unused)
+};
+
+StateCapture::StateCapture() = default;
+StateCapture::~StateCapture() = default;
+StateCapture::StateCapture(StateCapture&&) noexcept = default;
+StateCapture& StateCapture::operator=(StateCapture&&) noexcept = default;
+int64_t StateCapture::n_tokens() const { return d_ ? d_->header.n_tokens : 0; }
+
+Result<StateCapture> state_capture(const SequenceState& st, int64_t n_tokens, int64_t layer_first, int64_t layer_last,
+                                   int64_t kv_from) {
   const StateLayout& l = st.layout();
   if (n_tokens < 0 || n_tokens > st.pos()) {
     return invalid_argument("state_serialize: boundary {} outside [0, {}]", n_tokens, st.pos());
@@ -330,7 +344,12 @@ Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_
   if (layer_first < 0 || layer_first >= layer_last || layer_last > l.n_layer()) {
     return invalid_argument("state_serialize: layer range [{}, {}) outside [0, {})", layer_first, layer_last, l.n_layer());
   }
-  StreamHeader sh{n_tokens, kv_from, 0, layer_first, layer_last};
+  StateCapture cap;
+  cap.d_ = std::make_unique<StateCaptureData>();
+  StateCaptureData& d = *cap.d_;
+  d.pool = st.pool();
+  StreamHeader& sh = d.header;
+  sh = StreamHeader{n_tokens, kv_from, 0, layer_first, layer_last};
   if (n_tokens == st.pos()) {
     if (!st.has_recurrent() && n_tokens > 0 && l.n_layer() != l.n_attention_layers()) {
       return invalid_argument("state_serialize: the state has no recurrent part at position {}", n_tokens);
@@ -338,16 +357,61 @@ Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_
     sh.flags |= kFlagRecurrent;
     if (st.logits_valid()) sh.flags |= kFlagLogits;
   }
-  const auto sections = expected_sections(l, sh);
-  // The headers first, then the payloads straight from the state in one batch of copies.
-  StreamBuilder b(l, sh, sections);
-  DS_TRY(device_copy_regions(Device{}, st.pool()->device(), state_regions(st, sh, sections, b.payload, false, true)));
-  for (size_t i = 0; i < sections.size(); ++i) {
-    if (sections[i].kind == SectionKind::kLogits) {
-      std::memcpy(b.payload[i], st.logits().data(), static_cast<size_t>(sections[i].n_bytes()));
+  d.sections = expected_sections(l, sh);
+  // The parts the model's next step changes, copied now; the KV rows stay where they are.
+  size_t small_bytes = 0;
+  for (const SectionSpec& s : d.sections) {
+    d.small_at.push_back(small_bytes);
+    if (s.kind != SectionKind::kKey && s.kind != SectionKind::kValue) small_bytes += static_cast<size_t>(s.n_bytes());
+  }
+  d.small.reserve(small_bytes);
+  advise_huge_pages(d.small.data(), d.small.capacity());
+  d.small.resize(small_bytes);
+  std::vector<uint8_t*> at(d.sections.size());
+  for (size_t i = 0; i < at.size(); ++i) at[i] = d.small.data() + d.small_at[i];
+  std::vector<CopyRegion> regions;
+  add_recurrent_regions(regions, st, d.sections, at, false);
+  DS_TRY(device_copy_regions(Device{}, st.pool()->device(), regions));
+  for (size_t i = 0; i < d.sections.size(); ++i) {
+    if (d.sections[i].kind == SectionKind::kLogits) {
+      std::memcpy(at[i], st.logits().data(), static_cast<size_t>(d.sections[i].n_bytes()));
     }
   }
-  return b.finish(sections);
+  if (n_tokens > kv_from) {
+    for (int64_t c = kv_from / l.kv_chunk_tokens; c * l.kv_chunk_tokens < n_tokens; ++c) {
+      d.slots.push_back(d.pool->slot_data(st.block_table()[static_cast<size_t>(c)]));
+    }
+  }
+  return cap;
+}
+
+Result<std::vector<uint8_t>> state_capture_finish(StateCapture&& cap) {
+  DS_CHECK(cap.d_ != nullptr, "state_capture_finish of an empty capture");
+  const std::unique_ptr<StateCaptureData> taken = std::move(cap.d_);  // the capture is used up
+  const StateCaptureData& d = *taken;
+  const StateLayout& l = d.pool->layout();
+  // The headers first, then the KV rows straight from their slots in one batch of copies.
+  StreamBuilder b(l, d.header, d.sections);
+  std::vector<CopyRegion> regions;
+  const int64_t first_chunk = d.header.kv_from / l.kv_chunk_tokens;
+  add_kv_regions(regions, *d.pool, d.header, d.sections, b.payload,
+                 [&](int64_t c) { return d.slots[static_cast<size_t>(c - first_chunk)]; }, false);
+  DS_TRY(device_copy_regions(Device{}, d.pool->device(), regions));
+  std::vector<CopyRegion> small;
+  for (size_t i = 0; i < d.sections.size(); ++i) {
+    const SectionSpec& s = d.sections[i];
+    if (s.kind != SectionKind::kKey && s.kind != SectionKind::kValue) {
+      small.push_back({b.payload[i], d.small.data() + d.small_at[i], s.n_bytes()});
+    }
+  }
+  DS_TRY(device_copy_regions(Device{}, Device{}, small));
+  return b.finish(d.sections);
+}
+
+Result<std::vector<uint8_t>> state_serialize(const SequenceState& st, int64_t n_tokens, int64_t layer_first,
+                                             int64_t layer_last, int64_t kv_from) {
+  DS_ASSIGN_OR_RETURN(StateCapture cap, state_capture(st, n_tokens, layer_first, layer_last, kv_from));
+  return state_capture_finish(std::move(cap));
 }
 
 Status state_deserialize_into(std::span<const uint8_t> bytes, SequenceState& st, bool with_recurrent) {
@@ -366,7 +430,12 @@ Status state_deserialize_into(std::span<const uint8_t> bytes, SequenceState& st,
   const bool recurrent = with_recurrent && (sh.flags & kFlagRecurrent) != 0;
   std::vector<uint8_t*> payload;
   for (const uint8_t* q : p.payload) payload.push_back(const_cast<uint8_t*>(q));
-  DS_TRY(device_copy_regions(st.pool()->device(), Device{}, state_regions(st, sh, p.sections, payload, true, recurrent)));
+  std::vector<CopyRegion> regions;
+  const KvPool& pool = *st.pool();
+  add_kv_regions(regions, pool, sh, p.sections, payload,
+                 [&](int64_t c) { return pool.slot_data(st.block_table()[static_cast<size_t>(c)]); }, true);
+  if (recurrent) add_recurrent_regions(regions, st, p.sections, payload, true);
+  DS_TRY(device_copy_regions(pool.device(), Device{}, regions));
   const bool logits = recurrent && (sh.flags & kFlagLogits) != 0;
   for (size_t i = 0; i < p.sections.size() && logits; ++i) {
     if (p.sections[i].kind == SectionKind::kLogits) {

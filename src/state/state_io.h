@@ -51,6 +51,29 @@ constexpr uint16_t kStateVersion = 2;  // what this build reads (and writes for 
 // layer_last = -1 means all layers.
 Result<std::vector<uint8_t>> state_serialize(const SequenceState& state, int64_t n_tokens, int64_t layer_first = 0,
                                              int64_t layer_last = -1, int64_t kv_from = 0);
+// A stream taken in two steps, so that a state can run on while its KV rows are copied out:
+// state_capture copies at once what the model's next step changes (recurrent state, logits) and notes
+// where the KV rows lie; state_capture_finish, on any thread, copies those rows and assembles the stream
+// (the bytes state_serialize writes). In between, the KV rows [kv_from, n_tokens) must stay in place:
+// the state must not be destroyed, reset or truncated below n_tokens until state_capture_finish returns.
+struct StateCaptureData;
+class StateCapture {
+ public:
+  StateCapture();
+  ~StateCapture();
+  StateCapture(StateCapture&&) noexcept;
+  StateCapture& operator=(StateCapture&&) noexcept;
+  int64_t n_tokens() const;
+
+ private:
+  friend Result<StateCapture> state_capture(const SequenceState&, int64_t, int64_t, int64_t, int64_t);
+  friend Result<std::vector<uint8_t>> state_capture_finish(StateCapture&&);
+  std::unique_ptr<StateCaptureData> d_;
+};
+Result<StateCapture> state_capture(const SequenceState& state, int64_t n_tokens, int64_t layer_first = 0,
+                                   int64_t layer_last = -1, int64_t kv_from = 0);
+Result<std::vector<uint8_t>> state_capture_finish(StateCapture&& capture);
+
 // Parses and verifies a stream (magic, versions, fingerprint against pool's layout, every section's
 // name, shape and checksums) and builds a new state from it (a stream of KV from token 0).
 Result<std::unique_ptr<SequenceState>> state_deserialize(std::span<const uint8_t> bytes,
