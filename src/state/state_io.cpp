@@ -321,8 +321,13 @@ struct StateCaptureData {
   StreamHeader header;
   std::vector<SectionSpec> sections;
   std::vector<uint8_t*> slots;   // the slot of each chunk holding rows [kv_from, n_tokens), from kv_from's
-  std::vector<uint8_t> small;    // the logits, conv and SSM payloads, copied at the capture
-  std::vector<size_t> small_at;  // each section's place in `small` (K / V: unused)
+  // The logits, conv and SSM payloads, copied at the capture: the logits to the host, the recurrent
+  // state on the state's device when it has room (a copy there is a fraction of a millisecond; to the
+  // host it crosses the bus on the request's path), else to the host too.
+  std::vector<uint8_t> small;
+  DeviceBuffer recurrent;        // on the device: the conv and SSM payloads
+  std::vector<size_t> small_at;  // each non-K/V section's place in `small` or `recurrent`
+  bool recurrent_on_device() const { return !recurrent.empty(); }
 };
 
 StateCapture::StateCapture() = default;
@@ -359,19 +364,40 @@ Result<StateCapture> state_capture(const SequenceState& st, int64_t n_tokens, in
   }
   d.sections = expected_sections(l, sh);
   // The parts the model's next step changes, copied now; the KV rows stay where they are.
-  size_t small_bytes = 0;
+  const Device dev = st.pool()->device();
+  size_t logits_bytes = 0, rec_bytes = 0;
   for (const SectionSpec& s : d.sections) {
-    d.small_at.push_back(small_bytes);
-    if (s.kind != SectionKind::kKey && s.kind != SectionKind::kValue) small_bytes += static_cast<size_t>(s.n_bytes());
+    const bool rec = s.kind == SectionKind::kConv || s.kind == SectionKind::kSsm;
+    d.small_at.push_back(rec ? rec_bytes : logits_bytes);
+    if (rec) rec_bytes += static_cast<size_t>(s.n_bytes());
+    if (s.kind == SectionKind::kLogits) logits_bytes += static_cast<size_t>(s.n_bytes());
   }
+  if (dev.kind != DeviceKind::kCpu && rec_bytes > 0) {
+    auto on_device = DeviceBuffer::alloc(dev, static_cast<int64_t>(rec_bytes));
+    if (on_device.is_ok()) d.recurrent = std::move(on_device).value();  // else: to the host
+  }
+  uint8_t* rec_base = nullptr;
+  Device rec_dev{};
+  if (d.recurrent_on_device()) {
+    rec_base = static_cast<uint8_t*>(d.recurrent.data());
+    rec_dev = dev;
+  } else {
+    for (size_t i = 0; i < d.sections.size(); ++i) {  // recurrent payloads after the logits in `small`
+      if (d.sections[i].kind == SectionKind::kConv || d.sections[i].kind == SectionKind::kSsm) d.small_at[i] += logits_bytes;
+    }
+  }
+  const size_t small_bytes = logits_bytes + (d.recurrent_on_device() ? 0 : rec_bytes);
   d.small.reserve(small_bytes);
   advise_huge_pages(d.small.data(), d.small.capacity());
   d.small.resize(small_bytes);
   std::vector<uint8_t*> at(d.sections.size());
-  for (size_t i = 0; i < at.size(); ++i) at[i] = d.small.data() + d.small_at[i];
+  for (size_t i = 0; i < at.size(); ++i) {
+    const bool rec = d.sections[i].kind == SectionKind::kConv || d.sections[i].kind == SectionKind::kSsm;
+    at[i] = (rec && rec_base ? rec_base : d.small.data()) + d.small_at[i];
+  }
   std::vector<CopyRegion> regions;
   add_recurrent_regions(regions, st, d.sections, at, false);
-  DS_TRY(device_copy_regions(Device{}, st.pool()->device(), regions));
+  DS_TRY(device_copy_regions(rec_dev, dev, regions));
   for (size_t i = 0; i < d.sections.size(); ++i) {
     if (d.sections[i].kind == SectionKind::kLogits) {
       std::memcpy(at[i], st.logits().data(), static_cast<size_t>(d.sections[i].n_bytes()));
@@ -396,14 +422,17 @@ Result<std::vector<uint8_t>> state_capture_finish(StateCapture&& cap) {
   const int64_t first_chunk = d.header.kv_from / l.kv_chunk_tokens;
   add_kv_regions(regions, *d.pool, d.header, d.sections, b.payload,
                  [&](int64_t c) { return d.slots[static_cast<size_t>(c - first_chunk)]; }, false);
-  DS_TRY(device_copy_regions(Device{}, d.pool->device(), regions));
   std::vector<CopyRegion> small;
   for (size_t i = 0; i < d.sections.size(); ++i) {
     const SectionSpec& s = d.sections[i];
-    if (s.kind != SectionKind::kKey && s.kind != SectionKind::kValue) {
+    if (s.kind == SectionKind::kKey || s.kind == SectionKind::kValue) continue;
+    if (s.kind != SectionKind::kLogits && d.recurrent_on_device()) {
+      regions.push_back({b.payload[i], static_cast<const uint8_t*>(d.recurrent.data()) + d.small_at[i], s.n_bytes()});
+    } else {
       small.push_back({b.payload[i], d.small.data() + d.small_at[i], s.n_bytes()});
     }
   }
+  DS_TRY(device_copy_regions(Device{}, d.pool->device(), regions));
   DS_TRY(device_copy_regions(Device{}, Device{}, small));
   return b.finish(d.sections);
 }
