@@ -242,5 +242,99 @@ TEST_F(DiskStoreTest, BudgetEvictsLeastRecentlyUsed) {
   EXPECT_TRUE(store->find(q1).has_value());
 }
 
+// A delta snapshot is written as a delta file on its parent's file and loads back as its chain; one
+// whose parent has no file is joined into a whole file; a parent stays while a delta builds on it;
+// a delta whose parent is gone or corrupt is deleted, never used.
+TEST_F(DiskStoreTest, DeltasAreWrittenOnTheirParentsAndLoadAsChains) {
+  auto root = snap({1, 2}, 300);
+  auto child = snap({1, 2, 3, 4}, 200);
+  child->parent = root;
+  auto grandchild = snap({1, 2, 3, 4, 5}, 100);
+  grandchild->parent = child;
+  auto orphan = snap({7, 8, 9}, 150);
+  orphan->parent = snap({7, 8}, 50);  // never written
+  int joins = 0;
+  {
+    DiskStoreOptions o{dir_.string(), "model-A", 0, 8};
+    o.whole_stream = [&](const Snapshot& s) -> Result<std::vector<uint8_t>> {
+      ++joins;
+      return std::vector<uint8_t>(s.state.size() + 50, 0xee);
+    };
+    auto store = std::move(DiskSnapshotStore::open(o)).value();
+    store->put_async(root);
+    store->put_async(child);
+    store->put_async(grandchild);
+    store->put_async(orphan);
+    store->flush();
+    EXPECT_EQ(store->stats().writes, 4u);
+  }
+  EXPECT_EQ(joins, 1);  // the orphan alone
+  auto store = open_store();
+  EXPECT_EQ(store->stats().files, 4u);
+  std::vector<int32_t> q = {1, 2, 3, 4, 5, 6};
+  auto info = store->find(q);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->parent_tokens, 4u);
+  auto loaded = store->load(*info);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  ASSERT_EQ((*loaded)->depth(), 2);
+  EXPECT_EQ((*loaded)->state, grandchild->state);
+  EXPECT_EQ((*loaded)->parent->state, child->state);
+  EXPECT_EQ((*loaded)->parent->parent->state, root->state);
+  EXPECT_EQ((*loaded)->parent->parent->tokens, root->tokens);
+  std::vector<int32_t> q7 = {7, 8, 9};
+  auto whole = store->find(q7);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->parent_tokens, 0u);
+  EXPECT_EQ(whole->payload_bytes, 200u);
+
+  // Under a budget files go least recently used first, but never one that a remaining delta builds on.
+  store.reset();
+  {
+    auto small = open_store("model-A", 1000);
+    EXPECT_LE(small->stats().bytes, 1000u);
+    EXPECT_GE(small->stats().evictions, 1u);
+    auto exact = [&](const std::vector<int32_t>& t) {
+      auto f = small->find(t);
+      return f.has_value() && f->tokens.size() == t.size();
+    };
+    if (exact(grandchild->tokens)) EXPECT_TRUE(exact(child->tokens));
+    if (exact(child->tokens)) EXPECT_TRUE(exact(root->tokens));
+  }
+
+  // The middle file gone: its delta is deleted at the next start; a corrupt root takes its deltas along.
+  fs::remove_all(dir_);
+  {
+    auto w = open_store();
+    w->put_async(root);
+    w->put_async(child);
+    w->put_async(grandchild);
+    w->flush();
+  }
+  fs::remove(dir_ / snapshot_file_name(child->tokens));
+  {
+    auto s2 = open_store();
+    EXPECT_EQ(s2->stats().files, 1u);
+    EXPECT_FALSE(fs::exists(dir_ / snapshot_file_name(grandchild->tokens)));
+    auto hit = s2->find(q);
+    ASSERT_TRUE(hit.has_value());
+    EXPECT_EQ(hit->tokens, root->tokens);
+    s2->put_async(child);
+    s2->put_async(grandchild);
+    s2->flush();
+  }
+  const auto root_path = dir_ / snapshot_file_name(root->tokens);
+  flip_byte(root_path.string(), fs::file_size(root_path) - 5);  // a payload byte: found only on load
+  auto s3 = open_store();
+  EXPECT_EQ(s3->stats().files, 3u);
+  auto hit = s3->find(q);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->tokens.size(), 5u);
+  EXPECT_FALSE(s3->load(*hit).is_ok());
+  EXPECT_EQ(s3->stats().files, 0u);
+  EXPECT_EQ(quarantined_files(), 1u);
+  EXPECT_FALSE(s3->find(q).has_value());
+}
+
 }  // namespace
 }  // namespace ds

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,9 @@ int run_ls(const Options& o) {
       continue;
     }
     total += info->file_bytes;
-    std::printf("%-40s %10zu %12ju  %s\n", p.filename().c_str(), info->tokens.size(),
-                static_cast<uintmax_t>(info->file_bytes), info->fingerprint.substr(0, 80).c_str());
+    const std::string delta = info->parent_tokens > 0 ? fmt::format("(delta on {} tokens) ", info->parent_tokens) : "";
+    std::printf("%-40s %10zu %12ju  %s%s\n", p.filename().c_str(), info->tokens.size(),
+                static_cast<uintmax_t>(info->file_bytes), delta.c_str(), info->fingerprint.substr(0, 80).c_str());
   }
   std::printf("total %.1f MiB\n", static_cast<double>(total) / (1 << 20));
   return 0;
@@ -99,25 +101,44 @@ int run_prune(const Options& o) {
   if (!o.all && !parse_bytes(o.budget, &budget)) {
     return ds::cli::report(ds::invalid_argument("prune needs --all or --budget SIZE (e.g. 20G), got '{}'", o.budget));
   }
+  // Oldest first, but a file that another builds on (a delta's parent) only after that one.
   struct F {
     fs::path path;
     uint64_t bytes;
     fs::file_time_type mtime;
+    std::string parent;  // a delta: its parent's file name
+    int children = 0;
+    bool gone = false;
   };
   std::vector<F> files;
   uint64_t total = 0;
   for (const auto& p : snapshot_files(o.dir)) {
-    files.push_back({p, fs::file_size(p), fs::last_write_time(p)});
+    F f{p, fs::file_size(p), fs::last_write_time(p), "", 0, false};
+    auto info = ds::snapshot_file_read_info(p.string(), "");
+    if (info.is_ok() && info->parent_tokens > 0) {
+      f.parent = ds::snapshot_file_name(std::span<const int32_t>(info->tokens).first(static_cast<size_t>(info->parent_tokens)));
+    }
+    files.push_back(std::move(f));
     total += files.back().bytes;
   }
   std::sort(files.begin(), files.end(), [](const F& a, const F& b) { return a.mtime < b.mtime; });
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < files.size(); ++i) by_name[files[i].path.filename().string()] = i;
+  for (const F& f : files) {
+    if (!f.parent.empty() && by_name.count(f.parent)) files[by_name[f.parent]].children++;
+  }
   int removed = 0;
-  for (const auto& f : files) {
-    if (!o.all && total <= budget) break;
-    std::error_code ec;
-    if (fs::remove(f.path, ec)) {
+  for (bool progress = true; progress && (o.all || total > budget);) {
+    progress = false;
+    for (F& f : files) {
+      if (f.gone || f.children > 0 || (!o.all && total <= budget)) continue;
+      std::error_code ec;
+      if (!fs::remove(f.path, ec)) continue;
+      f.gone = progress = true;
       total -= f.bytes;
       ++removed;
+      if (!f.parent.empty() && by_name.count(f.parent)) files[by_name[f.parent]].children--;
+      break;  // the oldest removable file may now be its parent
     }
   }
   std::error_code ec;

@@ -12,6 +12,16 @@
 namespace ds {
 namespace fs = std::filesystem;
 
+namespace {
+
+// The file name of the snapshot a delta file continues ("" for a whole one).
+std::string parent_file_name(const SnapshotFileInfo& info) {
+  if (info.parent_tokens == 0) return "";
+  return snapshot_file_name(std::span<const int32_t>(info.tokens).first(static_cast<size_t>(info.parent_tokens)));
+}
+
+}  // namespace
+
 DiskSnapshotStore::DiskSnapshotStore(DiskStoreOptions options) : options_(std::move(options)) {}
 
 Result<std::unique_ptr<DiskSnapshotStore>> DiskSnapshotStore::open(const DiskStoreOptions& options) {
@@ -57,33 +67,93 @@ void DiskSnapshotStore::index_directory() {
       continue;
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    add_locked(std::move(info).value());
+    SnapshotFileInfo& i = *info;
+    const int64_t id = next_id_++;
+    index_.insert(i.tokens, id);
+    stats_.files++;
+    stats_.bytes += i.file_bytes;
+    by_name_[name] = id;
+    const std::string parent = parent_file_name(i);
+    entries_.emplace(id, Entry{std::move(i), ++clock_, parent, 0});
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  link_chains_locked();
   evict_to_budget_locked();
   DS_LOG_INFO("snapshot store {}: {} files, {} MiB", options_.dir, stats_.files, stats_.bytes >> 20);
 }
 
-void DiskSnapshotStore::add_locked(SnapshotFileInfo info) {
+bool DiskSnapshotStore::add_locked(SnapshotFileInfo info) {
   const std::string name = fs::path(info.path).filename().string();
-  if (by_name_.count(name)) remove_locked(name);
+  const std::string parent = parent_file_name(info);
+  if (!parent.empty() && !by_name_.count(parent)) return false;
+  if (by_name_.count(name)) remove_locked(name);  // the same tokens: its deltas stay valid
   const int64_t id = next_id_++;
   index_.insert(info.tokens, id);
   stats_.files++;
   stats_.bytes += info.file_bytes;
   by_name_[name] = id;
-  entries_.emplace(id, Entry{std::move(info), ++clock_});
+  if (!parent.empty()) entries_.at(by_name_.at(parent)).children++;
+  entries_.emplace(id, Entry{std::move(info), ++clock_, parent, 0});
+  for (const auto& [other_id, e] : entries_) {  // deltas already indexed on this name
+    if (e.parent == name) entries_.at(id).children++;
+  }
+  return true;
 }
 
 void DiskSnapshotStore::remove_locked(const std::string& name) {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return;
   auto e = entries_.find(it->second);
+  if (!e->second.parent.empty()) {
+    auto p = by_name_.find(e->second.parent);
+    if (p != by_name_.end()) entries_.at(p->second).children--;
+  }
   index_.erase(e->second.info.tokens);
   stats_.files--;
   stats_.bytes -= e->second.info.file_bytes;
   entries_.erase(e);
   by_name_.erase(it);
+}
+
+void DiskSnapshotStore::remove_descendants_locked(const std::string& name) {
+  std::vector<std::string> doomed;
+  for (const auto& [id, e] : entries_) {
+    if (e.parent == name) doomed.push_back(fs::path(e.info.path).filename().string());
+  }
+  for (const std::string& child : doomed) {
+    auto it = by_name_.find(child);
+    if (it == by_name_.end()) continue;
+    const std::string path = entries_.at(it->second).info.path;
+    remove_descendants_locked(child);
+    remove_locked(child);
+    std::error_code ec;
+    fs::remove(path, ec);
+    DS_LOG_INFO("snapshot store: deleted {}: the snapshot it continues is gone", path);
+  }
+}
+
+void DiskSnapshotStore::link_chains_locked() {
+  for (auto& [id, e] : entries_) e.children = 0;
+  std::vector<std::string> broken;
+  for (const auto& [id, e] : entries_) {
+    if (e.parent.empty()) continue;
+    auto p = by_name_.find(e.parent);
+    if (p == by_name_.end()) {
+      broken.push_back(fs::path(e.info.path).filename().string());
+    } else {
+      entries_.at(p->second).children++;
+    }
+  }
+  for (const std::string& name : broken) {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) continue;  // went with an earlier one
+    const std::string path = entries_.at(it->second).info.path;
+    remove_descendants_locked(name);
+    remove_locked(name);
+    std::error_code ec;
+    fs::remove(path, ec);
+    DS_LOG_INFO("snapshot store: deleted {}: the snapshot it continues is gone", path);
+  }
 }
 
 void DiskSnapshotStore::quarantine(const std::string& path, const Status& why) {
@@ -101,6 +171,7 @@ void DiskSnapshotStore::quarantine(const std::string& path, const Status& why) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.quarantined++;
+  remove_descendants_locked(fs::path(path).filename().string());
   remove_locked(fs::path(path).filename().string());
 }
 
@@ -138,10 +209,13 @@ void DiskSnapshotStore::prune_quarantine(const std::string& qdir) {
 void DiskSnapshotStore::evict_to_budget_locked() {
   if (options_.budget_bytes == 0) return;
   while (stats_.bytes > options_.budget_bytes && !entries_.empty()) {
-    auto victim = entries_.begin();
+    auto victim = entries_.end();  // the least recently used file no delta builds on
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      if (it->second.last_used < victim->second.last_used) victim = it;
+      if (it->second.children == 0 && (victim == entries_.end() || it->second.last_used < victim->second.last_used)) {
+        victim = it;
+      }
     }
+    if (victim == entries_.end()) break;  // unreachable: chains end in files nothing builds on
     const std::string path = victim->second.info.path;
     remove_locked(fs::path(path).filename().string());
     std::error_code ec;
@@ -176,28 +250,38 @@ void DiskSnapshotStore::writer_loop() {
       writing_ = true;
     }
     const std::string path = (fs::path(options_.dir) / snapshot_file_name(snap->tokens)).string();
-    Result<std::vector<uint8_t>> joined = std::vector<uint8_t>{};
+    // A delta goes to disk as a delta when its parent's file is indexed, else joined into a whole stream.
+    uint64_t parent_tokens = 0;
     if (snap->parent) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (by_name_.count(snapshot_file_name(snap->parent->tokens))) parent_tokens = snap->parent->tokens.size();
+    }
+    Result<std::vector<uint8_t>> joined = std::vector<uint8_t>{};
+    if (snap->parent && parent_tokens == 0) {
       joined = options_.whole_stream ? options_.whole_stream(*snap)
                                      : Result<std::vector<uint8_t>>(unsupported("a delta snapshot and no joiner"));
     }
+    const std::span<const uint8_t> payload =
+        snap->parent && parent_tokens == 0 && joined.is_ok() ? std::span<const uint8_t>(*joined) : std::span<const uint8_t>(snap->state);
     Status st = !joined.is_ok() ? joined.status()
-                                : snapshot_file_write(path, options_.fingerprint, snap->tokens,
-                                                      snap->parent ? std::span<const uint8_t>(*joined)
-                                                                   : std::span<const uint8_t>(snap->state),
-                                                      snap->prefill_ms);
+                                : snapshot_file_write(path, options_.fingerprint, snap->tokens, payload, snap->prefill_ms,
+                                                      parent_tokens);
     joined = std::vector<uint8_t>{};  // a whole stream can be GBs: not kept while indexing
     Result<SnapshotFileInfo> info = st.is_ok() ? snapshot_file_read_info(path, options_.fingerprint)
                                                : Result<SnapshotFileInfo>(st);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (info.is_ok()) {
+      if (info.is_ok() && add_locked(*info)) {
         stats_.writes++;
-        add_locked(std::move(info).value());
         evict_to_budget_locked();
       } else {
         stats_.write_failures++;
-        DS_LOG_WARN("snapshot store: write of {} failed: {}", path, info.status().to_string());
+        if (info.is_ok()) {  // its parent's file went meanwhile (quarantined): of no use alone
+          std::error_code ec;
+          fs::remove(path, ec);
+        }
+        DS_LOG_WARN("snapshot store: write of {} failed: {}", path,
+                    info.is_ok() ? "the snapshot it continues is gone" : info.status().to_string());
       }
       writing_ = false;
     }
@@ -220,19 +304,38 @@ std::optional<SnapshotFileInfo> DiskSnapshotStore::find(std::span<const int32_t>
 }
 
 Result<std::shared_ptr<Snapshot>> DiskSnapshotStore::load(const SnapshotFileInfo& info) {
-  auto payload = snapshot_file_read_payload(info);
-  if (!payload.is_ok()) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stats_.load_failures++;
+  // The chain's files, the whole one first.
+  std::vector<SnapshotFileInfo> chain = {info};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (chain.back().parent_tokens > 0) {
+      auto it = by_name_.find(parent_file_name(chain.back()));
+      if (it == by_name_.end()) {
+        stats_.load_failures++;
+        return not_found("{}: the snapshot it continues is gone", chain.back().path);
+      }
+      chain.push_back(entries_.at(it->second).info);
     }
-    quarantine(info.path, payload.status());
-    return payload.status();
   }
-  auto snap = std::make_shared<Snapshot>();
-  snap->tokens = info.tokens;
-  snap->state = std::move(payload).value();
-  snap->prefill_ms = info.prefill_ms;
+  std::reverse(chain.begin(), chain.end());
+  std::shared_ptr<Snapshot> snap;
+  for (const SnapshotFileInfo& link : chain) {
+    auto payload = snapshot_file_read_payload(link);
+    if (!payload.is_ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stats_.load_failures++;
+      }
+      quarantine(link.path, payload.status());
+      return payload.status();
+    }
+    auto next = std::make_shared<Snapshot>();
+    next->tokens = link.tokens;
+    next->state = std::move(payload).value();
+    next->prefill_ms = link.prefill_ms;
+    next->parent = std::move(snap);
+    snap = std::move(next);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.loads++;
   return snap;

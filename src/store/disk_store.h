@@ -1,5 +1,8 @@
 // Disk tier of the prefix cache (--kv-cache-dir). Snapshots are written by a background thread (a
-// request never waits on disk), each file a whole stream (a delta snapshot joined with its chain there), indexed at startup from file headers and token ids (payloads are not
+// request never waits on disk): a delta snapshot as a delta file on its parent's file when that file
+// is indexed, else joined with its chain into a whole stream; a loaded delta brings its chain along.
+// Files that others build on are evicted only after them; a delta whose chain is broken is deleted.
+// Files are indexed at startup from file headers and token ids (payloads are not
 // read), looked up by longest token prefix, and verified when loaded. A corrupt, truncated, foreign or
 // unreadable file is moved into DIR/quarantine/ (or deleted if that fails) with one warning and is
 // never used; the quarantine keeps the kQuarantineKeepFiles most recently quarantined files (and,
@@ -66,8 +69,13 @@ class DiskSnapshotStore {
   explicit DiskSnapshotStore(DiskStoreOptions options);
   void index_directory();
   void writer_loop();
-  void add_locked(SnapshotFileInfo info);
+  // Indexes a file; false (nothing indexed) for a delta whose parent file is not indexed.
+  bool add_locked(SnapshotFileInfo info);
   void remove_locked(const std::string& name);
+  // Removes a file's entry and deletes the files of the deltas built on it, transitively.
+  void remove_descendants_locked(const std::string& name);
+  // At startup: each entry's children counted, deltas whose chain is broken deleted.
+  void link_chains_locked();
   void quarantine(const std::string& path, const Status& why);
   void prune_quarantine(const std::string& qdir);
   void evict_to_budget_locked();
@@ -80,6 +88,8 @@ class DiskSnapshotStore {
   struct Entry {
     SnapshotFileInfo info;
     uint64_t last_used = 0;
+    std::string parent;  // a delta: the file name of the snapshot it continues
+    int children = 0;    // indexed deltas on this file (it is not evicted while there are any)
   };
   std::unordered_map<int64_t, Entry> entries_;
   std::unordered_map<std::string, int64_t> by_name_;

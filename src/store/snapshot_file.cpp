@@ -41,7 +41,7 @@ uint64_t get_u64(const uint8_t* p) {
 enum : size_t {
   kOffMagic = 0, kOffVersion = 8, kOffReaderVersion = 12, kOffFingerprintHash = 16,
   kOffFingerprintBytes = 24, kOffTokensCount = 32, kOffTokensChecksum = 40, kOffPayloadBytes = 48,
-  kOffPayloadChecksum = 56, kOffCreated = 64, kOffPrefillMs = 72, kOffHeaderChecksum = 120,
+  kOffPayloadChecksum = 56, kOffCreated = 64, kOffPrefillMs = 72, kOffParentTokens = 80, kOffHeaderChecksum = 120,
 };
 
 Status write_all(int fd, const void* data, size_t n, const std::string& path) {
@@ -81,11 +81,16 @@ std::string snapshot_file_name(std::span<const int32_t> tokens) {
 
 Status snapshot_file_write(const std::string& path, const std::string& fingerprint,
                            std::span<const int32_t> tokens, std::span<const uint8_t> payload,
-                           double prefill_ms) {
+                           double prefill_ms, uint64_t parent_tokens) {
+  if (parent_tokens >= tokens.size() && parent_tokens > 0) {
+    return invalid_argument("{}: a delta on {} tokens of a snapshot of {}", path, parent_tokens, tokens.size());
+  }
   uint8_t header[kSnapshotHeaderBytes] = {};
   std::memcpy(header + kOffMagic, kSnapshotMagic, 8);
-  put_u32(header + kOffVersion, kSnapshotFormatVersion);
-  put_u32(header + kOffReaderVersion, kSnapshotReaderVersion);
+  const uint32_t version = parent_tokens > 0 ? 2 : 1;  // a whole state stays readable by version 1 readers
+  put_u32(header + kOffVersion, version);
+  put_u32(header + kOffReaderVersion, version);
+  put_u64(header + kOffParentTokens, parent_tokens);
   put_u64(header + kOffFingerprintHash, XXH3_64bits(fingerprint.data(), fingerprint.size()));
   put_u32(header + kOffFingerprintBytes, static_cast<uint32_t>(fingerprint.size()));
   put_u64(header + kOffTokensCount, tokens.size());
@@ -193,6 +198,11 @@ Result<SnapshotFileInfo> snapshot_file_read_info(const std::string& path,
   info.payload_offset = tok_off + n_tokens * 4;
   info.payload_bytes = payload_bytes;
   info.payload_checksum = get_u64(header + kOffPayloadChecksum);
+  info.parent_tokens = get_u64(header + kOffParentTokens);
+  if (info.parent_tokens >= std::max<uint64_t>(n_tokens, 1) || (info.parent_tokens > 0 && reader_version < 2)) {
+    return corrupt("{}: offset {}: a delta on {} tokens in a snapshot of {} (reader version {})", path,
+                   static_cast<size_t>(kOffParentTokens), info.parent_tokens, n_tokens, reader_version);
+  }
   info.created_unix_ms = static_cast<int64_t>(get_u64(header + kOffCreated));
   const uint64_t ms_bits = get_u64(header + kOffPrefillMs);
   std::memcpy(&info.prefill_ms, &ms_bits, 8);

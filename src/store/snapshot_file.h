@@ -15,8 +15,9 @@
 namespace ds {
 
 constexpr char kSnapshotMagic[8] = {'D', 'S', 'N', 'A', 'P', 'S', 'H', 'T'};
-constexpr uint32_t kSnapshotFormatVersion = 1;   // what this build writes
-constexpr uint32_t kSnapshotReaderVersion = 1;   // oldest reader that can read what we write
+// Version 1: a whole state. Version 2 (also the oldest reader of such a file): a delta on the file of
+// the first parent_tokens tokens, which must be present to use it.
+constexpr uint32_t kSnapshotFormatVersion = 2;   // the newest this build reads and writes
 constexpr uint64_t kSnapshotHeaderBytes = 128;
 constexpr const char* kSnapshotExtension = ".dsnap";
 
@@ -31,12 +32,14 @@ struct SnapshotFileInfo {
   uint64_t payload_checksum = 0;
   int64_t created_unix_ms = 0;
   double prefill_ms = 0;         // work the snapshot saves
+  uint64_t parent_tokens = 0;    // > 0: the payload is a delta on the snapshot of tokens [0, parent_tokens)
 };
 
-// Writes atomically. `dir` must exist.
+// Writes atomically. `dir` must exist. parent_tokens > 0: the payload is a delta on the snapshot of
+// the first parent_tokens tokens (a version 2 file).
 Status snapshot_file_write(const std::string& path, const std::string& fingerprint,
                            std::span<const int32_t> tokens, std::span<const uint8_t> payload,
-                           double prefill_ms);
+                           double prefill_ms, uint64_t parent_tokens = 0);
 
 // Reads and verifies the header, fingerprint and tokens (not the payload). If expected_fingerprint
 // is non-empty, a different fingerprint is a kInvalidArgument "foreign" error.
