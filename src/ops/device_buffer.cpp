@@ -1,7 +1,7 @@
 // DeviceBuffer and the CPU allocator: aligned allocation with live / peak byte counters; HostBuffer
-// (page-locked where a CUDA device copies into it); the
-// synchronous cross-device copy and fill (cudaMemcpy with unified addressing between two device
-// synchronizations, so they are ordered with every stream).
+// (page-locked where a CUDA device copies into it); the synchronous byte moves: copies as batches of
+// regions (CPU memmoves, or cuda::copy_regions), the fill between two device synchronizations (so it
+// is ordered with every stream).
 #include "ops/device_buffer.h"
 
 #include <atomic>
@@ -55,28 +55,8 @@ Status device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, i
   if (bytes < 0) return invalid_argument("device_copy: negative size {}", bytes);
   if (bytes == 0) return Status::ok();
   DS_CHECK(dst != nullptr && src != nullptr, "device_copy of {} bytes with a null pointer", bytes);
-  if (dst_dev.kind == DeviceKind::kCpu && src_dev.kind == DeviceKind::kCpu) {
-    std::memmove(dst, src, static_cast<size_t>(bytes));
-    return Status::ok();
-  }
-#ifdef DS_HAVE_CUDA
-  const bool dst_cuda = dst_dev.kind == DeviceKind::kCuda, src_cuda = src_dev.kind == DeviceKind::kCuda;
-  if ((dst_cuda || dst_dev.kind == DeviceKind::kCpu) && (src_cuda || src_dev.kind == DeviceKind::kCpu)) {
-    if (src_cuda) DS_TRY(cuda::device_status(src_dev.index));
-    if (dst_cuda) DS_TRY(cuda::device_status(dst_dev.index));
-    if (src_cuda) DS_TRY(cuda_sync(src_dev, "device_copy", bytes));
-    if (dst_cuda && !(src_cuda && src_dev == dst_dev)) DS_TRY(cuda_sync(dst_dev, "device_copy", bytes));
-    {
-      cuda::DeviceGuard guard(src_cuda ? src_dev.index : dst_dev.index);
-      DS_CUDA_TRY(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault), "device_copy {} bytes {} -> {}",
-                  bytes, src_dev.to_string(), dst_dev.to_string());
-    }
-    // cudaMemcpy from pageable host memory may return before the DMA lands: wait for it.
-    if (dst_cuda) DS_TRY(cuda_sync(dst_dev, "device_copy", bytes));
-    return Status::ok();
-  }
-#endif
-  return unsupported("device_copy: {} -> {} has no backend in this build", src_dev.to_string(), dst_dev.to_string());
+  const CopyRegion region{dst, src, bytes};
+  return device_copy_regions(dst_dev, src_dev, std::span<const CopyRegion>(&region, 1));
 }
 
 Status device_copy_regions(Device dst_dev, Device src_dev, std::span<const CopyRegion> regions) {

@@ -1,7 +1,8 @@
 // DeviceBuffer: an owning allocation on one device, and the allocator behind it. This is the only
 // place raw memory is allocated for tensors; it counts live bytes and the high-water mark per device.
-// device_copy / device_zero are the synchronous byte moves that state and model code use wherever
-// they touch memory that may live on a device (snapshots, fork, reset, weight upload checks).
+// device_copy / device_copy_regions / device_zero are the synchronous byte moves that state and model
+// code use wherever they touch memory that may live on a device (snapshots, fork, reset, weight upload
+// checks); device_copy is a batch of one region.
 // Non-obvious choices: CPU buffers are 64-byte aligned (one cache line, one AVX-512 vector) and are
 // not zeroed unless asked, so large scratch buffers cost nothing until touched. device_copy and
 // device_zero synchronize every CUDA device they touch before and after the move, so they are

@@ -7,12 +7,14 @@
 // Compiled by the C++ compiler; empty without DS_HAVE_CUDA.
 // Non-obvious choices: the staging buffers are allocated at a device's first batch and kept for the
 // process (page-locking is slow, and a batch is a state operation that recurs); a mutex per device
-// serializes batches over them. When the system refuses page-locked memory, each region is one
+// serializes batches over them. device_copy is a batch of one region, so every byte move of the state
+// and model code goes through here. When the system refuses page-locked memory, each region is one
 // synchronous cudaMemcpy instead (correct, slower).
 #if DS_HAVE_CUDA
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -33,23 +35,30 @@ struct Stager {
   std::mutex mu;  // one batch at a time over the buffers below
   bool initialized = false;
   bool staged = false;  // false: the page-locked buffers were refused
-  cudaStream_t stream = nullptr;
+  Stream stream;        // the device's copy stream
   std::array<uint8_t*, 2> buf{};
-  std::array<cudaEvent_t, 2> done{};
+  std::array<Event, 2> done;
 };
 
+// A device's stager lives as long as the process (never destroyed, as the page-locked blocks it holds
+// are never unlocked), so nothing is torn down after the CUDA runtime at exit.
 Stager& stager(int device) {
-  static std::array<Stager, kMaxDevices> stagers;
+  static std::array<std::atomic<Stager*>, kMaxDevices> stagers{};
+  static std::mutex create;
   DS_CHECK(device >= 0 && device < kMaxDevices, "CUDA device {} out of range", device);
-  return stagers[static_cast<size_t>(device)];
+  std::atomic<Stager*>& slot = stagers[static_cast<size_t>(device)];
+  if (Stager* s = slot.load()) return *s;
+  std::lock_guard<std::mutex> lock(create);
+  if (slot.load() == nullptr) slot.store(new Stager());
+  return *slot.load();
 }
 
-// Creates the copy stream, events and staging buffers of `device` (current) on first use.
+// Creates the copy stream, events and staging buffers of `device` on first use.
 Status init_locked(Stager& s, int device) {
   if (s.initialized) return Status::ok();
-  DS_CUDA_TRY(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "copy stream on cuda:{}", device);
-  for (cudaEvent_t& e : s.done) {
-    DS_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "copy event on cuda:{}", device);
+  DS_ASSIGN_OR_RETURN(s.stream, Stream::create(device));
+  for (Event& e : s.done) {
+    DS_ASSIGN_OR_RETURN(e, Event::create(device));
   }
   s.staged = true;
   for (uint8_t*& b : s.buf) {
@@ -92,7 +101,7 @@ class Batch {
   Status finish() {
     DS_TRY(flush());
     DS_TRY(drain(h_ ^ 1));
-    DS_CUDA_TRY(cudaStreamSynchronize(s_.stream), "batched copy on cuda:{}", device_);
+    DS_TRY(s_.stream.synchronize());
     return Status::ok();
   }
 
@@ -138,15 +147,9 @@ class Batch {
            ++i) {
         n += ps[i].bytes;
       }
-      if (to_host_) {
-        DS_CUDA_TRY(cudaMemcpyAsync(stage, dev, static_cast<size_t>(n), cudaMemcpyDeviceToHost, s_.stream),
-                    "batched copy of {} bytes from cuda:{}", n, device_);
-      } else {
-        DS_CUDA_TRY(cudaMemcpyAsync(dev, stage, static_cast<size_t>(n), cudaMemcpyHostToDevice, s_.stream),
-                    "batched copy of {} bytes to cuda:{}", n, device_);
-      }
+      DS_TRY(to_host_ ? copy_to_host(stage, dev, n, s_.stream) : copy_to_device(dev, stage, n, s_.stream));
     }
-    DS_CUDA_TRY(cudaEventRecord(s_.done[h_], s_.stream), "batched copy on cuda:{}", device_);
+    DS_TRY(s_.done[h_].record(s_.stream));
     in_flight_[h_] = true;
     h_ ^= 1;
     return drain(h_);
@@ -155,7 +158,7 @@ class Batch {
   // Waits for buffer k's transfers; to the host, copies its pieces out. The buffer is then free.
   Status drain(int k) {
     if (!in_flight_[k]) return Status::ok();
-    DS_CUDA_TRY(cudaEventSynchronize(s_.done[k]), "batched copy on cuda:{}", device_);
+    DS_TRY(s_.done[k].synchronize());
     if (to_host_) host_copies(k);
     pieces_[k].clear();
     fill_[k] = 0;
@@ -181,7 +184,7 @@ Status staged_copy(Stager& s, int device, bool to_host, std::span<const CopyRegi
   }
   if (st.is_ok()) st = batch.finish();
   // After a failure nothing may still write into (or read from) the buffers the next batch reuses.
-  if (!st.is_ok()) (void)cudaStreamSynchronize(s.stream);
+  if (!st.is_ok()) (void)s.stream.synchronize();
   return st;
 }
 
@@ -218,15 +221,15 @@ Status copy_regions(Device dst_dev, Device src_dev, std::span<const CopyRegion> 
         n += regions[i].bytes;
       }
       if (n == 0) continue;
-      const cudaError_t e = cudaMemcpyAsync(dst, src, static_cast<size_t>(n), cudaMemcpyDefault, s.stream);
+      const cudaError_t e = cudaMemcpyAsync(dst, src, static_cast<size_t>(n), cudaMemcpyDefault,
+                                            static_cast<cudaStream_t>(s.stream.handle()));
       if (e != cudaSuccess) {
-        (void)cudaStreamSynchronize(s.stream);
+        (void)s.stream.synchronize();
         return cuda_error(e, "cudaMemcpyAsync", fmt::format("batched copy of {} bytes {} -> {}", n, src_dev.to_string(),
                                                             dst_dev.to_string()));
       }
     }
-    DS_CUDA_TRY(cudaStreamSynchronize(s.stream), "batched copy {} -> {}", src_dev.to_string(), dst_dev.to_string());
-    return Status::ok();
+    return s.stream.synchronize();
   }
   if (!s.staged) {
     for (const CopyRegion& r : regions) {
