@@ -104,9 +104,9 @@ TEST_P(StateIo, DeltaStreamsContinueAndJoinIntoTheWholeStream) {
   ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data(), 11)).is_ok());
   const auto s0 = std::move(m->save_state(*st, 11)).value();  // f = 11: inside the second KV chunk of 8
   ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data() + 11, 16)).is_ok());
-  const auto d1 = std::move(m->save_state_since(*st, 11, 27)).value();
+  const auto d1 = std::move(state_serialize(*st, 27, 0, -1, 11)).value();
   ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data() + 27, 5)).is_ok());
-  const auto d2 = std::move(m->save_state_since(*st, 27, 32)).value();
+  const auto d2 = std::move(state_serialize(*st, 32, 0, -1, 27)).value();
   const auto whole = std::move(m->save_state(*st, 32)).value();
   EXPECT_EQ(s0[4], 1);  // write version 1: what earlier builds read
   EXPECT_EQ(d1[4], 2);
@@ -153,7 +153,7 @@ TEST_P(StateIo, DeltaStreamsContinueAndJoinIntoTheWholeStream) {
   EXPECT_EQ(state_stream_join(std::vector<std::span<const uint8_t>>{}, layout).status().code(),
             StatusCode::kInvalidArgument);
   // Bad arguments, and a corrupted delta.
-  EXPECT_EQ(m->save_state_since(*st, 50, 45).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_serialize(*st, 45, 0, -1, 50).status().code(), StatusCode::kInvalidArgument);
   auto bad = d1;
   bad[bad.size() / 2] ^= 0x10;
   EXPECT_EQ(state_stream_join(std::vector<std::span<const uint8_t>>{s0, bad}, layout).status().code(),

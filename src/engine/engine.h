@@ -53,7 +53,7 @@ struct GenerateResult {
   double decode_ms = 0;
   double restore_ms = 0;            // finding, loading and restoring the snapshot
   uint64_t restored_bytes = 0;      // size of the restored snapshot
-  double snapshot_ms = 0;           // saving this request's snapshots (inside prefill_ms)
+  double snapshot_ms = 0;           // its snapshots' captures on its path (inside prefill_ms); the rest is copied after
 };
 
 struct EngineInfo {

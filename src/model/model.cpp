@@ -440,9 +440,5 @@ Status Model::load_state_into(std::span<const uint8_t> bytes, SequenceState& sta
   return state_deserialize_into(bytes, state, with_recurrent);
 }
 
-Result<std::vector<uint8_t>> Model::save_state_since(const SequenceState& state, int64_t kv_from,
-                                                     int64_t n_tokens) const {
-  return state_serialize(state, n_tokens, 0, -1, kv_from);
-}
 
 }  // namespace ds

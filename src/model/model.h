@@ -148,9 +148,6 @@ class Model {
   // Into an existing state (see state_deserialize_into: layer ranges one after another, a delta on top
   // of the state it continues; without `with_recurrent` the KV alone).
   Status load_state_into(std::span<const uint8_t> bytes, SequenceState& state, bool with_recurrent = true) const;
-  // A delta: the KV of tokens [kv_from, n_tokens) and the state at n_tokens, loaded with
-  // load_state_into on top of a state at kv_from.
-  Result<std::vector<uint8_t>> save_state_since(const SequenceState& state, int64_t kv_from, int64_t n_tokens) const;
 
   // ---- units of execution ----
   // Tensors are on the model's device; token ids and logits are host memory. On CUDA these calls

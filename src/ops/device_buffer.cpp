@@ -65,6 +65,7 @@ Status device_copy_regions(Device dst_dev, Device src_dev, std::span<const CopyR
     DS_CHECK(r.bytes == 0 || (r.dst != nullptr && r.src != nullptr), "device_copy_regions: {} bytes with a null pointer",
              r.bytes);
   }
+  if (regions.empty()) return Status::ok();
   if (dst_dev.kind == DeviceKind::kCpu && src_dev.kind == DeviceKind::kCpu) {
     host_parallel_for(static_cast<int64_t>(regions.size()), [&](int64_t begin, int64_t end, int) {
       for (int64_t i = begin; i < end; ++i) {

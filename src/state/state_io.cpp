@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <string>
 
 #include "core/check.h"
@@ -258,18 +257,29 @@ Result<ParsedStream> parse_stream(std::span<const uint8_t> bytes, const StateLay
   return p;
 }
 
+// The slots of the state's chunks that hold KV rows [kv_from, n_tokens), the first chunk's first.
+std::vector<uint8_t*> chunk_slots(const SequenceState& st, int64_t kv_from, int64_t n_tokens) {
+  const int64_t chunk = st.layout().kv_chunk_tokens;
+  std::vector<uint8_t*> slots;
+  for (int64_t c = kv_from / chunk; c * chunk < n_tokens; ++c) {
+    slots.push_back(st.pool()->slot_data(st.block_table()[static_cast<size_t>(c)]));
+  }
+  return slots;
+}
+
 // The copies between KV chunks and the payloads of a stream's K / V sections (payload[i]: section
-// i's bytes; slot(c): the slot of logical chunk c): one region per piece, chunk by chunk and within a
-// chunk in slot order, so the pieces of one slot are adjacent and move as one transfer.
+// i's bytes; slots: chunk_slots of the stream's rows): one region per piece, chunk by chunk and within
+// a chunk in slot order, so the pieces of one slot are adjacent and move as one transfer.
 void add_kv_regions(std::vector<CopyRegion>& regions, const KvPool& pool, const StreamHeader& sh,
                     const std::vector<SectionSpec>& sections, const std::vector<uint8_t*>& payload,
-                    const std::function<uint8_t*(int64_t)>& slot, bool to_state) {
+                    const std::vector<uint8_t*>& slots, bool to_state) {
   const StateLayout& l = pool.layout();
   const int64_t row = l.n_head_kv * l.head_dim * dtype_block_bytes(l.kv_dtype);  // bytes per token
+  const int64_t first_chunk = sh.kv_from / l.kv_chunk_tokens;
   for (int64_t t0 = sh.kv_from; t0 < sh.n_tokens;) {
     const int64_t c = t0 / l.kv_chunk_tokens, in_chunk = t0 % l.kv_chunk_tokens;
     const int64_t n = std::min(l.kv_chunk_tokens - in_chunk, sh.n_tokens - t0);
-    uint8_t* base = slot(c) + in_chunk * row;
+    uint8_t* base = slots[static_cast<size_t>(c - first_chunk)] + in_chunk * row;
     const int64_t at = (t0 - sh.kv_from) * row;
     for (size_t i = 0; i < sections.size(); ++i) {
       const SectionSpec& s = sections[i];
@@ -320,14 +330,13 @@ struct StateCaptureData {
   std::shared_ptr<KvPool> pool;
   StreamHeader header;
   std::vector<SectionSpec> sections;
-  std::vector<uint8_t*> slots;   // the slot of each chunk holding rows [kv_from, n_tokens), from kv_from's
-  // The logits, conv and SSM payloads, copied at the capture: the logits to the host, the recurrent
-  // state on the state's device when it has room (a copy there is a fraction of a millisecond; to the
-  // host it crosses the bus on the request's path), else to the host too.
-  std::vector<uint8_t> small;
-  DeviceBuffer recurrent;        // on the device: the conv and SSM payloads
-  std::vector<size_t> small_at;  // each non-K/V section's place in `small` or `recurrent`
-  bool recurrent_on_device() const { return !recurrent.empty(); }
+  std::vector<uint8_t*> slots;   // chunk_slots of rows [kv_from, n_tokens)
+  // What the model's next step changes, copied at the capture: the logits, and the conv and SSM
+  // payloads back to back in section order, on the state's device when it has room (a copy there is a
+  // fraction of a millisecond; to the host it crosses the bus on the request's path), else on the host.
+  std::vector<uint8_t> logits;
+  DeviceBuffer recurrent;
+  std::vector<uint8_t*> recurrent_at;  // per section: its payload in `recurrent` (null for the others)
 };
 
 StateCapture::StateCapture() = default;
@@ -365,49 +374,30 @@ Result<StateCapture> state_capture(const SequenceState& st, int64_t n_tokens, in
   d.sections = expected_sections(l, sh);
   // The parts the model's next step changes, copied now; the KV rows stay where they are.
   const Device dev = st.pool()->device();
-  size_t logits_bytes = 0, rec_bytes = 0;
+  int64_t rec_bytes = 0;
+  for (const SectionSpec& s : d.sections) {
+    if (s.kind == SectionKind::kConv || s.kind == SectionKind::kSsm) rec_bytes += s.n_bytes();
+    if (s.kind == SectionKind::kLogits) {
+      const auto* logits = reinterpret_cast<const uint8_t*>(st.logits().data());
+      d.logits.assign(logits, logits + s.n_bytes());
+    }
+  }
+  auto on_device = DeviceBuffer::alloc(dev, rec_bytes);
+  if (on_device.is_ok()) {
+    d.recurrent = std::move(on_device).value();
+  } else {
+    DS_ASSIGN_OR_RETURN(d.recurrent, DeviceBuffer::alloc(Device{}, rec_bytes));
+  }
+  auto* at = static_cast<uint8_t*>(d.recurrent.data());
   for (const SectionSpec& s : d.sections) {
     const bool rec = s.kind == SectionKind::kConv || s.kind == SectionKind::kSsm;
-    d.small_at.push_back(rec ? rec_bytes : logits_bytes);
-    if (rec) rec_bytes += static_cast<size_t>(s.n_bytes());
-    if (s.kind == SectionKind::kLogits) logits_bytes += static_cast<size_t>(s.n_bytes());
-  }
-  if (dev.kind != DeviceKind::kCpu && rec_bytes > 0) {
-    auto on_device = DeviceBuffer::alloc(dev, static_cast<int64_t>(rec_bytes));
-    if (on_device.is_ok()) d.recurrent = std::move(on_device).value();  // else: to the host
-  }
-  uint8_t* rec_base = nullptr;
-  Device rec_dev{};
-  if (d.recurrent_on_device()) {
-    rec_base = static_cast<uint8_t*>(d.recurrent.data());
-    rec_dev = dev;
-  } else {
-    for (size_t i = 0; i < d.sections.size(); ++i) {  // recurrent payloads after the logits in `small`
-      if (d.sections[i].kind == SectionKind::kConv || d.sections[i].kind == SectionKind::kSsm) d.small_at[i] += logits_bytes;
-    }
-  }
-  const size_t small_bytes = logits_bytes + (d.recurrent_on_device() ? 0 : rec_bytes);
-  d.small.reserve(small_bytes);
-  advise_huge_pages(d.small.data(), d.small.capacity());
-  d.small.resize(small_bytes);
-  std::vector<uint8_t*> at(d.sections.size());
-  for (size_t i = 0; i < at.size(); ++i) {
-    const bool rec = d.sections[i].kind == SectionKind::kConv || d.sections[i].kind == SectionKind::kSsm;
-    at[i] = (rec && rec_base ? rec_base : d.small.data()) + d.small_at[i];
+    d.recurrent_at.push_back(rec ? at : nullptr);
+    if (rec) at += s.n_bytes();
   }
   std::vector<CopyRegion> regions;
-  add_recurrent_regions(regions, st, d.sections, at, false);
-  DS_TRY(device_copy_regions(rec_dev, dev, regions));
-  for (size_t i = 0; i < d.sections.size(); ++i) {
-    if (d.sections[i].kind == SectionKind::kLogits) {
-      std::memcpy(at[i], st.logits().data(), static_cast<size_t>(d.sections[i].n_bytes()));
-    }
-  }
-  if (n_tokens > kv_from) {
-    for (int64_t c = kv_from / l.kv_chunk_tokens; c * l.kv_chunk_tokens < n_tokens; ++c) {
-      d.slots.push_back(d.pool->slot_data(st.block_table()[static_cast<size_t>(c)]));
-    }
-  }
+  add_recurrent_regions(regions, st, d.sections, d.recurrent_at, false);
+  DS_TRY(device_copy_regions(d.recurrent.device(), dev, regions));
+  if (n_tokens > kv_from) d.slots = chunk_slots(st, kv_from, n_tokens);
   return cap;
 }
 
@@ -416,24 +406,18 @@ Result<std::vector<uint8_t>> state_capture_finish(StateCapture&& cap) {
   const std::unique_ptr<StateCaptureData> taken = std::move(cap.d_);  // the capture is used up
   const StateCaptureData& d = *taken;
   const StateLayout& l = d.pool->layout();
-  // The headers first, then the KV rows straight from their slots in one batch of copies.
+  // The headers first, then the KV rows straight from their slots in one batch of copies, and the
+  // captured parts.
   StreamBuilder b(l, d.header, d.sections);
-  std::vector<CopyRegion> regions;
-  const int64_t first_chunk = d.header.kv_from / l.kv_chunk_tokens;
-  add_kv_regions(regions, *d.pool, d.header, d.sections, b.payload,
-                 [&](int64_t c) { return d.slots[static_cast<size_t>(c - first_chunk)]; }, false);
-  std::vector<CopyRegion> small;
+  std::vector<CopyRegion> kv, recurrent;
+  add_kv_regions(kv, *d.pool, d.header, d.sections, b.payload, d.slots, false);
+  DS_TRY(device_copy_regions(Device{}, d.pool->device(), kv));
   for (size_t i = 0; i < d.sections.size(); ++i) {
     const SectionSpec& s = d.sections[i];
-    if (s.kind == SectionKind::kKey || s.kind == SectionKind::kValue) continue;
-    if (s.kind != SectionKind::kLogits && d.recurrent_on_device()) {
-      regions.push_back({b.payload[i], static_cast<const uint8_t*>(d.recurrent.data()) + d.small_at[i], s.n_bytes()});
-    } else {
-      small.push_back({b.payload[i], d.small.data() + d.small_at[i], s.n_bytes()});
-    }
+    if (s.kind == SectionKind::kLogits) std::memcpy(b.payload[i], d.logits.data(), d.logits.size());
+    if (d.recurrent_at[i] != nullptr) recurrent.push_back({b.payload[i], d.recurrent_at[i], s.n_bytes()});
   }
-  DS_TRY(device_copy_regions(Device{}, d.pool->device(), regions));
-  DS_TRY(device_copy_regions(Device{}, Device{}, small));
+  DS_TRY(device_copy_regions(Device{}, d.recurrent.device(), recurrent));
   return b.finish(d.sections);
 }
 
@@ -461,8 +445,7 @@ Status state_deserialize_into(std::span<const uint8_t> bytes, SequenceState& st,
   for (const uint8_t* q : p.payload) payload.push_back(const_cast<uint8_t*>(q));
   std::vector<CopyRegion> regions;
   const KvPool& pool = *st.pool();
-  add_kv_regions(regions, pool, sh, p.sections, payload,
-                 [&](int64_t c) { return pool.slot_data(st.block_table()[static_cast<size_t>(c)]); }, true);
+  add_kv_regions(regions, pool, sh, p.sections, payload, chunk_slots(st, sh.kv_from, sh.n_tokens), true);
   if (recurrent) add_recurrent_regions(regions, st, p.sections, payload, true);
   DS_TRY(device_copy_regions(pool.device(), Device{}, regions));
   const bool logits = recurrent && (sh.flags & kFlagLogits) != 0;
