@@ -3,8 +3,9 @@
 // device_copy / device_copy_regions / device_zero are the synchronous byte moves that state and model
 // code use wherever they touch memory that may live on a device (snapshots, fork, reset, weight upload
 // checks); device_copy is a batch of one region.
-// Non-obvious choices: CPU buffers are 64-byte aligned (one cache line, one AVX-512 vector) and are
-// not zeroed unless asked, so large scratch buffers cost nothing until touched. device_copy and
+// Non-obvious choices: CPU buffers are 64-byte aligned (one cache line, one AVX-512 vector), advised to
+// huge pages when large, and not zeroed unless asked, so large scratch buffers cost nothing until
+// touched. device_copy and
 // device_zero synchronize every CUDA device they touch before and after the move, so they are
 // ordered with work on any stream (the model's stream is non-blocking): correct anywhere, meant for
 // set-up and state management, not for the per-token hot path.
