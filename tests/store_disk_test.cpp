@@ -298,8 +298,12 @@ TEST_F(DiskStoreTest, DeltasAreWrittenOnTheirParentsAndLoadAsChains) {
       auto f = small->find(t);
       return f.has_value() && f->tokens.size() == t.size();
     };
-    if (exact(grandchild->tokens)) EXPECT_TRUE(exact(child->tokens));
-    if (exact(child->tokens)) EXPECT_TRUE(exact(root->tokens));
+    if (exact(grandchild->tokens)) {
+      EXPECT_TRUE(exact(child->tokens));
+    }
+    if (exact(child->tokens)) {
+      EXPECT_TRUE(exact(root->tokens));
+    }
   }
 
   // The middle file gone: its delta is deleted at the next start; a corrupt root takes its deltas along.

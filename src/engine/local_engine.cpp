@@ -5,12 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <filesystem>
-#include <functional>
 #include <set>
-#include <thread>
 
 #include "core/log.h"
 #include "engine/sampler.h"
@@ -87,58 +83,6 @@ struct LocalEngine::Restored {
   std::shared_ptr<const Snapshot> snapshot;  // the snapshot restored (the next one's parent)
 };
 
-// One thread that finishes snapshot captures in the order they were taken (a delta after its parent).
-class LocalEngine::SnapshotSaver {
- public:
-  SnapshotSaver() : thread_([this] { loop(); }) {}
-  ~SnapshotSaver() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();  // after the queue is drained
-  }
-  void submit(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_all();
-  }
-  void wait_idle() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    idle_.wait(lock, [&] { return jobs_.empty() && !running_; });
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-        running_ = true;
-      }
-      job();
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        running_ = false;
-      }
-      idle_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;  // guards the queue and flags
-  std::condition_variable cv_, idle_;
-  std::deque<std::function<void()>> jobs_;
-  bool running_ = false, stop_ = false;
-  std::thread thread_;
-};
-
 LocalEngine::~LocalEngine() = default;
 
 void LocalEngine::release_saved_states() {
@@ -156,7 +100,7 @@ void LocalEngine::flush_snapshots() {
 Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_path, const EngineOptions& options) {
   std::unique_ptr<LocalEngine> e(new LocalEngine());
   e->options_ = options;
-  e->saver_ = std::make_unique<SnapshotSaver>();
+  e->saver_ = std::make_unique<SerialWorker>();
   ModelOptions mo;
   mo.n_threads = options.n_threads;
   mo.n_ctx = options.n_ctx;

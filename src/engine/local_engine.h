@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/serial_worker.h"
 #include "engine/engine.h"
 #include "state/prefix_cache.h"
 #include "store/disk_store.h"
@@ -64,7 +65,6 @@ class LocalEngine : public Engine {
   // Deltas on deltas up to this many links; then a whole snapshot starts a new chain.
   static constexpr int kMaxSnapshotChain = 32;
 
-  class SnapshotSaver;
   // Waits for the last request's snapshot copies, then frees the state they were copied from.
   void release_saved_states();
 
@@ -80,7 +80,7 @@ class LocalEngine : public Engine {
   // States whose snapshots may still be copying out (their KV must stay); freed at the next request.
   // Declared after model_ and before saver_: the saver's thread ends first, then these go, then the model.
   std::vector<std::unique_ptr<SequenceState>> held_states_;
-  std::unique_ptr<SnapshotSaver> saver_;
+  std::unique_ptr<SerialWorker> saver_;  // finishes snapshot captures, each after its parent's
 };
 
 }  // namespace ds

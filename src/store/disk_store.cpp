@@ -1,5 +1,5 @@
-// DiskSnapshotStore: one writer thread drains a bounded queue; the index maps token prefixes to file
-// entries. Loads happen on the caller's thread.
+// DiskSnapshotStore: one writer (a SerialWorker) runs a bounded queue of writes; the index maps token
+// prefixes to file entries. Loads happen on the caller's thread.
 #include "store/disk_store.h"
 
 #include <algorithm>
@@ -39,18 +39,10 @@ Result<std::unique_ptr<DiskSnapshotStore>> DiskSnapshotStore::open(const DiskSto
   }
   std::unique_ptr<DiskSnapshotStore> store(new DiskSnapshotStore(options));
   store->index_directory();
-  store->writer_ = std::thread([s = store.get()] { s->writer_loop(); });
   return store;
 }
 
-DiskSnapshotStore::~DiskSnapshotStore() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (writer_.joinable()) writer_.join();
-}
+DiskSnapshotStore::~DiskSnapshotStore() = default;  // the writer (last member) finishes first
 
 void DiskSnapshotStore::index_directory() {
   std::error_code ec;
@@ -67,14 +59,7 @@ void DiskSnapshotStore::index_directory() {
       continue;
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    SnapshotFileInfo& i = *info;
-    const int64_t id = next_id_++;
-    index_.insert(i.tokens, id);
-    stats_.files++;
-    stats_.bytes += i.file_bytes;
-    by_name_[name] = id;
-    const std::string parent = parent_file_name(i);
-    entries_.emplace(id, Entry{std::move(i), ++clock_, parent, 0});
+    index_locked(std::move(info).value());  // chains are linked once every file is in
   }
   std::lock_guard<std::mutex> lock(mutex_);
   link_chains_locked();
@@ -86,18 +71,25 @@ bool DiskSnapshotStore::add_locked(SnapshotFileInfo info) {
   const std::string name = fs::path(info.path).filename().string();
   const std::string parent = parent_file_name(info);
   if (!parent.empty() && !by_name_.count(parent)) return false;
-  if (by_name_.count(name)) remove_locked(name);  // the same tokens: its deltas stay valid
+  int children = 0;  // the same tokens again: the deltas on the old file stay valid on the new one
+  if (auto it = by_name_.find(name); it != by_name_.end()) {
+    children = entries_.at(it->second).children;
+    remove_locked(name);
+  }
+  Entry& e = index_locked(std::move(info));
+  e.children = children;
+  if (!parent.empty()) entries_.at(by_name_.at(parent)).children++;
+  return true;
+}
+
+DiskSnapshotStore::Entry& DiskSnapshotStore::index_locked(SnapshotFileInfo info) {
   const int64_t id = next_id_++;
   index_.insert(info.tokens, id);
   stats_.files++;
   stats_.bytes += info.file_bytes;
-  by_name_[name] = id;
-  if (!parent.empty()) entries_.at(by_name_.at(parent)).children++;
-  entries_.emplace(id, Entry{std::move(info), ++clock_, parent, 0});
-  for (const auto& [other_id, e] : entries_) {  // deltas already indexed on this name
-    if (e.parent == name) entries_.at(id).children++;
-  }
-  return true;
+  by_name_[fs::path(info.path).filename().string()] = id;
+  const std::string parent = parent_file_name(info);
+  return entries_.emplace(id, Entry{std::move(info), ++clock_, parent, 0}).first->second;
 }
 
 void DiskSnapshotStore::remove_locked(const std::string& name) {
@@ -115,21 +107,23 @@ void DiskSnapshotStore::remove_locked(const std::string& name) {
   by_name_.erase(it);
 }
 
-void DiskSnapshotStore::remove_descendants_locked(const std::string& name) {
-  std::vector<std::string> doomed;
+void DiskSnapshotStore::delete_descendants_locked(const std::string& name) {
+  std::vector<std::string> children;
   for (const auto& [id, e] : entries_) {
-    if (e.parent == name) doomed.push_back(fs::path(e.info.path).filename().string());
+    if (e.parent == name) children.push_back(fs::path(e.info.path).filename().string());
   }
-  for (const std::string& child : doomed) {
-    auto it = by_name_.find(child);
-    if (it == by_name_.end()) continue;
-    const std::string path = entries_.at(it->second).info.path;
-    remove_descendants_locked(child);
-    remove_locked(child);
-    std::error_code ec;
-    fs::remove(path, ec);
-    DS_LOG_INFO("snapshot store: deleted {}: the snapshot it continues is gone", path);
-  }
+  for (const std::string& child : children) delete_file_locked(child);
+}
+
+void DiskSnapshotStore::delete_file_locked(const std::string& name) {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return;  // went with an earlier one
+  const std::string path = entries_.at(it->second).info.path;
+  delete_descendants_locked(name);
+  remove_locked(name);
+  std::error_code ec;
+  fs::remove(path, ec);
+  DS_LOG_INFO("snapshot store: deleted {}: the snapshot it continues is gone", path);
 }
 
 void DiskSnapshotStore::link_chains_locked() {
@@ -144,16 +138,7 @@ void DiskSnapshotStore::link_chains_locked() {
       entries_.at(p->second).children++;
     }
   }
-  for (const std::string& name : broken) {
-    auto it = by_name_.find(name);
-    if (it == by_name_.end()) continue;  // went with an earlier one
-    const std::string path = entries_.at(it->second).info.path;
-    remove_descendants_locked(name);
-    remove_locked(name);
-    std::error_code ec;
-    fs::remove(path, ec);
-    DS_LOG_INFO("snapshot store: deleted {}: the snapshot it continues is gone", path);
-  }
+  for (const std::string& name : broken) delete_file_locked(name);
 }
 
 void DiskSnapshotStore::quarantine(const std::string& path, const Status& why) {
@@ -171,7 +156,7 @@ void DiskSnapshotStore::quarantine(const std::string& path, const Status& why) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.quarantined++;
-  remove_descendants_locked(fs::path(path).filename().string());
+  delete_descendants_locked(fs::path(path).filename().string());
   remove_locked(fs::path(path).filename().string());
 }
 
@@ -229,70 +214,51 @@ void DiskSnapshotStore::put_async(std::shared_ptr<const Snapshot> snapshot) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (by_name_.count(snapshot_file_name(snapshot->tokens))) return;
-    if (queue_.size() >= options_.max_pending_writes) {
+    if (writer_.queued() >= options_.max_pending_writes) {
       stats_.dropped_writes++;
       return;
     }
-    queue_.push_back(std::move(snapshot));
   }
-  cv_.notify_all();
+  writer_.submit([this, snap = std::move(snapshot)] { write(snap); });
 }
 
-void DiskSnapshotStore::writer_loop() {
-  for (;;) {
-    std::shared_ptr<const Snapshot> snap;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and drained
-      snap = std::move(queue_.front());
-      queue_.pop_front();
-      writing_ = true;
-    }
-    const std::string path = (fs::path(options_.dir) / snapshot_file_name(snap->tokens)).string();
-    // A delta goes to disk as a delta when its parent's file is indexed, else joined into a whole stream.
-    uint64_t parent_tokens = 0;
-    if (snap->parent) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (by_name_.count(snapshot_file_name(snap->parent->tokens))) parent_tokens = snap->parent->tokens.size();
-    }
-    Result<std::vector<uint8_t>> joined = std::vector<uint8_t>{};
-    if (snap->parent && parent_tokens == 0) {
-      joined = options_.whole_stream ? options_.whole_stream(*snap)
-                                     : Result<std::vector<uint8_t>>(unsupported("a delta snapshot and no joiner"));
-    }
-    const std::span<const uint8_t> payload =
-        snap->parent && parent_tokens == 0 && joined.is_ok() ? std::span<const uint8_t>(*joined) : std::span<const uint8_t>(snap->state);
-    Status st = !joined.is_ok() ? joined.status()
-                                : snapshot_file_write(path, options_.fingerprint, snap->tokens, payload, snap->prefill_ms,
-                                                      parent_tokens);
-    joined = std::vector<uint8_t>{};  // a whole stream can be GBs: not kept while indexing
-    Result<SnapshotFileInfo> info = st.is_ok() ? snapshot_file_read_info(path, options_.fingerprint)
-                                               : Result<SnapshotFileInfo>(st);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (info.is_ok() && add_locked(*info)) {
-        stats_.writes++;
-        evict_to_budget_locked();
-      } else {
-        stats_.write_failures++;
-        if (info.is_ok()) {  // its parent's file went meanwhile (quarantined): of no use alone
-          std::error_code ec;
-          fs::remove(path, ec);
-        }
-        DS_LOG_WARN("snapshot store: write of {} failed: {}", path,
-                    info.is_ok() ? "the snapshot it continues is gone" : info.status().to_string());
-      }
-      writing_ = false;
-    }
-    cv_idle_.notify_all();
+void DiskSnapshotStore::write(const std::shared_ptr<const Snapshot>& snap) {
+  const std::string path = (fs::path(options_.dir) / snapshot_file_name(snap->tokens)).string();
+  // A delta goes to disk as a delta when its parent's file is indexed, else joined into a whole stream.
+  uint64_t parent_tokens = 0;
+  if (snap->parent) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (by_name_.count(snapshot_file_name(snap->parent->tokens))) parent_tokens = snap->parent->tokens.size();
   }
+  Status st = Status::ok();
+  std::vector<uint8_t> joined;
+  if (snap->parent && parent_tokens == 0) {
+    auto whole = options_.whole_stream ? options_.whole_stream(*snap)
+                                       : Result<std::vector<uint8_t>>(unsupported("a delta snapshot and no joiner"));
+    if (whole.is_ok()) joined = std::move(whole).value();
+    st = whole.status();
+  }
+  const std::span<const uint8_t> payload = joined.empty() ? std::span<const uint8_t>(snap->state) : joined;
+  if (st.is_ok()) st = snapshot_file_write(path, options_.fingerprint, snap->tokens, payload, snap->prefill_ms, parent_tokens);
+  joined = std::vector<uint8_t>{};  // a whole stream can be GBs: not kept while indexing
+  Result<SnapshotFileInfo> info = st.is_ok() ? snapshot_file_read_info(path, options_.fingerprint)
+                                             : Result<SnapshotFileInfo>(st);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (info.is_ok() && add_locked(*info)) {
+    stats_.writes++;
+    evict_to_budget_locked();
+    return;
+  }
+  stats_.write_failures++;
+  if (info.is_ok()) {  // its parent's file went meanwhile (quarantined): of no use alone
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  DS_LOG_WARN("snapshot store: write of {} failed: {}", path,
+              info.is_ok() ? "the snapshot it continues is gone" : info.status().to_string());
 }
 
-void DiskSnapshotStore::flush() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_idle_.wait(lock, [&] { return queue_.empty() && !writing_; });
-}
+void DiskSnapshotStore::flush() { writer_.wait_idle(); }
 
 std::optional<SnapshotFileInfo> DiskSnapshotStore::find(std::span<const int32_t> prompt, size_t max_length) {
   std::lock_guard<std::mutex> lock(mutex_);

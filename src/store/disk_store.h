@@ -10,18 +10,16 @@
 // directory is kept under the byte budget by deleting the least recently used files.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <unordered_map>
 
+#include "core/serial_worker.h"
 #include "core/status.h"
 #include "state/prefix_cache.h"
 #include "state/token_radix_tree.h"
@@ -67,13 +65,19 @@ class DiskSnapshotStore {
 
  private:
   explicit DiskSnapshotStore(DiskStoreOptions options);
+  struct Entry;
   void index_directory();
-  void writer_loop();
-  // Indexes a file; false (nothing indexed) for a delta whose parent file is not indexed.
+  // Writes one snapshot (the writer's job) and indexes the file.
+  void write(const std::shared_ptr<const Snapshot>& snap);
+  // Indexes a written file; false (nothing indexed) for a delta whose parent file is not indexed.
   bool add_locked(SnapshotFileInfo info);
+  // Enters a file in the index and the stats, its children not counted.
+  Entry& index_locked(SnapshotFileInfo info);
   void remove_locked(const std::string& name);
-  // Removes a file's entry and deletes the files of the deltas built on it, transitively.
-  void remove_descendants_locked(const std::string& name);
+  // Deletes the files of the deltas built on `name`, transitively, and their entries.
+  void delete_descendants_locked(const std::string& name);
+  // Deletes the file `name` (a delta whose chain is broken) and its descendants.
+  void delete_file_locked(const std::string& name);
   // At startup: each entry's children counted, deltas whose chain is broken deleted.
   void link_chains_locked();
   void quarantine(const std::string& path, const Status& why);
@@ -81,8 +85,7 @@ class DiskSnapshotStore {
   void evict_to_budget_locked();
 
   DiskStoreOptions options_;
-  mutable std::mutex mutex_;  // guards the index, stats and queue
-  std::condition_variable cv_, cv_idle_;
+  mutable std::mutex mutex_;  // guards the index and stats
   TokenRadixTree index_;
   int64_t next_id_ = 0;
   struct Entry {
@@ -94,11 +97,8 @@ class DiskSnapshotStore {
   std::unordered_map<int64_t, Entry> entries_;
   std::unordered_map<std::string, int64_t> by_name_;
   uint64_t clock_ = 0;
-  std::deque<std::shared_ptr<const Snapshot>> queue_;
-  bool writing_ = false;
-  bool stop_ = false;
   DiskStoreStats stats_;
-  std::thread writer_;
+  SerialWorker writer_;  // last: destroyed first, after the writes it still has queued
 };
 
 }  // namespace ds
