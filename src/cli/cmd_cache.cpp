@@ -151,14 +151,14 @@ int run_prune(const Options& o) {
 void setup(CLI::App& app, int& exit_code) {
   app.require_subcommand(1);
   auto opts = std::make_shared<Options>();
-  CLI::App* ls = app.add_subcommand("ls", "List snapshot files: tokens, bytes, model fingerprint");
+  CLI::App* ls = app.add_subcommand("ls", "List snapshot files: tokens, bytes, whether a delta, model fingerprint");
   ls->add_option("dir", opts->dir, "Snapshot directory (--kv-cache-dir)")->required();
   ls->callback([opts, &exit_code] { exit_code = run_ls(*opts); });
   CLI::App* verify = app.add_subcommand("verify", "Read every snapshot and check every checksum; exit 1 if any is bad");
   verify->add_option("dir", opts->dir, "Snapshot directory")->required();
   verify->add_flag("--quarantine", opts->quarantine, "Move bad files into DIR/quarantine/");
   verify->callback([opts, &exit_code] { exit_code = run_verify(*opts); });
-  CLI::App* prune = app.add_subcommand("prune", "Delete the oldest snapshots down to a budget, and the quarantine folder");
+  CLI::App* prune = app.add_subcommand("prune", "Delete the oldest snapshots (a delta before the file it builds on) down to a budget, and the quarantine folder");
   prune->add_option("dir", opts->dir, "Snapshot directory")->required();
   prune->add_option("--budget", opts->budget, "Keep at most this many bytes (e.g. 500M, 20G)");
   prune->add_flag("--all", opts->all, "Delete every snapshot");
