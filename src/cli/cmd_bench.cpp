@@ -54,6 +54,7 @@ struct Options {
   int64_t checkpoint_every = 0;  // --ttft: snapshots inside the prompt too, as serve takes them (0: only its end)
   std::string skip_kernels;    // diagnostic: CUDA kernels not launched (ops/cuda/pdl.h)
   std::string only_kernels;    // diagnostic: the only CUDA kernels launched
+  std::vector<int64_t> verify;  // speculative verify steps of these many tokens (Model::verify)
 };
 
 // A CUDA device must exist on this machine before anything is loaded (engine_parse_device has already
@@ -327,6 +328,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
   const int64_t max_pp = *std::max_element(o.pp.begin(), o.pp.end());
   const int64_t max_depth = *std::max_element(o.depth.begin(), o.depth.end());
   if (mo.n_ctx == 0) mo.n_ctx = std::max<int64_t>(max_pp, max_depth + o.tg) + 16;
+  if (!o.verify.empty() && o.ctx == 0) mo.n_ctx += o.tg + 4 * ds::kMaxVerifyTokens;  // the accepted rounds advance
   Limits lim;
   if (cuda) {
     // Before the load: the measurement buffers (4 GiB) must not compete with the model's memory.
@@ -438,6 +440,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
     report.set_memory(mem);
     DS_TRY(report.write());
   }
+  std::vector<double> decode_best;  // per depth: the tg row's tok/s (the verify rows compare to it)
   for (int64_t depth : o.depth) {
     double best = 0;
     std::vector<double> reps;
@@ -468,8 +471,58 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
       }
     }
     decode_row(fmt::format("tg{}", o.tg), fmt::format("tg{}", o.tg), "decode", depth, best, reps, nullptr);
+    decode_best.push_back(best);
     report.set_memory(mem);
     DS_TRY(report.write());
+  }
+  // Speculative verify steps of k tokens (the last token and k - 1 draft tokens) at each depth: a
+  // round whose draft is all rejected (the verify, then keeping 1 token: the recurrent state rebuilt)
+  // and one whose draft is all accepted (keeping k). A round of a accepted tokens yields a + 1.
+  for (size_t di = 0; di < o.depth.size() && !o.verify.empty(); ++di) {
+    const int64_t depth = o.depth[di];
+    const double t_decode = 1.0 / decode_best[di];
+    for (int64_t k : o.verify) {
+      const int64_t rounds = std::max<int64_t>(4, o.tg / k);
+      double best_rej = 1e30, best_acc = 1e30;
+      for (int r = 0; r < o.reps; ++r) {
+        DS_ASSIGN_OR_RETURN(auto state, model->new_state());
+        const auto ctx_toks = random_tokens(std::max<int64_t>(depth, 1));
+        DS_TRY(prefill_with_progress(*model, *state, ctx_toks, fmt::format("vf{}@{} rep {} context", k, depth, r).c_str()));
+        for (const bool accept : {false, true}) {
+          DS_TRY(model->verify(*state, random_tokens(k)));  // warm-up (buffers, kernels)
+          DS_TRY(model->keep_verified(*state, 1));
+          const double t0 = now_s();
+          for (int64_t i = 0; i < rounds; ++i) {
+            DS_TRY(model->verify(*state, random_tokens(k)));
+            DS_TRY(model->keep_verified(*state, accept ? k : 1));
+          }
+          const double t = (now_s() - t0) / static_cast<double>(rounds);
+          (accept ? best_acc : best_rej) = std::min(accept ? best_acc : best_rej, t);
+        }
+        std::fprintf(stderr, "  vf%lld@%lld rep %d: %.3f ms rejected, %.3f ms accepted a round\n",
+                     static_cast<long long>(k), static_cast<long long>(depth), r, 1e3 * best_rej, 1e3 * best_acc);
+      }
+      const double all_tps = static_cast<double>(k) / best_acc;
+      const double break_even = best_rej / t_decode - 1.0;
+      std::printf("vf%-8lld %8lld %12.2f %13.0f%%  (all %lld accepted; %.2f ms a round, %.2f ms all rejected: "
+                  "%.2fx a decode step, even at %.2f accepted)\n",
+                  static_cast<long long>(k), static_cast<long long>(depth), all_tps,
+                  100 * all_tps * wb.per_token / (bw * 1e9), static_cast<long long>(k - 1), 1e3 * best_acc,
+                  1e3 * best_rej, best_rej / t_decode, break_even);
+      std::fflush(stdout);
+      doc["tests"].push_back({{"test", fmt::format("vf{}", k)},
+                              {"kind", "verify"},
+                              {"n_tokens", k},
+                              {"depth", depth},
+                              {"tok_s", all_tps},
+                              {"ms_round_accepted", 1e3 * best_acc},
+                              {"ms_round_rejected", 1e3 * best_rej},
+                              {"rejected_over_decode", best_rej / t_decode},
+                              {"break_even_accepted", break_even},
+                              {"limit", "read_bandwidth"},
+                              {"fraction_of_limit", num_or_null(all_tps * wb.per_token / (bw * 1e9))}});
+      DS_TRY(report.write());
+    }
   }
   if (cuda) {
     std::printf("peak device memory: allocator reserved %.2f GiB (in use %.2f GiB); device used %.2f GiB of %.2f GiB "
@@ -529,6 +582,11 @@ ds::Status check_lengths(const Options& o) {
   for (int64_t d : o.depth) {
     if (d < 0) return ds::invalid_argument("--depth {}: depths must be at least 0", d);
   }
+  for (int64_t k : o.verify) {
+    if (k < 1 || k > ds::kMaxVerifyTokens) {
+      return ds::invalid_argument("--verify {}: a verify takes 1 to {} tokens", k, ds::kMaxVerifyTokens);
+    }
+  }
   return ds::Status::ok();
 }
 
@@ -576,6 +634,10 @@ void setup(CLI::App& app, int& exit_code) {
                "Also decode through the engine, sampler included (the server's default sampling), as a user of "
                "serve gets it: one more row per depth");
   app.add_option("--kv-type", o->kv_type, "Attention KV cache type: f16 or f32 (default f16 on CUDA, f32 on the CPU)");
+  app.add_option("--verify", o->verify,
+                 "Also time speculative verify steps of these many tokens (1 to 8) at each depth: all rejected "
+                 "and all accepted")
+      ->delimiter(',');
   app.add_option("--json", o->json_path, "Also write every figure (limits, tok/s, fractions, peak memory) to this file");
   app.add_option("--ttft", o->ttft, "Instead: time to first token for these prompt lengths, cold / RAM hit / disk hit")
       ->delimiter(',');

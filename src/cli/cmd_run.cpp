@@ -84,6 +84,11 @@ ds::Status run(const Options& o) {
   const double tg = res.decode_ms > 0 && res.tokens.size() > 1 ? 1000.0 * (res.tokens.size() - 1) / res.decode_ms : 0;
   std::fprintf(stderr, "prompt: %lld tokens in %.1f ms (%.1f tok/s); generated %zu tokens in %.1f ms (%.1f tok/s)\n",
                static_cast<long long>(res.prompt_tokens), res.prefill_ms, pp, res.tokens.size(), res.decode_ms, tg);
+  if (res.verify_steps > 0) {
+    std::fprintf(stderr, "draft: %lld of %lld draft tokens accepted in %lld verify steps\n",
+                 static_cast<long long>(res.accepted_tokens), static_cast<long long>(res.draft_tokens),
+                 static_cast<long long>(res.verify_steps));
+  }
   return ds::Status::ok();
 }
 
@@ -108,6 +113,7 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_flag_function(
       "--no-cuda-graph", [o](int64_t) { o->engine.cuda_graphs = false; },
       "CUDA: run every decode step op by op instead of replaying a captured graph");
+  ds::cli::add_draft_options(app, o->engine);
   app.add_option("--temp", o->sampling.temperature, "Temperature (0 = greedy)")->capture_default_str();
   app.add_option("--top-k", o->sampling.top_k, "Top-k (0 = off)");
   app.add_option("--top-p", o->sampling.top_p, "Top-p (1 = off)");

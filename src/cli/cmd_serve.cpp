@@ -128,6 +128,7 @@ void setup(CLI::App& app, int& exit_code) {
                  "Tokens per prefill chunk (0 = auto: 256 on the CPU; on CUDA 4096 on devices of 28 GiB or "
                  "more, else 1024)")
       ->capture_default_str();
+  ds::cli::add_draft_options(app, args->engine);
   app.add_option("--max-queue", args->server.max_queue,
                  "Requests that may wait for the engine; more get 503 with Retry-After")
       ->capture_default_str();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "engine/engine.h"
 
 namespace ds::cli {
 
@@ -24,5 +25,8 @@ int report(const Status& status);
 
 // Adds the common --log-level flag.
 void add_log_level_option(CLI::App& app);
+
+// Adds --draft and --draft-max (speculative decoding) for the engine options `engine`.
+void add_draft_options(CLI::App& app, EngineOptions& engine);
 
 }  // namespace ds::cli

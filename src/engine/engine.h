@@ -54,6 +54,9 @@ struct GenerateResult {
   double restore_ms = 0;            // finding, loading and restoring the snapshot
   uint64_t restored_bytes = 0;      // size of the restored snapshot
   double snapshot_ms = 0;           // its snapshots' captures on its path (inside prefill_ms); the rest is copied after
+  // Speculative decoding (EngineOptions::draft): verify steps run, draft tokens they checked, and of
+  // those the ones accepted (each saved a decode step).
+  int64_t verify_steps = 0, draft_tokens = 0, accepted_tokens = 0;
 };
 
 struct EngineInfo {
@@ -70,6 +73,7 @@ struct EngineStats {
   uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   uint64_t cache_ram_hits = 0, cache_disk_hits = 0, cache_misses = 0, snapshots_saved = 0;
+  uint64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding
   uint64_t cache_ram_bytes = 0, cache_disk_bytes = 0;
 };
 
@@ -103,7 +107,15 @@ struct EngineOptions {
   std::string kv_cache_dir;         // disk tier directory (--kv-cache-dir); empty = off
   uint64_t kv_cache_disk_budget = 0;  // bytes; 0 = unlimited
   int64_t checkpoint_every = 4096;  // snapshot interval inside long prompts, tokens; 0 = off
+  // Speculative decoding of greedy requests: "ngram" drafts from the request's own tokens (NgramDraft),
+  // each verified by the model in one step; "" = off. The output is the same tokens either way.
+  std::string draft;
+  int32_t draft_max = 7;            // draft tokens per verify, 1 to kMaxVerifyTokens - 1
 };
+
+// The draft kind of EngineOptions::draft: kInvalidArgument for anything but "", "none", "off" and "ngram"
+// (the first three: off), or a draft_max outside 1..7.
+Status engine_check_draft(const EngineOptions& options);
 
 
 // "cpu", "cuda" (= cuda:0) or "cuda:N" as a Device. kInvalidArgument for anything else ("gpu",

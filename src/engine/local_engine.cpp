@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "core/log.h"
+#include "engine/ngram_draft.h"
 #include "engine/sampler.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -97,8 +99,21 @@ void LocalEngine::flush_snapshots() {
   if (disk_) disk_->flush();
 }
 
+Status engine_check_draft(const EngineOptions& options) {
+  const std::string& d = options.draft;
+  if (d != "" && d != "none" && d != "off" && d != "ngram") {
+    return invalid_argument("--draft '{}': expected ngram or none", d);
+  }
+  if (options.draft_max < 1 || options.draft_max > kMaxVerifyTokens - 1) {
+    return invalid_argument("--draft-max {}: expected 1 to {}", options.draft_max, kMaxVerifyTokens - 1);
+  }
+  return Status::ok();
+}
+
 Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_path, const EngineOptions& options) {
+  DS_TRY(engine_check_draft(options));
   std::unique_ptr<LocalEngine> e(new LocalEngine());
+  e->draft_ngram_ = options.draft == "ngram";
   e->options_ = options;
   e->saver_ = std::make_unique<SerialWorker>();
   ModelOptions mo;
@@ -322,26 +337,77 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
   state.set_want_top_k(options_.step_top_k && sampler.top_k_needed(kTopKMax) > 0);
   std::vector<int32_t>& out = result.tokens;
   result.finish = FinishReason::kLength;
-  while (static_cast<int64_t>(out.size()) < max_tokens) {
-    // A step that returned only its best logits is sampled from them; one whose selection overflowed
-    // (values tied across the vocabulary) fetches its whole row.
-    if (state.top_k_valid() && state.top_k().n < 1) DS_TRY(model_->fetch_logits(state));
-    const int32_t tok = state.top_k_valid() ? sampler.sample_top(state.top_k())
-                                            : sampler.sample(model_->logits(state), prompt, out);
+  // Takes a generated token: false when generation ends with it (stop token, the caller stopped,
+  // cancelled, max_tokens reached), result.finish then set.
+  const auto emit = [&](int32_t tok) {
     out.push_back(tok);
     const bool is_stop = (!req.ignore_eos && std::find(info_.eos_tokens.begin(), info_.eos_tokens.end(), tok) != info_.eos_tokens.end()) ||
                          std::find(req.stop_tokens.begin(), req.stop_tokens.end(), tok) != req.stop_tokens.end();
     const bool keep = req.on_token ? req.on_token(tok) : true;
     if (is_stop) {
       result.finish = FinishReason::kStop;
-      break;
+      return false;
     }
     if (!keep || cancelled()) {
       result.finish = cancelled() ? FinishReason::kCancelled : FinishReason::kStop;
-      break;
+      return false;
     }
-    if (static_cast<int64_t>(out.size()) >= max_tokens) break;
-    DS_TRY(model_->decode(state, tok));
+    return static_cast<int64_t>(out.size()) < max_tokens;
+  };
+  // The next token from the state's last step. A step that returned only its best logits is sampled
+  // from them; one whose selection overflowed (values tied across the vocabulary) fetches its row.
+  const auto sample_state = [&]() -> Result<int32_t> {
+    if (state.top_k_valid() && state.top_k().n < 1) DS_TRY(model_->fetch_logits(state));
+    return state.top_k_valid() ? sampler.sample_top(state.top_k()) : sampler.sample(model_->logits(state), prompt, out);
+  };
+  // Speculative decoding where the choice is the greedy one: a verify step checks a draft of what
+  // follows each token, and every draft token equal to the model's choice saves a decode step.
+  std::optional<NgramDraft> drafter;
+  if (draft_ngram_ && sampler.top_k_needed(kTopKMax) == 1) {
+    drafter.emplace(NgramDraftOptions{});
+    drafter->reset(prompt);
+  }
+  const int64_t draft_cap = std::min<int64_t>(options_.draft_max, model_->max_verify_tokens() - 1);
+  // Draft length: grows by 2 after a draft wholly accepted, shrinks by 1 after one that was not, so a
+  // stretch the drafts miss costs verifies of few tokens.
+  int64_t draft_len = draft_cap;
+  if (max_tokens > 0) {
+    DS_ASSIGN_OR_RETURN(int32_t next, sample_state());
+    while (emit(next)) {
+      const int32_t tok = next;
+      std::vector<int32_t> draft;
+      if (drafter) {
+        drafter->append(tok);
+        // A verify emits up to its draft's length + 1 tokens.
+        draft = drafter->propose(static_cast<int32_t>(std::min<int64_t>(draft_len, max_tokens - static_cast<int64_t>(out.size()) - 1)));
+      }
+      if (draft.empty()) {
+        DS_TRY(model_->decode(state, tok));
+        DS_ASSIGN_OR_RETURN(next, sample_state());
+        continue;
+      }
+      draft.insert(draft.begin(), tok);
+      DS_TRY(model_->verify(state, draft));
+      const auto greedy = [&](int64_t i) {
+        const Model::VerifyRow row = model_->verify_row(i);
+        return row.top_k != nullptr ? row.top_k->ids[0] : argmax(row.logits);
+      };
+      const int64_t n_draft = static_cast<int64_t>(draft.size()) - 1;
+      int64_t m = 0;  // draft tokens accepted: each equals the choice after the tokens before it
+      while (m < n_draft && greedy(m) == draft[static_cast<size_t>(m + 1)]) ++m;
+      next = greedy(m);
+      DS_TRY(model_->keep_verified(state, m + 1));
+      draft_len = m == n_draft ? std::min(draft_cap, draft_len + 2) : std::max<int64_t>(1, draft_len - 1);
+      result.verify_steps++;
+      result.draft_tokens += n_draft;
+      result.accepted_tokens += m;
+      bool going = true;
+      for (int64_t i = 1; i <= m && going; ++i) {
+        going = emit(draft[static_cast<size_t>(i)]);
+        drafter->append(draft[static_cast<size_t>(i)]);
+      }
+      if (!going) break;
+    }
   }
   result.decode_ms = ms_since(t_decode);
 
@@ -351,14 +417,19 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
     stats_.prompt_tokens += n;
     stats_.cached_tokens += restored.n_tokens;
     stats_.generated_tokens += out.size();
+    stats_.draft_tokens += static_cast<uint64_t>(result.draft_tokens);
+    stats_.accepted_tokens += static_cast<uint64_t>(result.accepted_tokens);
     stats_.prefill_seconds += result.prefill_ms / 1000;
     stats_.decode_seconds += result.decode_ms / 1000;
     if (restored.n_tokens > 0) (restored.from_disk ? stats_.cache_disk_hits : stats_.cache_ram_hits)++;
     else stats_.cache_misses++;
   }
-  DS_LOG_INFO("request: prompt {} tokens ({} cached{}), generated {}, prefill {:.1f} ms, decode {:.1f} ms, total {:.1f} ms",
-              n, restored.n_tokens, restored.from_disk ? " from disk" : "", out.size(), result.prefill_ms,
-              result.decode_ms, ms_since(t_start));
+  DS_LOG_INFO("request: prompt {} tokens ({} cached{}), generated {}{}, prefill {:.1f} ms, decode {:.1f} ms, total {:.1f} ms",
+              n, restored.n_tokens, restored.from_disk ? " from disk" : "", out.size(),
+              result.verify_steps > 0 ? fmt::format(" ({} of {} draft tokens accepted in {} verify steps)",
+                                                    result.accepted_tokens, result.draft_tokens, result.verify_steps)
+                                      : std::string(),
+              result.prefill_ms, result.decode_ms, ms_since(t_start));
   return result;
 }
 

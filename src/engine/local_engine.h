@@ -72,6 +72,7 @@ class LocalEngine : public Engine {
   EngineOptions options_;
   EngineInfo info_;
   int32_t boundary_token_ = -1;  // <|im_start|>: a turn starts here
+  bool draft_ngram_ = false;     // speculative decoding with n-gram drafts (EngineOptions::draft)
   std::unique_ptr<PrefixCache> ram_;
   std::unique_ptr<DiskSnapshotStore> disk_;
   std::string fingerprint_;

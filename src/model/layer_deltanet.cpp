@@ -5,8 +5,10 @@
 // thread-block clusters, delta_net_step_q8).
 // Non-obvious choice: q, k and v are never copied out of the conv output: the L2 norms read q and k
 // as strided views of its rows (writing contiguous q, k) and the delta rule reads v in place.
+#include "core/check.h"
 #include "model/model_internal.h"
 #include "ops/delta_net.h"
+#include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/rms_norm.h"
 #if DS_HAVE_CUDA
@@ -14,13 +16,70 @@
 #endif
 
 namespace ds {
+namespace {
+
+// The prep op's arguments for n tokens' projections, its outputs (beta, g, conv, q, k) in scratch.
+Result<DeltaNetPrep> prep_args(const LayerCall& call, const DeltaNetWeights& w, const TensorView& mixed,
+                               const TensorView& a, const TensorView& b) {
+  const ModelConfig& c = call.config;
+  const int64_t n = call.n_tokens, dk = c.ssm_d_state, nk = c.ssm_n_group, nv = c.ssm_n_v_head;
+  ModelScratch& S = call.scratch;
+  DeltaNetPrep p;
+  DS_ASSIGN_OR_RETURN(p.beta, S.f32({nv, n}));
+  DS_ASSIGN_OR_RETURN(p.g, S.f32({nv, n}));
+  DS_ASSIGN_OR_RETURN(p.conv, S.f32({c.conv_dim(), n}));
+  DS_ASSIGN_OR_RETURN(p.q, S.f32({dk, nk, n}));
+  DS_ASSIGN_OR_RETURN(p.k, S.f32({dk, nk, n}));
+  p.mixed = mixed;
+  p.conv_w = w.conv1d;
+  p.alpha = a;
+  p.b = b;
+  p.dt_bias = w.dt_bias;
+  p.ssm_a = w.ssm_a;
+  p.conv_state = call.state.conv_state(call.il);
+  p.eps = c.rms_eps;
+  return p;
+}
+
+struct DeltaNetStash {
+  TensorView mixed, b, a;  // the first call.n_tokens rows of each
+};
+
+DeltaNetStash stash_views(const LayerCall& call) {
+  const ModelConfig& c = call.config;
+  const int64_t n = call.n_tokens, nv = c.ssm_n_v_head, M = kMaxVerifyTokens;
+  const Device d = call.scratch.device;
+  float* base = call.stash;
+  return {TensorView::contiguous(base, DType::F32, {c.conv_dim(), n}, d),
+          TensorView::contiguous(base + c.conv_dim() * M, DType::F32, {nv, n}, d),
+          TensorView::contiguous(base + (c.conv_dim() + nv) * M, DType::F32, {nv, n}, d)};
+}
+
+}  // namespace
+
+int64_t deltanet_stash_floats(const ModelConfig& c, int64_t max_tokens) {
+  return (c.conv_dim() + 2 * c.ssm_n_v_head) * max_tokens;
+}
+
+Status deltanet_replay_state(const LayerCall& call, const DeltaNetWeights& w) {
+  const ModelConfig& c = call.config;
+  const int64_t n = call.n_tokens, dv = c.ssm_d_state, nv = c.ssm_n_v_head;
+  DS_CHECK(call.stash != nullptr && n >= 1 && n <= kMaxVerifyTokens, "DeltaNet replay of {} tokens at layer {}", n,
+           call.il);
+  const DeltaNetStash st = stash_views(call);
+  DS_ASSIGN_OR_RETURN(const DeltaNetPrep p, prep_args(call, w, st.mixed, st.a, st.b));
+  DS_TRY(delta_net_prep(call.ctx, p));
+  DS_ASSIGN_OR_RETURN(TensorView o, call.scratch.f32({dv, nv, n}));
+  return delta_net(call.ctx, p.q, p.k, delta_net_conv_heads(p.conv, 2 * c.key_dim(), dv, nv), p.g, p.beta,
+                   call.state.ssm_state(call.il), o);
+}
 
 Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const TensorView& x_norm,
                         const TensorView& out) {
   const ModelConfig& c = call.config;
   const OpContext& ctx = call.ctx;
-  const int64_t n = call.n_tokens, dk = c.ssm_d_state, dv = c.ssm_d_state;
-  const int64_t nk = c.ssm_n_group, nv = c.ssm_n_v_head, conv_dim = c.conv_dim(), key_dim = c.key_dim();
+  const int64_t n = call.n_tokens, dv = c.ssm_d_state;
+  const int64_t nv = c.ssm_n_v_head, conv_dim = c.conv_dim(), key_dim = c.key_dim();
   ModelScratch& S = call.scratch;
 
   // mixed = attn_qkv x [n, conv_dim];  z = attn_gate x [n, value_dim]
@@ -33,30 +92,21 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
     DS_TRY(layer_matmul_many(call, ws, x_norm, ys));
   }
 
+  // Speculative verify: the inputs that rebuild this layer's recurrent state (deltanet_replay_state).
+  if (call.stash != nullptr) {
+    const DeltaNetStash st = stash_views(call);
+    DS_TRY(copy(ctx, mixed, st.mixed));
+    DS_TRY(copy(ctx, b, st.b));
+    DS_TRY(copy(ctx, a, st.a));
+  }
+
   // One op (on CUDA for a decode step one kernel, or the front of the step kernel below), [n, nv] /
   // [n, conv_dim] / [n, nk, dk]:
   //   beta = sigmoid(b);  g = ssm_a * softplus(a + dt_bias)
   //   conv = silu(causal_conv(mixed)) with the layer's conv state
   //   conv = [q (nk*dk) ; k (nk*dk) ; v (nv*dv)] per token; q, k L2-normalized per head.
-  DS_ASSIGN_OR_RETURN(TensorView beta, S.f32({nv, n}));
-  DS_ASSIGN_OR_RETURN(TensorView g, S.f32({nv, n}));
-  DS_ASSIGN_OR_RETURN(TensorView conv, S.f32({conv_dim, n}));
-  DS_ASSIGN_OR_RETURN(TensorView q, S.f32({dk, nk, n}));
-  DS_ASSIGN_OR_RETURN(TensorView k, S.f32({dk, nk, n}));
-  DeltaNetPrep p;
-  p.mixed = mixed;
-  p.conv_w = w.conv1d;
-  p.alpha = a;
-  p.b = b;
-  p.dt_bias = w.dt_bias;
-  p.ssm_a = w.ssm_a;
-  p.conv_state = call.state.conv_state(call.il);
-  p.eps = c.rms_eps;
-  p.conv = conv;
-  p.q = q;
-  p.k = k;
-  p.g = g;
-  p.beta = beta;
+  DS_ASSIGN_OR_RETURN(const DeltaNetPrep p, prep_args(call, w, mixed, a, b));
+  const TensorView &q = p.q, &k = p.k, &conv = p.conv, &g = p.g, &beta = p.beta;
   const TensorView v = delta_net_conv_heads(conv, 2 * key_dim, dv, nv);
 
   // Delta rule on the SSM state; o [n, nv, dv].

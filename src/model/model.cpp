@@ -338,6 +338,7 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
   for (int64_t il = 0; il < range.first; ++il) {
     attn_index += config_.layer_kinds[static_cast<size_t>(il)] == LayerKind::kAttention;
   }
+  const int64_t stash_floats = deltanet_stash_floats(config_, kMaxVerifyTokens);
   DS_ASSIGN_OR_RETURN(TensorView cur, scratch_->f32({E, n}));
   DS_ASSIGN_OR_RETURN(TensorView mix, scratch_->f32({E, n}));
   // cur's int8 activations (CUDA, one token; see norm_cur below): live across layers, like cur.
@@ -367,11 +368,12 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
   }
   for (int64_t il = range.first; il < range.last; ++il) {
     const LayerWeights& L = weights_.layers[static_cast<size_t>(il)];
-    const LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n, d_pos, max_kv, cur_q8};
+    LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n, d_pos, max_kv, cur_q8};
     // h = x + Mixer(RMSNorm(x; attn_norm))
     if (L.kind == LayerKind::kAttention) {
       DS_TRY(attention_forward(call, L.attn, attn_index++, cur, mix));
     } else {
+      if (verify_stash_ != nullptr) call.stash = verify_stash_ + (il - attn_index) * stash_floats;
       DS_TRY(deltanet_forward(call, L.deltanet, cur, mix));
     }
     call.dump("attn_out", mix);

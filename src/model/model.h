@@ -36,6 +36,7 @@
 #include "model/weights.h"
 #include "ops/device_buffer.h"
 #include "ops/op_context.h"
+#include "ops/top_k.h"
 #include "state/sequence_state.h"
 
 namespace ds {
@@ -43,6 +44,10 @@ namespace ds {
 class GgufFile;
 struct ModelScratch;  // per-model activation buffers (model.cpp)
 struct ModelCuda;     // CUDA stream, step buffers and the decode graph (model_cuda.cpp)
+struct ModelVerify;   // the last speculative verify: recurrent copy, DeltaNet inputs, logits (model_verify.cpp)
+struct ModelVerifyDeleter {
+  void operator()(ModelVerify* p) const;
+};
 struct ModelCudaDeleter {
   void operator()(ModelCuda* p) const;
 };
@@ -65,6 +70,9 @@ struct ModelOptions {
 };
 
 constexpr int64_t kPrefillChunkCpu = 256;
+// Tokens a speculative verify runs at most (Model::verify): up to 8 the CUDA products read the weights
+// once for every token in the matrix-vector kernels; from 9 they dequantize to BF16 for the GEMM path.
+constexpr int64_t kMaxVerifyTokens = 8;
 constexpr int64_t kPrefillChunkCuda = 1024;
 // Measured on an H100 (docs/perf-gpu.md): 4096 against 1024 prefills 4096-token prompts 18% (27B) and
 // 31% (35B-A3B) faster and 32K prompts 15% and 20% faster, for 2.4 GiB more peak memory on the 27B at
@@ -139,6 +147,28 @@ class Model {
   // before the model runs another step; kInvalidArgument otherwise.
   Status fetch_logits(SequenceState& state);
 
+  // ---- speculative decoding ----
+  // Runs `tokens` (1 to max_verify_tokens(): the sequence's next token, then a draft of what follows)
+  // from state.pos() as one segment: afterwards state.pos() = pos0 + n, and verify_row(i) is the
+  // result after tokens[0..i] (what a decode of tokens[i] would leave). Until this model runs another
+  // step, keep_verified takes the state back to any of those n positions.
+  // kInvalidArgument for an empty or too long list, a token out of range or a context overflow.
+  Status verify(SequenceState& state, std::span<const int32_t> tokens);
+  // Row i of the last verify: its best logits (CUDA, where the vocabulary allows; a row whose selection
+  // overflowed comes whole instead), else its whole row of logits. Valid until the next step.
+  struct VerifyRow {
+    const TopKResult* top_k = nullptr;
+    std::span<const float> logits;
+  };
+  VerifyRow verify_row(int64_t i) const;
+  // Keeps the first n_keep (1..n) tokens of the state's last verify: KV past pos0 + n_keep is dropped
+  // and the recurrent state is rebuilt from its copy taken before the verify, through those tokens
+  // (the DeltaNet layers' inputs of each token were kept; no product runs again). The state's logits
+  // stay invalid: the caller has the rows. kInvalidArgument without a matching verify.
+  Status keep_verified(SequenceState& state, int64_t n_keep);
+  // Tokens one verify takes: kMaxVerifyTokens, or the prefill chunk where that is smaller.
+  int64_t max_verify_tokens() const;
+
   // ---- state streams (see state/state_io.h) ----
   Result<std::vector<uint8_t>> save_state(const SequenceState& state, int64_t n_tokens) const;
   Result<std::unique_ptr<SequenceState>> load_state(std::span<const uint8_t> bytes) const;
@@ -196,6 +226,13 @@ class Model {
   Status cuda_finish_logits(float* logits, bool in_place);
   Status cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits);
   Status cuda_decode_graph(SequenceState& state, int32_t token);
+  // The best logits of each of the n rows of `logits` [n_vocab, n] (device) into `best` (page-locked
+  // host), waiting for the stream; a row whose selection overflowed (or every row, where the vocabulary
+  // has no device selection) is copied whole into `rows` [n_vocab * n] (host) and its best.n set to 0.
+  Status cuda_verify_rows(const TensorView& logits, TopKResult* best, float* rows);
+  // The verify's buffers on first use, and its copy of a state's recurrent allocation (model_verify.cpp).
+  Status verify_init();
+  Status copy_recurrent(SequenceState& state, bool save);
   const int32_t* cuda_step_pos() const;  // device int32: position of the staged segment's first token
 
   ModelConfig config_;
@@ -212,6 +249,9 @@ class Model {
   int64_t weight_device_bytes_ = 0;
   OpContext ctx_;
   DebugHook debug_hook_;
+  std::unique_ptr<ModelVerify, ModelVerifyDeleter> verify_;
+  // Set during a verify's forward: where each DeltaNet layer keeps its inputs (ModelVerify::stash).
+  float* verify_stash_ = nullptr;
   std::unique_ptr<ModelCuda, ModelCudaDeleter> cuda_;  // last: destroyed first (synchronizes the stream)
 };
 

@@ -78,6 +78,9 @@ struct LayerCall {
   // CUDA, one token: the int8 activations of the layer's normalized input, written by the norm that
   // produced it (cuda::add_rms_norm_q8); empty otherwise. layer_matmul_many reads them.
   TensorView x_q8{};
+  // Speculative verify, DeltaNet layers: where the layer keeps its per-token inputs for a later
+  // replay of its recurrent state (deltanet_stash_floats floats); null otherwise.
+  float* stash = nullptr;
 
   // Reports a named intermediate ("blk.<il>.<what>") to the debug hook, if one is set.
   void dump(const char* what, const TensorView& t) const;
@@ -101,6 +104,12 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
                          const TensorView& x_norm, const TensorView& out);
 Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const TensorView& x_norm,
                         const TensorView& out);
+// A DeltaNet layer's stash (LayerCall::stash): mixed [max_tokens, conv_dim], then b and a
+// [max_tokens, nv] each; a verify of n tokens writes the first n rows of each.
+int64_t deltanet_stash_floats(const ModelConfig& c, int64_t max_tokens);
+// The layer's conv and SSM state advanced through the first call.n_tokens tokens of its stash (the
+// same prep and delta rule as deltanet_forward; its output is discarded).
+Status deltanet_replay_state(const LayerCall& call, const DeltaNetWeights& w);
 Status dense_ffn_forward(const LayerCall& call, const DenseFfnWeights& w, const TensorView& x_norm,
                          const TensorView& out);
 // The MoE FFN as an op chain (routing, routed experts, shared expert); the model calls it where

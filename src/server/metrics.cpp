@@ -69,6 +69,10 @@ std::string ServerMetrics::render(int32_t queue_depth, int32_t in_flight, const 
   out += fmt::format("deltaserve_cache_misses_total {}\n", engine.cache_misses);
   header("deltaserve_snapshots_saved_total", "counter", "Prefix snapshots saved.");
   out += fmt::format("deltaserve_snapshots_saved_total {}\n", engine.snapshots_saved);
+  header("deltaserve_draft_tokens_total", "counter", "Speculative draft tokens verified.");
+  out += fmt::format("deltaserve_draft_tokens_total {}\n", engine.draft_tokens);
+  header("deltaserve_draft_accepted_tokens_total", "counter", "Speculative draft tokens accepted (decode steps saved).");
+  out += fmt::format("deltaserve_draft_accepted_tokens_total {}\n", engine.accepted_tokens);
   header("deltaserve_cache_bytes", "gauge", "Bytes held by prefix snapshots, by tier.");
   out += fmt::format("deltaserve_cache_bytes{{tier=\"ram\"}} {}\n", engine.cache_ram_bytes);
   out += fmt::format("deltaserve_cache_bytes{{tier=\"disk\"}} {}\n", engine.cache_disk_bytes);
