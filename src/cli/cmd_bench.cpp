@@ -55,6 +55,7 @@ struct Options {
   std::string skip_kernels;    // diagnostic: CUDA kernels not launched (ops/cuda/pdl.h)
   std::string only_kernels;    // diagnostic: the only CUDA kernels launched
   std::vector<int64_t> verify;  // speculative verify steps of these many tokens (Model::verify)
+  std::string draft;            // --served: decode greedily with these drafts (EngineOptions::draft)
 };
 
 // A CUDA device must exist on this machine before anything is loaded (engine_parse_device has already
@@ -544,6 +545,8 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
   eo.cuda_graphs = !o.no_cuda_graph;
   eo.cache_ram_bytes = 0;
   eo.checkpoint_every = 0;
+  eo.draft = o.draft;
+  const bool drafting = !o.draft.empty() && o.draft != "none" && o.draft != "off";
   model.reset();
   std::fprintf(stderr, "loading %s into the engine\n", o.model.c_str());
   DS_ASSIGN_OR_RETURN(auto engine, ds::LocalEngine::open(o.model, eo));
@@ -557,7 +560,13 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
       req.ignore_eos = true;
       req.sampling = ds::kRecommendedSampling;
       req.sampling.seed = static_cast<uint64_t>(r);
+      if (drafting) req.sampling = ds::SamplingParams{.temperature = 0.0f};  // drafts serve greedy requests
       DS_ASSIGN_OR_RETURN(const auto res, engine->generate(req));
+      if (drafting) {
+        std::fprintf(stderr, "    %lld of %lld draft tokens accepted in %lld verify steps\n",
+                     static_cast<long long>(res.accepted_tokens), static_cast<long long>(res.draft_tokens),
+                     static_cast<long long>(res.verify_steps));
+      }
       const double tps = 1e3 * static_cast<double>(res.tokens.size() - 1) / std::max(1e-6, res.decode_ms);
       best = std::max(best, tps);
       reps.push_back(tps);
@@ -565,7 +574,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
                    static_cast<long long>(depth), r, tps);
     }
     decode_row(fmt::format("tg{}-srv", o.tg), fmt::format("tg{}-served", o.tg), "decode_served", depth, best, reps,
-               "temperature 1, top-k 20, top-p 0.95");
+               drafting ? "greedy, drafts" : "temperature 1, top-k 20, top-p 0.95");
     DS_TRY(report.write());
   }
   return ds::Status::ok();
@@ -604,6 +613,12 @@ ds::Status run(Options o) {
     return run_ttft(o);
   }
   DS_TRY(check_lengths(o));
+  if (!o.draft.empty()) {
+    ds::EngineOptions eo;
+    eo.draft = o.draft;
+    DS_TRY(ds::engine_check_draft(eo));
+    if (!o.served) return ds::invalid_argument("--draft: only with --served (the engine's decode)");
+  }
   JsonReport report(o.json_path);
   const ds::Status status = run_speed(o, device, kv_dtype, report);
   // The report says whether every test ran; a failure keeps the figures measured before it.
@@ -638,6 +653,7 @@ void setup(CLI::App& app, int& exit_code) {
                  "Also time speculative verify steps of these many tokens (1 to 8) at each depth: all rejected "
                  "and all accepted")
       ->delimiter(',');
+  app.add_option("--draft", o->draft, "With --served: decode greedily with these speculative drafts (ngram)");
   app.add_option("--json", o->json_path, "Also write every figure (limits, tok/s, fractions, peak memory) to this file");
   app.add_option("--ttft", o->ttft, "Instead: time to first token for these prompt lengths, cold / RAM hit / disk hit")
       ->delimiter(',');

@@ -84,17 +84,19 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
 
   // mixed = attn_qkv x [n, conv_dim];  z = attn_gate x [n, value_dim]
   // b = ssm_beta x, a = ssm_alpha x [n, nv]: all four projections of x_norm in one call.
+  // A speculative verify of several tokens writes mixed, b and a straight into the layer's stash (the
+  // inputs that rebuild its recurrent state, deltanet_replay_state); one token copies them there.
   DS_ASSIGN_OR_RETURN(auto proj, S.f32_outputs({conv_dim, c.value_dim(), nv, nv}, n));
-  const TensorView mixed = proj[0], z = proj[1], b = proj[2], a = proj[3];
+  const bool stash_direct = call.stash != nullptr && n > 1;
+  const DeltaNetStash st = call.stash != nullptr ? stash_views(call) : DeltaNetStash{};
+  const TensorView mixed = stash_direct ? st.mixed : proj[0], z = proj[1], b = stash_direct ? st.b : proj[2],
+                   a = stash_direct ? st.a : proj[3];
   {
     const TensorView ws[] = {w.wqkv, w.wgate, w.wbeta, w.walpha};
     const TensorView ys[] = {mixed, z, b, a};
     DS_TRY(layer_matmul_many(call, ws, x_norm, ys));
   }
-
-  // Speculative verify: the inputs that rebuild this layer's recurrent state (deltanet_replay_state).
-  if (call.stash != nullptr) {
-    const DeltaNetStash st = stash_views(call);
+  if (call.stash != nullptr && !stash_direct) {
     DS_TRY(copy(ctx, mixed, st.mixed));
     DS_TRY(copy(ctx, b, st.b));
     DS_TRY(copy(ctx, a, st.a));
