@@ -237,8 +237,12 @@ TEST_P(ModelVerify, BadCallsAreClearErrors) {
   EXPECT_EQ(model_->keep_verified(*st, 1).code(), StatusCode::kInvalidArgument);  // stepped since
 }
 
-TEST_P(ModelVerify, EngineSpeculativeGreedyIsThePlainOutput) {
-  // Prompts that repeat what the model says: the n-gram drafts are partly right, partly wrong.
+TEST_P(ModelVerify, EngineSpeculativeOutputIsThePlainOutput) {
+  // Prompts that repeat what the model said: the n-gram drafts are partly right, partly wrong. Greedy
+  // and sampled requests (same seed) give the same tokens with drafts as without. The sampled ones run
+  // at a low temperature, where the tiny models' flat logits still follow their loops (so drafts are
+  // taken), through the sampler's draws all the same. On CUDA a sampler that needs whole rows
+  // (penalties) decodes without drafts.
   const VerifyCase& c = GetParam();
   auto open = [&](const std::string& draft) {
     EngineOptions o;
@@ -261,32 +265,51 @@ TEST_P(ModelVerify, EngineSpeculativeGreedyIsThePlainOutput) {
   r.prompt = prompt(12, 21);
   auto first = plain->generate(r);
   ASSERT_TRUE(first.is_ok());
-  int64_t accepted = 0, drafted = 0;
-  for (int k = 0; k < 3; ++k) {
-    // The prompt, what the model said, the prompt again (k = 1: twice over).
-    std::vector<int32_t> q = r.prompt;
-    for (int rep = 0; rep <= (k == 1); ++rep) {
-      q.insert(q.end(), first->tokens.begin(), first->tokens.begin() + 20 + 5 * k);
-      q.insert(q.end(), r.prompt.begin(), r.prompt.end());
+  const SamplingParams samplings[] = {
+      SamplingParams{.temperature = 0.0f},
+      SamplingParams{.temperature = 0.05f, .top_k = 20, .top_p = 0.95f, .seed = 7},
+      SamplingParams{.temperature = 0.05f, .repetition_penalty = 1.01f, .seed = 3},
+  };
+  int64_t accepted_all = 0, drafted_all = 0;
+  for (const SamplingParams& sp : samplings) {
+    const bool drafts = !c.cuda || sp.repetition_penalty == 1.0f;
+    int64_t accepted = 0, drafted = 0, verifies = 0;
+    for (int k = 0; k < 3; ++k) {
+      // The prompt, what the model said, the prompt again (k = 1: twice over).
+      std::vector<int32_t> q = r.prompt;
+      for (int rep = 0; rep <= (k == 1); ++rep) {
+        q.insert(q.end(), first->tokens.begin(), first->tokens.begin() + 20 + 5 * k);
+        q.insert(q.end(), r.prompt.begin(), r.prompt.end());
+      }
+      GenerateRequest rq = r;
+      rq.prompt = q;
+      rq.max_tokens = 33 + k;
+      rq.sampling = sp;
+      auto x = plain->generate(rq);
+      auto y = spec->generate(rq);
+      ASSERT_TRUE(x.is_ok() && y.is_ok());
+      EXPECT_EQ(y->tokens, x->tokens) << "prompt " << k << ", temperature " << sp.temperature;
+      EXPECT_EQ(x->verify_steps, 0);
+      if (!drafts) EXPECT_EQ(y->verify_steps, 0);
+      verifies += y->verify_steps;
+      EXPECT_LE(y->accepted_tokens, y->draft_tokens);
+      accepted += y->accepted_tokens;
+      drafted += y->draft_tokens;
     }
-    GenerateRequest rq = r;
-    rq.prompt = q;
-    rq.max_tokens = 33 + k;
-    auto x = plain->generate(rq);
-    auto y = spec->generate(rq);
-    ASSERT_TRUE(x.is_ok() && y.is_ok());
-    EXPECT_EQ(y->tokens, x->tokens) << "prompt " << k;
-    EXPECT_EQ(x->verify_steps, 0);
-    EXPECT_GT(y->verify_steps, 0) << "prompt " << k;
-    EXPECT_LE(y->accepted_tokens, y->draft_tokens);
-    accepted += y->accepted_tokens;
-    drafted += y->draft_tokens;
+    std::printf("[verify] engine, temperature %.2f: %lld of %lld draft tokens accepted in %lld verify steps\n",
+                sp.temperature, static_cast<long long>(accepted), static_cast<long long>(drafted),
+                static_cast<long long>(verifies));
+    if (drafts) EXPECT_GT(verifies, 0) << "temperature " << sp.temperature;
+    accepted_all += accepted;
+    drafted_all += drafted;
   }
-  std::printf("[verify] engine: %lld of %lld draft tokens accepted\n", static_cast<long long>(accepted),
-              static_cast<long long>(drafted));
-  EXPECT_GT(accepted, 0);
-  EXPECT_LT(accepted, drafted);
-  EXPECT_EQ(spec->stats().accepted_tokens, static_cast<uint64_t>(accepted));
+  // The CPU models repeat their prompts' loops (a fixed outcome of their fixed weights): drafts are
+  // taken and refused there, so the test covers both. Other models may not repeat.
+  if (!c.cuda) {
+    EXPECT_GT(accepted_all, 0);
+    EXPECT_LT(accepted_all, drafted_all);
+  }
+  EXPECT_EQ(spec->stats().draft_tokens > 0, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, ModelVerify,

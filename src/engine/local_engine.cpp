@@ -360,10 +360,14 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
     if (state.top_k_valid() && state.top_k().n < 1) DS_TRY(model_->fetch_logits(state));
     return state.top_k_valid() ? sampler.sample_top(state.top_k()) : sampler.sample(model_->logits(state), prompt, out);
   };
-  // Speculative decoding where the choice is the greedy one: a verify step checks a draft of what
-  // follows each token, and every draft token equal to the model's choice saves a decode step.
+  // Speculative decoding: a verify step checks a draft of what follows each token. Each verify row is
+  // sampled in order, exactly as a decode step's logits would be (one draw per token taken, the same
+  // generator), and a draft token is taken only where the sample equals it: the output is the tokens
+  // of plain decoding, for greedy and sampled requests alike; a draft saves the steps it got right. It
+  // needs rows the sampler can take: whole rows (CPU), or best logits enough for it (CUDA).
   std::optional<NgramDraft> drafter;
-  if (draft_ngram_ && sampler.top_k_needed(kTopKMax) == 1) {
+  const bool rows_whole = model_->device().kind == DeviceKind::kCpu;
+  if (draft_ngram_ && (rows_whole || sampler.top_k_needed(kTopKMax) > 0)) {
     drafter.emplace(NgramDraftOptions{});
     drafter->reset(prompt);
   }
@@ -371,6 +375,10 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
   // Draft length: grows by 2 after a draft wholly accepted, shrinks by 1 after one that was not, so a
   // stretch the drafts miss costs verifies of few tokens.
   int64_t draft_len = draft_cap;
+  const auto sample_row = [&](int64_t i) {
+    const Model::VerifyRow row = model_->verify_row(i);
+    return row.top_k != nullptr ? sampler.sample_top(*row.top_k) : sampler.sample(row.logits, prompt, out);
+  };
   if (max_tokens > 0) {
     DS_ASSIGN_OR_RETURN(int32_t next, sample_state());
     while (emit(next)) {
@@ -388,24 +396,22 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
       }
       draft.insert(draft.begin(), tok);
       DS_TRY(model_->verify(state, draft));
-      const auto greedy = [&](int64_t i) {
-        const Model::VerifyRow row = model_->verify_row(i);
-        return row.top_k != nullptr ? row.top_k->ids[0] : argmax(row.logits);
-      };
       const int64_t n_draft = static_cast<int64_t>(draft.size()) - 1;
-      int64_t m = 0;  // draft tokens accepted: each equals the choice after the tokens before it
-      while (m < n_draft && greedy(m) == draft[static_cast<size_t>(m + 1)]) ++m;
-      next = greedy(m);
+      int64_t m = 0;  // draft tokens taken: each is the sample of the row before it
+      bool going = true;
+      next = sample_row(0);
+      while (m < n_draft && next == draft[static_cast<size_t>(m + 1)]) {
+        ++m;
+        drafter->append(next);
+        going = emit(next);
+        if (!going) break;
+        next = sample_row(m);
+      }
       DS_TRY(model_->keep_verified(state, m + 1));
       draft_len = m == n_draft ? std::min(draft_cap, draft_len + 2) : std::max<int64_t>(1, draft_len - 1);
       result.verify_steps++;
       result.draft_tokens += n_draft;
       result.accepted_tokens += m;
-      bool going = true;
-      for (int64_t i = 1; i <= m && going; ++i) {
-        going = emit(draft[static_cast<size_t>(i)]);
-        drafter->append(draft[static_cast<size_t>(i)]);
-      }
       if (!going) break;
     }
   }
