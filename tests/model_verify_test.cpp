@@ -290,7 +290,9 @@ TEST_P(ModelVerify, EngineSpeculativeOutputIsThePlainOutput) {
       ASSERT_TRUE(x.is_ok() && y.is_ok());
       EXPECT_EQ(y->tokens, x->tokens) << "prompt " << k << ", temperature " << sp.temperature;
       EXPECT_EQ(x->verify_steps, 0);
-      if (!drafts) EXPECT_EQ(y->verify_steps, 0);
+      if (!drafts) {
+        EXPECT_EQ(y->verify_steps, 0);
+      }
       verifies += y->verify_steps;
       EXPECT_LE(y->accepted_tokens, y->draft_tokens);
       accepted += y->accepted_tokens;
@@ -299,7 +301,9 @@ TEST_P(ModelVerify, EngineSpeculativeOutputIsThePlainOutput) {
     std::printf("[verify] engine, temperature %.2f: %lld of %lld draft tokens accepted in %lld verify steps\n",
                 sp.temperature, static_cast<long long>(accepted), static_cast<long long>(drafted),
                 static_cast<long long>(verifies));
-    if (drafts) EXPECT_GT(verifies, 0) << "temperature " << sp.temperature;
+    if (drafts) {
+      EXPECT_GT(verifies, 0) << "temperature " << sp.temperature;
+    }
     accepted_all += accepted;
     drafted_all += drafted;
   }

@@ -226,13 +226,22 @@ class Model {
   Status cuda_finish_logits(float* logits, bool in_place);
   Status cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits);
   Status cuda_decode_graph(SequenceState& state, int32_t token);
-  // The best logits of each of the n rows of `logits` [n_vocab, n] (device) into `best` (page-locked
-  // host), waiting for the stream; a row whose selection overflowed (or every row, where the vocabulary
-  // has no device selection) is copied whole into `rows` [n_vocab * n] (host) and its best.n set to 0.
-  Status cuda_verify_rows(const TensorView& logits, TopKResult* best, float* rows);
+  // A verify on CUDA (a captured graph per token count): verify_queue, then the best logits of each
+  // row of `logits` [n_vocab, n] (device) into `best` (page-locked host), waiting for the stream; a row
+  // whose selection overflowed (or every row, where the vocabulary has no device selection) is copied
+  // whole into `rows` [n_vocab * n] (host) and its best.n set to 0.
+  Status cuda_verify_step(SequenceState& state, std::span<const int32_t> tokens, const TensorView& logits,
+                          TopKResult* best, float* rows);
+  // keep_queue on CUDA (a captured graph per kept count); queued, not waited for.
+  Status cuda_keep_step(SequenceState& state, int64_t pos0, int64_t n_keep);
   // The verify's buffers on first use, and its copy of a state's recurrent allocation (model_verify.cpp).
   Status verify_init();
   Status copy_recurrent(SequenceState& state, bool save);
+  // Queues a verify of `tokens` at state.pos() (tokens already staged on CUDA): the recurrent copy,
+  // the forward with each DeltaNet layer's inputs kept, every row's logits into `logits` [n_vocab, n].
+  Status verify_queue(SequenceState& state, std::span<const int32_t> tokens, const TensorView& logits);
+  // Queues the recurrent state's rebuild through the first n_keep tokens of the verify at pos0.
+  Status keep_queue(SequenceState& state, int64_t pos0, int64_t n_keep);
   const int32_t* cuda_step_pos() const;  // device int32: position of the staged segment's first token
 
   ModelConfig config_;

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -153,6 +154,16 @@ void release_mapped_pages(const void* p, int64_t bytes) {
 
 }  // namespace
 
+// A step replayed as a captured graph: its executable graph and the key it was captured for, and
+// the key of the last step run op by op (a warm-up) that the next capture must match.
+struct StepGraph {
+  cudaGraphExec_t exec = nullptr;
+  GraphKey key;
+  bool warm = false;
+  GraphKey warm_key;
+  bool failed = false;  // a capture of this step failed: op by op from then on
+};
+
 struct ModelCuda {
   int device = 0;
   cuda::Stream stream;
@@ -168,19 +179,24 @@ struct ModelCuda {
   DeviceBuffer verify_top_k;        // TopKResult [kMaxVerifyTokens]: a verify's rows (first verify)
   const SequenceState* logits_of = nullptr;  // whose step logits_dev holds (fetch_logits), at which position
   int64_t logits_pos = -1;
-  cudaGraphExec_t graph = nullptr;  // the decode step captured for graph_key
-  GraphKey graph_key;
-  bool warm = false;                // warm_key holds the key an uncaptured step ended with
-  GraphKey warm_key;
-  bool graphs_failed = false;       // a capture failed: decode op by op from then on
+  StepGraph decode;                 // the single-token decode step
+  StepGraph verify[kMaxVerifyTokens + 1];  // a speculative verify of n tokens (Model::verify)
+  StepGraph keep[kMaxVerifyTokens + 1];    // keeping m of a verify's tokens: the recurrent replay
   CudaGraphStats stats;
   cuda::Event replay_start, replay_end;  // ModelOptions::cuda_time_steps only
 
+  std::vector<StepGraph*> all_graphs() {
+    std::vector<StepGraph*> v{&decode};
+    for (StepGraph& g : verify) v.push_back(&g);
+    for (StepGraph& g : keep) v.push_back(&g);
+    return v;
+  }
+
   ~ModelCuda() {
     if (stream.handle() != nullptr) (void)stream.synchronize();  // nothing in flight reads our buffers
-    if (graph != nullptr) {
-      cuda::DeviceGuard guard(device);
-      (void)cudaGraphExecDestroy(graph);
+    cuda::DeviceGuard guard(device);
+    for (StepGraph* g : all_graphs()) {
+      if (g->exec != nullptr) (void)cudaGraphExecDestroy(g->exec);
     }
   }
 };
@@ -390,34 +406,6 @@ Status Model::cuda_head_output(const TensorView& norm, float* pinned, TopKResult
   return cuda::copy_to_host(to, c.logits_dev.data(), 4 * config_.n_vocab, c.stream);
 }
 
-Status Model::cuda_verify_rows(const TensorView& logits, TopKResult* best, float* rows) {
-  ModelCuda& c = *cuda_;
-  const int64_t V = config_.n_vocab, n = logits.ne[1];
-  c.logits_of = nullptr;  // logits_dev holds no state's step now
-  if (!c.top_k_dev.empty()) {
-    if (c.verify_top_k.empty()) {
-      DS_ASSIGN_OR_RETURN(c.verify_top_k, DeviceBuffer::alloc(options_.device, sizeof(TopKResult) * kMaxVerifyTokens));
-    }
-    const TensorView scratch = c.top_k_scratch.view(DType::F32, {cuda::top_k_scratch_floats(V)});
-    auto* dev_best = static_cast<TopKResult*>(c.verify_top_k.data());
-    for (int64_t i = 0; i < n; ++i) {
-      const TensorView row = TensorView::contiguous(logits.as<float>() + i * V, DType::F32, {V}, options_.device);
-      DS_TRY(cuda::top_k(ctx_, row, scratch, dev_best + i));
-    }
-    DS_TRY(cuda::copy_to_host(best, dev_best, static_cast<int64_t>(sizeof(TopKResult)) * n, c.stream));
-    DS_TRY(c.stream.synchronize());
-  } else {
-    for (int64_t i = 0; i < n; ++i) best[i].n = 0;
-  }
-  c.step_pending = false;  // everything queued has run (or runs before the copies below)
-  for (int64_t i = 0; i < n; ++i) {
-    if (best[i].n >= 1) continue;
-    best[i].n = 0;  // this row comes whole
-    DS_TRY(cuda::copy_to_host(rows + i * V, logits.as<float>() + i * V, 4 * V, c.stream));
-  }
-  return c.stream.synchronize();
-}
-
 Status Model::fetch_logits(SequenceState& state) {
   if (state.logits_valid()) return Status::ok();
   if (!cuda_ || !state.top_k_valid() || cuda_->logits_of != &state || cuda_->logits_pos != state.pos()) {
@@ -442,7 +430,7 @@ Status Model::cuda_finish_logits(float* logits, bool in_place) {
 
 Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size()), E = config_.n_embd;
-  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_ && !cuda_->graphs_failed) {
+  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_ && !cuda_->decode.failed) {
     return cuda_decode_graph(state, tokens[0]);
   }
   const TensorView hidden = hidden_buf_.view(DType::F32, {E, n});
@@ -462,11 +450,83 @@ Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> to
   return Status::ok();
 }
 
+namespace {
+
+enum class StepRun { kReplayed, kCaptured, kOpByOp };
+
+// Runs one step through `g`: a replay where its key matches, a capture (then a launch) where the key
+// survived a warm-up, else op by op, remembering the key for the next call. `queue` queues the step's
+// ops on the stream; `key_now` is the key as things stand. With `timed`, a replay is timed by c's events.
+Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<GraphKey()>& key_now,
+                               const std::function<Status()>& queue, const char* what, int64_t pos, bool timed) {
+  const auto stream = static_cast<cudaStream_t>(c.stream.handle());
+  const GraphKey key = key_now();
+  if (g.exec != nullptr && g.key == key) {
+    if (timed) DS_TRY(c.replay_start.record(c.stream));
+    DS_CUDA_TRY(cudaGraphLaunch(g.exec, stream), "{} graph replay at position {}", what, pos);
+    if (timed) DS_TRY(c.replay_end.record(c.stream));
+    return StepRun::kReplayed;
+  }
+  if (!g.failed && g.warm && g.warm_key == key) {
+    DS_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "{} graph capture at position {}", what,
+                pos);
+    const Status queued = queue();
+    cudaGraph_t captured = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
+    if (!queued.is_ok() || ended != cudaSuccess) {
+      // An op that cannot be captured (it synchronizes or copies from pageable memory) or a real
+      // error: either way nothing ran. This step runs op by op from now on; a real error shows up again.
+      if (captured != nullptr) (void)cudaGraphDestroy(captured);
+      (void)cudaGetLastError();
+      g.failed = true;
+      DS_LOG_WARN("model: {} graph capture at position {} failed ({}); that step runs op by op from now on", what, pos,
+                  !queued.is_ok() ? queued.to_string() : std::string(cudaGetErrorString(ended)));
+    } else if (!(key_now() == key)) {
+      // The step allocated scratch while capturing: the graph would hold a stale block. Drop it and
+      // run this step op by op; the next step warms up the new key.
+      DS_LOG_WARN("model: {} graph capture at position {} allocated scratch; retrying after warm-up", what, pos);
+      (void)cudaGraphDestroy(captured);
+      g.warm = false;
+    } else {
+      // Same topology, new addresses (another sequence, the next max_kv bucket): updating the
+      // executable graph in place is much cheaper than instantiating; fall back when refused.
+      bool updated = false;
+      if (g.exec != nullptr) {
+        cudaGraphExecUpdateResultInfo info{};
+        updated = cudaGraphExecUpdate(g.exec, captured, &info) == cudaSuccess;
+        if (!updated) {
+          (void)cudaGetLastError();  // the refusal is not sticky; clear it
+          (void)cudaGraphExecDestroy(g.exec);
+          g.exec = nullptr;
+        }
+      }
+      if (!updated) {
+        const cudaError_t inst = cudaGraphInstantiate(&g.exec, captured, 0);
+        if (inst != cudaSuccess) {
+          (void)cudaGraphDestroy(captured);
+          g.exec = nullptr;
+          DS_CUDA_TRY(inst, "{} graph instantiate at position {}", what, pos);
+        }
+      }
+      (void)cudaGraphDestroy(captured);
+      g.key = key;
+      c.stats.captures++;
+      DS_CUDA_TRY(cudaGraphLaunch(g.exec, stream), "{} graph launch at position {}", what, pos);
+      return StepRun::kCaptured;
+    }
+  }
+  DS_TRY(queue());
+  g.warm = true;
+  g.warm_key = key_now();  // what the next step must match to be captured
+  return StepRun::kOpByOp;
+}
+
+}  // namespace
+
 Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
   ModelCuda& c = *cuda_;
   const int64_t pos = state.pos();
   const TensorView hidden = hidden_buf_.view(DType::F32, {config_.n_embd, 1});
-  const auto stream = static_cast<cudaStream_t>(c.stream.handle());
   cuda::DeviceGuard guard(c.device);
   scratch_->reset();  // outside any capture: merging spilled scratch blocks allocates
   float* direct = direct_logits(state);
@@ -482,7 +542,6 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
                     direct,
                     top_k};
   };
-  const GraphKey key = key_now();
 
   // This step's inputs go into the pinned step buffer; the step itself (graph or ops) uploads them.
   if (c.step_pending) {
@@ -499,74 +558,18 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     return head_queue(hidden, direct, top_k);
   };
 
-  bool ran = false, timed = false;
-  if (c.graph != nullptr && c.graph_key == key) {
-    timed = options_.cuda_time_steps;
-    if (timed) DS_TRY(c.replay_start.record(c.stream));
-    DS_CUDA_TRY(cudaGraphLaunch(c.graph, stream), "decode graph replay at position {}", pos);
-    if (timed) DS_TRY(c.replay_end.record(c.stream));
-    c.stats.replays++;
-    ran = true;
-  } else if (c.warm && c.warm_key == key) {
-    DS_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "decode graph capture at position {}",
-                pos);
-    const Status queued = queue_step();
-    cudaGraph_t g = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream, &g);
-    if (!queued.is_ok() || ended != cudaSuccess) {
-      // An op that cannot be captured (it synchronizes or copies from pageable memory) or a real
-      // error: either way nothing ran. Decode op by op from now on; a real error shows up again below.
-      if (g != nullptr) (void)cudaGraphDestroy(g);
-      (void)cudaGetLastError();
-      c.graphs_failed = true;
-      DS_LOG_WARN("model: decode graph capture at position {} failed ({}); CUDA graphs are off for this model", pos,
-                  !queued.is_ok() ? queued.to_string() : std::string(cudaGetErrorString(ended)));
-    } else if (scratch_->generation != key.scratch_generation) {
-      // The step allocated scratch while capturing: the graph would hold a stale block. Drop it and
-      // run this step op by op; the next step warms up the new key.
-      DS_LOG_WARN("model: decode graph capture at position {} allocated scratch; retrying after warm-up", pos);
-      (void)cudaGraphDestroy(g);
-      c.warm = false;
-    } else {
-      // Same topology, new addresses (another sequence, the next max_kv bucket): updating the
-      // executable graph in place is much cheaper than instantiating; fall back when refused.
-      bool updated = false;
-      if (c.graph != nullptr) {
-        cudaGraphExecUpdateResultInfo info{};
-        updated = cudaGraphExecUpdate(c.graph, g, &info) == cudaSuccess;
-        if (!updated) {
-          (void)cudaGetLastError();  // the refusal is not sticky; clear it
-          (void)cudaGraphExecDestroy(c.graph);
-          c.graph = nullptr;
-        }
-      }
-      if (!updated) {
-        const cudaError_t inst = cudaGraphInstantiate(&c.graph, g, 0);
-        if (inst != cudaSuccess) {
-          (void)cudaGraphDestroy(g);
-          c.graph = nullptr;
-          DS_CUDA_TRY(inst, "decode graph instantiate at position {}", pos);
-        }
-      }
-      (void)cudaGraphDestroy(g);
-      c.graph_key = key;
-      c.stats.captures++;
-      DS_CUDA_TRY(cudaGraphLaunch(c.graph, stream), "decode graph launch at position {}", pos);
-      c.stats.replays++;
-      ran = true;
-    }
-  }
-  if (!ran) {
-    DS_TRY(queue_step());
+  const bool timed = options_.cuda_time_steps;
+  DS_ASSIGN_OR_RETURN(const StepRun run, run_step_graph(c, c.decode, key_now, queue_step, "decode", pos, timed));
+  if (run == StepRun::kOpByOp) {
     c.stats.uncaptured++;
-    c.warm = true;
-    c.warm_key = key_now();  // what the next step must match to be captured
+  } else {
+    c.stats.replays++;
   }
   c.step_pending = true;  // cleared by the synchronization below
   DS_TRY(cuda_finish_logits(state.logits().data(), direct != nullptr || top_k != nullptr));
   c.logits_of = &state;
   c.logits_pos = pos + 1;
-  if (timed) {
+  if (timed && run == StepRun::kReplayed) {
     DS_ASSIGN_OR_RETURN(const float ms, cuda::Event::elapsed_ms(c.replay_start, c.replay_end));
     c.stats.timed_replays++;
     c.stats.replay_device_ms += ms;
@@ -578,6 +581,71 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     state.set_logits_valid(true);
   }
   return Status::ok();
+}
+
+Status Model::cuda_verify_step(SequenceState& state, std::span<const int32_t> tokens, const TensorView& logits,
+                               TopKResult* best, float* rows) {
+  ModelCuda& c = *cuda_;
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = config_.n_vocab, pos0 = state.pos();
+  cuda::DeviceGuard guard(c.device);
+  scratch_->reset();  // outside any capture
+  const bool select = !c.top_k_dev.empty();  // else every row comes whole
+  if (select && c.verify_top_k.empty()) {
+    DS_ASSIGN_OR_RETURN(c.verify_top_k, DeviceBuffer::alloc(options_.device, sizeof(TopKResult) * kMaxVerifyTokens));
+  }
+  if (c.step_pending) {
+    DS_TRY(c.step_uploaded.synchronize());
+    c.step_pending = false;
+  }
+  auto* h = static_cast<int32_t*>(c.step_host.data());
+  h[0] = static_cast<int32_t>(pos0);
+  std::memcpy(h + 1, tokens.data(), static_cast<size_t>(4 * n));
+  auto* dev_best = static_cast<TopKResult*>(c.verify_top_k.data());
+  const auto queue_step = [&]() -> Status {
+    DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 4 * (1 + n), c.stream));
+    DS_TRY(verify_queue(state, tokens, logits));
+    if (!select) return Status::ok();
+    const TensorView scratch = c.top_k_scratch.view(DType::F32, {cuda::top_k_scratch_floats(V)});
+    for (int64_t i = 0; i < n; ++i) {
+      const TensorView row = TensorView::contiguous(logits.as<float>() + i * V, DType::F32, {V}, options_.device);
+      DS_TRY(cuda::top_k(ctx_, row, scratch, dev_best + i));
+    }
+    return cuda::copy_to_host(best, dev_best, static_cast<int64_t>(sizeof(TopKResult)) * n, c.stream);
+  };
+  const auto key_now = [&] {
+    return GraphKey{&state,          state.recurrent_data(), state.device_slot_table(),
+                    std::min(n_ctx_, (pos0 + n + 1023) / 1024 * 1024), scratch_->generation, hidden_buf_.data(),
+                    logits.as<float>(), best};
+  };
+  if (options_.cuda_graphs && !debug_hook_ && select) {
+    DS_TRY(run_step_graph(c, c.verify[n], key_now, queue_step, "verify", pos0, false).status());
+  } else {
+    DS_TRY(queue_step());
+  }
+  c.step_pending = true;
+  DS_TRY(c.stream.synchronize());
+  c.step_pending = false;
+  c.logits_of = nullptr;  // logits_dev holds no state's step now
+  for (int64_t i = 0; i < n; ++i) {
+    if (select && best[i].n >= 1) continue;
+    best[i].n = 0;  // this row comes whole: no selection, or it overflowed (values tied across the vocabulary)
+    DS_TRY(cuda::copy_to_host(rows + i * V, logits.as<float>() + i * V, 4 * V, c.stream));
+  }
+  return c.stream.synchronize();
+}
+
+Status Model::cuda_keep_step(SequenceState& state, int64_t pos0, int64_t n_keep) {
+  ModelCuda& c = *cuda_;
+  cuda::DeviceGuard guard(c.device);
+  scratch_->reset();  // outside any capture
+  const auto queue_step = [&] { return keep_queue(state, pos0, n_keep); };
+  const auto key_now = [&] {
+    return GraphKey{&state, state.recurrent_data(), nullptr, 0, scratch_->generation, nullptr, nullptr, nullptr};
+  };
+  if (options_.cuda_graphs && !debug_hook_) {
+    return run_step_graph(c, c.keep[n_keep], key_now, queue_step, "keep", pos0, false).status();
+  }
+  return queue_step();
 }
 
 #else  // !DS_HAVE_CUDA
@@ -635,7 +703,10 @@ Status Model::fetch_logits(SequenceState& state) {
 Status Model::cuda_finish_logits(float*, bool) { return no_cuda(options_.device); }
 Status Model::cuda_run_segment(SequenceState&, std::span<const int32_t>, bool) { return no_cuda(options_.device); }
 Status Model::cuda_decode_graph(SequenceState&, int32_t) { return no_cuda(options_.device); }
-Status Model::cuda_verify_rows(const TensorView&, TopKResult*, float*) { return no_cuda(options_.device); }
+Status Model::cuda_verify_step(SequenceState&, std::span<const int32_t>, const TensorView&, TopKResult*, float*) {
+  return no_cuda(options_.device);
+}
+Status Model::cuda_keep_step(SequenceState&, int64_t, int64_t) { return no_cuda(options_.device); }
 const int32_t* Model::cuda_step_pos() const { return nullptr; }
 int64_t Model::cuda_auto_prefill_chunk() const { return kPrefillChunkCuda; }
 

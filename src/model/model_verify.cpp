@@ -60,8 +60,44 @@ Status Model::copy_recurrent(SequenceState& state, bool save) {
   return save ? copy(ctx_, rec, kept) : copy(ctx_, kept, rec);
 }
 
+Status Model::verify_queue(SequenceState& state, std::span<const int32_t> tokens, const TensorView& logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size()), E = config_.n_embd;
+  // The recurrent state as it was, then the segment with every DeltaNet layer's inputs kept.
+  DS_TRY(copy_recurrent(state, /*save=*/true));
+  const TensorView hidden = hidden_buf_.view(DType::F32, {E, n});
+  if (cuda_) {
+    DS_TRY(cuda_embed_staged(n, hidden));
+  } else {
+    DS_TRY(embed(tokens, hidden));
+  }
+  verify_stash_ = static_cast<float*>(verify_->stash.data());
+  const Status ran = forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden);
+  verify_stash_ = nullptr;
+  DS_TRY(ran);
+  // logits [n, V] = output * RMSNorm(hidden; output_norm), every row.
+  DS_ASSIGN_OR_RETURN(const TensorView norm, scratch_->f32({E, n}));
+  DS_TRY(rms_norm(ctx_, hidden, weights_.output_norm, config_.rms_eps, norm));
+  return matmul(ctx_, weights_.output, norm, logits);
+}
+
+Status Model::keep_queue(SequenceState& state, int64_t pos0, int64_t n_keep) {
+  DS_TRY(copy_recurrent(state, /*save=*/false));
+  const int64_t stash_floats = deltanet_stash_floats(config_, kMaxVerifyTokens);
+  int64_t rec_index = 0;
+  for (int64_t il = 0; il < config_.n_layer; ++il) {
+    const LayerWeights& L = weights_.layers[static_cast<size_t>(il)];
+    if (L.kind != LayerKind::kDeltaNet) continue;
+    LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n_keep, nullptr, 0, {}};
+    call.stash = static_cast<float*>(verify_->stash.data()) + rec_index++ * stash_floats;
+    const ModelScratch::Mark mark = scratch_->mark();
+    DS_TRY(deltanet_replay_state(call, L.deltanet));
+    scratch_->rollback(mark);
+  }
+  return Status::ok();
+}
+
 Status Model::verify(SequenceState& state, std::span<const int32_t> tokens) {
-  const int64_t n = static_cast<int64_t>(tokens.size()), E = config_.n_embd, V = config_.n_vocab;
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = config_.n_vocab;
   if (n < 1 || n > max_verify_tokens()) {
     return invalid_argument("verify: {} tokens; a verify takes 1 to {}", n, max_verify_tokens());
   }
@@ -82,33 +118,17 @@ Status Model::verify(SequenceState& state, std::span<const int32_t> tokens) {
   v.n = 0;  // nothing to keep if this one fails
   DS_TRY(state.kv_reserve(pos0 + n));
 
-  // The recurrent state as it was, then the segment with every DeltaNet layer's inputs kept.
   if (v.recurrent_copy.bytes() < state.recurrent_bytes()) {
     v.recurrent_copy = DeviceBuffer();
     DS_ASSIGN_OR_RETURN(v.recurrent_copy, DeviceBuffer::alloc(options_.device, state.recurrent_bytes()));
   }
-  DS_TRY(copy_recurrent(state, /*save=*/true));
-  const TensorView hidden = hidden_buf_.view(DType::F32, {E, n});
-  if (cuda_) {
-    DS_TRY(cuda_stage(pos0, tokens));
-    DS_TRY(cuda_embed_staged(n, hidden));
-  } else {
-    DS_TRY(embed(tokens, hidden));
-  }
-  verify_stash_ = static_cast<float*>(v.stash.data());
-  const Status ran = forward_layers(LayerRange{0, config_.n_layer}, state, hidden, hidden);
-  verify_stash_ = nullptr;
-  DS_TRY(ran);
-
-  // logits [n, V] = output * RMSNorm(hidden; output_norm), every row.
-  DS_ASSIGN_OR_RETURN(const TensorView norm, scratch_->f32({E, n}));
-  DS_TRY(rms_norm(ctx_, hidden, weights_.output_norm, config_.rms_eps, norm));
   const TensorView logits = v.logits.view(DType::F32, {V, n});
-  DS_TRY(matmul(ctx_, weights_.output, norm, logits));
   auto* best = static_cast<TopKResult*>(v.best.data());
   if (cuda_) {
-    DS_TRY(cuda_verify_rows(logits, best, v.rows.data()));
+    DS_TRY(cuda_verify_step(state, tokens, logits, best, v.rows.data()));
   } else {
+    scratch_->reset();
+    DS_TRY(verify_queue(state, tokens, logits));
     for (int64_t i = 0; i < n; ++i) best[i].n = 0;
   }
   state.set_pos(pos0 + n);
@@ -140,22 +160,10 @@ Status Model::keep_verified(SequenceState& state, int64_t n_keep) {
   v.n = 0;
   if (n_keep == n) return Status::ok();
 
-  DS_TRY(copy_recurrent(state, /*save=*/false));
   state.kv_truncate(v.pos0 + n_keep);
+  if (cuda_) return cuda_keep_step(state, v.pos0, n_keep);
   scratch_->reset();
-  const int64_t stash_floats = deltanet_stash_floats(config_, kMaxVerifyTokens);
-  const int32_t* d_pos = cuda_ ? cuda_step_pos() : nullptr;  // unused by the replay; kept consistent
-  int64_t rec_index = 0;
-  for (int64_t il = 0; il < config_.n_layer; ++il) {
-    const LayerWeights& L = weights_.layers[static_cast<size_t>(il)];
-    if (L.kind != LayerKind::kDeltaNet) continue;
-    LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, v.pos0, n_keep, d_pos, 0, {}};
-    call.stash = static_cast<float*>(v.stash.data()) + rec_index++ * stash_floats;
-    const ModelScratch::Mark mark = scratch_->mark();
-    DS_TRY(deltanet_replay_state(call, L.deltanet));
-    scratch_->rollback(mark);
-  }
-  return Status::ok();
+  return keep_queue(state, v.pos0, n_keep);
 }
 
 }  // namespace ds
