@@ -8,7 +8,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/check.h"
@@ -326,22 +325,6 @@ Status layer_matmul_many(const LayerCall& call, std::span<const TensorView> ws, 
   return matmul_many(call.ctx, ws, x_norm, ys);
 }
 
-#if DS_HAVE_CUDA
-namespace {
-// Segments of up to this many tokens take the fused int8-activation path (norms that write the
-// products' activations, the fused attention / DeltaNet / MoE kernels where their shapes allow).
-// DELTASERVE_Q8_NORM_TOKENS overrides it (1..8), for measurement.
-int64_t cuda_q8_norm_tokens() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("DELTASERVE_Q8_NORM_TOKENS");
-    const int64_t x = e != nullptr ? std::atoll(e) : 1;
-    return x >= 1 && x <= 8 ? x : int64_t{1};
-  }();
-  return v;
-}
-}  // namespace
-#endif
-
 Status Model::forward_layers(LayerRange range, SequenceState& state, const TensorView& hidden_in,
                              const TensorView& hidden_out) {
   const int64_t E = config_.n_embd, n = hidden_in.ne[1];
@@ -358,12 +341,11 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
   const int64_t stash_floats = deltanet_stash_floats(config_, kMaxVerifyTokens);
   DS_ASSIGN_OR_RETURN(TensorView cur, scratch_->f32({E, n}));
   DS_ASSIGN_OR_RETURN(TensorView mix, scratch_->f32({E, n}));
-  // cur's int8 activations (CUDA, segments of up to cuda_q8_norm_tokens(); see norm_cur below): live
-  // across layers, like cur.
+  // cur's int8 activations (CUDA, one token; see norm_cur below): live across layers, like cur.
   TensorView cur_q8{};
 #if DS_HAVE_CUDA
-  if (cuda_ && n <= cuda_q8_norm_tokens() && cuda::norm_q8_applies(E)) {
-    DS_ASSIGN_OR_RETURN(cur_q8, scratch_->f32({(cuda::norm_q8_act_bytes(E, n) + 3) / 4}));
+  if (cuda_ && n == 1 && cuda::norm_q8_applies(E)) {
+    DS_ASSIGN_OR_RETURN(cur_q8, scratch_->f32({(cuda::norm_q8_act_bytes(E, 1) + 3) / 4}));
   }
 #endif
   const ModelScratch::Mark layer_mark = scratch_->mark();
