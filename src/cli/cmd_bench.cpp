@@ -329,7 +329,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
   const int64_t max_pp = *std::max_element(o.pp.begin(), o.pp.end());
   const int64_t max_depth = *std::max_element(o.depth.begin(), o.depth.end());
   if (mo.n_ctx == 0) mo.n_ctx = std::max<int64_t>(max_pp, max_depth + o.tg) + 16;
-  if (!o.verify.empty() && o.ctx == 0) mo.n_ctx += o.tg + 4 * ds::kMaxVerifyTokens;  // the accepted rounds advance
+  if (!o.verify.empty() && o.ctx == 0) mo.n_ctx += 2 * o.tg + 16 * ds::kMaxVerifyTokens;  // the accepted rounds advance
   Limits lim;
   if (cuda) {
     // Before the load: the measurement buffers (4 GiB) must not compete with the model's memory.
@@ -483,15 +483,17 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
     const int64_t depth = o.depth[di];
     const double t_decode = 1.0 / decode_best[di];
     for (int64_t k : o.verify) {
-      const int64_t rounds = std::max<int64_t>(4, o.tg / k);
+      const int64_t rounds = std::max<int64_t>(8, o.tg / k);
       double best_rej = 1e30, best_acc = 1e30;
       for (int r = 0; r < o.reps; ++r) {
         DS_ASSIGN_OR_RETURN(auto state, model->new_state());
         const auto ctx_toks = random_tokens(std::max<int64_t>(depth, 1));
         DS_TRY(prefill_with_progress(*model, *state, ctx_toks, fmt::format("vf{}@{} rep {} context", k, depth, r).c_str()));
         for (const bool accept : {false, true}) {
-          DS_TRY(model->verify(*state, random_tokens(k)));  // warm-up (buffers, kernels)
-          DS_TRY(model->keep_verified(*state, 1));
+          for (int w = 0; w < 2; ++w) {  // warm-up: buffers, then the steps' graphs captured
+            DS_TRY(model->verify(*state, random_tokens(k)));
+            DS_TRY(model->keep_verified(*state, accept ? k : 1));
+          }
           const double t0 = now_s();
           for (int64_t i = 0; i < rounds; ++i) {
             DS_TRY(model->verify(*state, random_tokens(k)));
