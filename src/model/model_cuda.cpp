@@ -668,34 +668,6 @@ Status Model::cuda_init() { return no_cuda(options_.device); }
 Status Model::cuda_stage(int64_t, std::span<const int32_t>) { return no_cuda(options_.device); }
 Status Model::cuda_embed_staged(int64_t, const TensorView&) { return no_cuda(options_.device); }
 Status Model::cuda_head_output(const TensorView&, float*, TopKResult*) { return no_cuda(options_.device); }
-Status Model::cuda_verify_rows(const TensorView& logits, TopKResult* best, float* rows) {
-  ModelCuda& c = *cuda_;
-  const int64_t V = config_.n_vocab, n = logits.ne[1];
-  c.logits_of = nullptr;  // logits_dev holds no state's step now
-  if (!c.top_k_dev.empty()) {
-    if (c.verify_top_k.empty()) {
-      DS_ASSIGN_OR_RETURN(c.verify_top_k, DeviceBuffer::alloc(options_.device, sizeof(TopKResult) * kMaxVerifyTokens));
-    }
-    const TensorView scratch = c.top_k_scratch.view(DType::F32, {cuda::top_k_scratch_floats(V)});
-    auto* dev_best = static_cast<TopKResult*>(c.verify_top_k.data());
-    for (int64_t i = 0; i < n; ++i) {
-      const TensorView row = TensorView::contiguous(logits.as<float>() + i * V, DType::F32, {V}, options_.device);
-      DS_TRY(cuda::top_k(ctx_, row, scratch, dev_best + i));
-    }
-    DS_TRY(cuda::copy_to_host(best, dev_best, static_cast<int64_t>(sizeof(TopKResult)) * n, c.stream));
-    DS_TRY(c.stream.synchronize());
-  } else {
-    for (int64_t i = 0; i < n; ++i) best[i].n = 0;
-  }
-  c.step_pending = false;  // everything queued has run (or runs before the copies below)
-  for (int64_t i = 0; i < n; ++i) {
-    if (best[i].n >= 1) continue;
-    best[i].n = 0;  // this row comes whole
-    DS_TRY(cuda::copy_to_host(rows + i * V, logits.as<float>() + i * V, 4 * V, c.stream));
-  }
-  return c.stream.synchronize();
-}
-
 Status Model::fetch_logits(SequenceState& state) {
   if (state.logits_valid()) return Status::ok();
   return invalid_argument("fetch_logits: the state's last step left no logits");
