@@ -364,10 +364,10 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
   // sampled in order, exactly as a decode step's logits would be (one draw per token taken, the same
   // generator), and a draft token is taken only where the sample equals it: the output is the tokens
   // of plain decoding, for greedy and sampled requests alike; a draft saves the steps it got right. It
-  // needs rows the sampler can take: whole rows (CPU), or best logits enough for it (CUDA).
+  // takes whole rows where the sampler needs them (penalties, top-k above 64), else (CUDA) best logits.
   std::optional<NgramDraft> drafter;
-  const bool rows_whole = model_->device().kind == DeviceKind::kCpu;
-  if (draft_ngram_ && (rows_whole || sampler.top_k_needed(kTopKMax) > 0)) {
+  const bool whole_rows = sampler.top_k_needed(kTopKMax) == 0;
+  if (draft_ngram_) {
     drafter.emplace(NgramDraftOptions{});
     drafter->reset(prompt);
   }
@@ -395,7 +395,7 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
         continue;
       }
       draft.insert(draft.begin(), tok);
-      DS_TRY(model_->verify(state, draft));
+      DS_TRY(model_->verify(state, draft, whole_rows));
       const int64_t n_draft = static_cast<int64_t>(draft.size()) - 1;
       int64_t m = 0;  // draft tokens taken: each is the sample of the row before it
       bool going = true;

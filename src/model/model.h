@@ -153,9 +153,12 @@ class Model {
   // result after tokens[0..i] (what a decode of tokens[i] would leave). Until this model runs another
   // step, keep_verified takes the state back to any of those n positions.
   // kInvalidArgument for an empty or too long list, a token out of range or a context overflow.
-  Status verify(SequenceState& state, std::span<const int32_t> tokens);
-  // Row i of the last verify: its best logits (CUDA, where the vocabulary allows; a row whose selection
-  // overflowed comes whole instead), else its whole row of logits. Valid until the next step.
+  // With whole_rows every row comes whole (a sampler with penalties needs them); else on CUDA only
+  // their best logits.
+  Status verify(SequenceState& state, std::span<const int32_t> tokens, bool whole_rows = false);
+  // Row i of the last verify: its best logits (CUDA, where the vocabulary allows and the verify did not
+  // ask for whole rows; a row whose selection overflowed comes whole instead), else its whole row of
+  // logits. Valid until the next step.
   struct VerifyRow {
     const TopKResult* top_k = nullptr;
     std::span<const float> logits;
@@ -228,10 +231,10 @@ class Model {
   Status cuda_decode_graph(SequenceState& state, int32_t token);
   // A verify on CUDA (a captured graph per token count): verify_queue, then the best logits of each
   // row of `logits` [n_vocab, n] (device) into `best` (page-locked host), waiting for the stream; a row
-  // whose selection overflowed (or every row, where the vocabulary has no device selection) is copied
-  // whole into `rows` [n_vocab * n] (host) and its best.n set to 0.
+  // whose selection overflowed (or every row, with whole_rows or where the vocabulary has no device
+  // selection) is copied whole into `rows` [n_vocab * n] (host) and its best.n set to 0.
   Status cuda_verify_step(SequenceState& state, std::span<const int32_t> tokens, const TensorView& logits,
-                          TopKResult* best, float* rows);
+                          TopKResult* best, float* rows, bool whole_rows);
   // keep_queue on CUDA (a captured graph per kept count); queued, not waited for.
   Status cuda_keep_step(SequenceState& state, int64_t pos0, int64_t n_keep);
   // The verify's buffers on first use, and its copy of a state's recurrent allocation (model_verify.cpp).

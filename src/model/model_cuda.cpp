@@ -162,6 +162,7 @@ struct StepGraph {
   bool warm = false;
   GraphKey warm_key;
   bool failed = false;  // a capture of this step failed: op by op from then on
+  bool refusal_logged = false;  // an in-place update was refused and that was logged
 };
 
 struct ModelCuda {
@@ -496,6 +497,14 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
         updated = cudaGraphExecUpdate(g.exec, captured, &info) == cudaSuccess;
         if (!updated) {
           (void)cudaGetLastError();  // the refusal is not sticky; clear it
+          if (!g.refusal_logged) {
+            cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+            if (info.errorNode != nullptr) (void)cudaGraphNodeGetType(info.errorNode, &type);
+            DS_LOG_INFO("model: the {} graph at position {} was instantiated anew: an in-place update was refused "
+                        "(cudaGraphExecUpdateResult {}, node type {})",
+                        what, pos, static_cast<int>(info.result), static_cast<int>(type));
+            g.refusal_logged = true;
+          }
           (void)cudaGraphExecDestroy(g.exec);
           g.exec = nullptr;
         }
@@ -584,12 +593,12 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
 }
 
 Status Model::cuda_verify_step(SequenceState& state, std::span<const int32_t> tokens, const TensorView& logits,
-                               TopKResult* best, float* rows) {
+                               TopKResult* best, float* rows, bool whole_rows) {
   ModelCuda& c = *cuda_;
   const int64_t n = static_cast<int64_t>(tokens.size()), V = config_.n_vocab, pos0 = state.pos();
   cuda::DeviceGuard guard(c.device);
   scratch_->reset();  // outside any capture
-  const bool select = !c.top_k_dev.empty();  // else every row comes whole
+  const bool select = !c.top_k_dev.empty() && !whole_rows;  // else every row comes whole
   if (select && c.verify_top_k.empty()) {
     DS_ASSIGN_OR_RETURN(c.verify_top_k, DeviceBuffer::alloc(options_.device, sizeof(TopKResult) * kMaxVerifyTokens));
   }
@@ -675,7 +684,8 @@ Status Model::fetch_logits(SequenceState& state) {
 Status Model::cuda_finish_logits(float*, bool) { return no_cuda(options_.device); }
 Status Model::cuda_run_segment(SequenceState&, std::span<const int32_t>, bool) { return no_cuda(options_.device); }
 Status Model::cuda_decode_graph(SequenceState&, int32_t) { return no_cuda(options_.device); }
-Status Model::cuda_verify_step(SequenceState&, std::span<const int32_t>, const TensorView&, TopKResult*, float*) {
+Status Model::cuda_verify_step(SequenceState&, std::span<const int32_t>, const TensorView&, TopKResult*, float*,
+                               bool) {
   return no_cuda(options_.device);
 }
 Status Model::cuda_keep_step(SequenceState&, int64_t, int64_t) { return no_cuda(options_.device); }

@@ -96,7 +96,7 @@ Status Model::keep_queue(SequenceState& state, int64_t pos0, int64_t n_keep) {
   return Status::ok();
 }
 
-Status Model::verify(SequenceState& state, std::span<const int32_t> tokens) {
+Status Model::verify(SequenceState& state, std::span<const int32_t> tokens, bool whole_rows) {
   const int64_t n = static_cast<int64_t>(tokens.size()), V = config_.n_vocab;
   if (n < 1 || n > max_verify_tokens()) {
     return invalid_argument("verify: {} tokens; a verify takes 1 to {}", n, max_verify_tokens());
@@ -125,7 +125,7 @@ Status Model::verify(SequenceState& state, std::span<const int32_t> tokens) {
   const TensorView logits = v.logits.view(DType::F32, {V, n});
   auto* best = static_cast<TopKResult*>(v.best.data());
   if (cuda_) {
-    DS_TRY(cuda_verify_step(state, tokens, logits, best, v.rows.data()));
+    DS_TRY(cuda_verify_step(state, tokens, logits, best, v.rows.data(), whole_rows));
   } else {
     scratch_->reset();
     DS_TRY(verify_queue(state, tokens, logits));
