@@ -363,7 +363,8 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
   // Speculative decoding: a verify step checks a draft of what follows each token. Each verify row is
   // sampled in order, exactly as a decode step's logits would be (one draw per token taken, the same
   // generator), and a draft token is taken only where the sample equals it: the output is the tokens
-  // of plain decoding, for greedy and sampled requests alike; a draft saves the steps it got right. It
+  // of plain decoding, for greedy and sampled requests alike (on CUDA up to the float rounding between
+  // the verify's kernels and the decode step's); a draft saves the steps it got right. It
   // takes whole rows where the sampler needs them (penalties, top-k above 64), else (CUDA) best logits.
   std::optional<NgramDraft> drafter;
   const bool whole_rows = sampler.top_k_needed(kTopKMax) == 0;
