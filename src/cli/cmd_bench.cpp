@@ -562,7 +562,6 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
       req.ignore_eos = true;
       req.sampling = ds::kRecommendedSampling;
       req.sampling.seed = static_cast<uint64_t>(r);
-      if (drafting) req.sampling = ds::SamplingParams{.temperature = 0.0f};  // drafts serve greedy requests
       DS_ASSIGN_OR_RETURN(const auto res, engine->generate(req));
       if (drafting) {
         std::fprintf(stderr, "    %lld of %lld draft tokens accepted in %lld verify steps\n",
@@ -576,7 +575,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
                    static_cast<long long>(depth), r, tps);
     }
     decode_row(fmt::format("tg{}-srv", o.tg), fmt::format("tg{}-served", o.tg), "decode_served", depth, best, reps,
-               drafting ? "greedy, drafts" : "temperature 1, top-k 20, top-p 0.95");
+               drafting ? "temperature 1, top-k 20, top-p 0.95, drafts" : "temperature 1, top-k 20, top-p 0.95");
     DS_TRY(report.write());
   }
   return ds::Status::ok();
@@ -655,7 +654,7 @@ void setup(CLI::App& app, int& exit_code) {
                  "Also time speculative verify steps of these many tokens (1 to 8) at each depth: all rejected "
                  "and all accepted")
       ->delimiter(',');
-  app.add_option("--draft", o->draft, "With --served: decode greedily with these speculative drafts (ngram)");
+  app.add_option("--draft", o->draft, "With --served: decode with these speculative drafts (ngram)");
   app.add_option("--json", o->json_path, "Also write every figure (limits, tok/s, fractions, peak memory) to this file");
   app.add_option("--ttft", o->ttft, "Instead: time to first token for these prompt lengths, cold / RAM hit / disk hit")
       ->delimiter(',');

@@ -48,8 +48,8 @@ void add_log_level_option(CLI::App& app) {
 
 void add_draft_options(CLI::App& app, EngineOptions& engine) {
   app.add_option("--draft", engine.draft,
-                 "Speculative decoding of greedy requests: ngram (drafts from the request's own tokens, verified "
-                 "in one step; the same output) or none")
+                 "Speculative decoding: ngram (drafts from the request's own tokens, verified in one step; each "
+                 "token sampled as without drafts) or none")
       ->default_str("none");
   app.add_option("--draft-max", engine.draft_max, "Draft tokens per verify step (1 to 7)")->capture_default_str();
 }

@@ -107,8 +107,9 @@ struct EngineOptions {
   std::string kv_cache_dir;         // disk tier directory (--kv-cache-dir); empty = off
   uint64_t kv_cache_disk_budget = 0;  // bytes; 0 = unlimited
   int64_t checkpoint_every = 4096;  // snapshot interval inside long prompts, tokens; 0 = off
-  // Speculative decoding of greedy requests: "ngram" drafts from the request's own tokens (NgramDraft),
-  // each verified by the model in one step; "" = off. The output is the same tokens either way.
+  // Speculative decoding: "ngram" drafts from the request's own tokens (NgramDraft), each verified by
+  // the model in one step and its rows sampled as decode steps would be; "" = off. The output is the
+  // same tokens either way (on CUDA up to float rounding between the verify's and the step's kernels).
   std::string draft;
   int32_t draft_max = 7;            // draft tokens per verify, 1 to kMaxVerifyTokens - 1
 };
