@@ -180,14 +180,16 @@ struct ModelCuda {
   DeviceBuffer verify_top_k;        // TopKResult [kMaxVerifyTokens]: a verify's rows (first verify)
   const SequenceState* logits_of = nullptr;  // whose step logits_dev holds (fetch_logits), at which position
   int64_t logits_pos = -1;
-  StepGraph decode;                 // the single-token decode step
+  // The single-token decode step: [0] copies the logits row back, [1] only its best logits (the two
+  // differ in topology, so requests of both kinds in turn would otherwise re-instantiate one graph).
+  StepGraph decode[2];
   StepGraph verify[kMaxVerifyTokens + 1];  // a speculative verify of n tokens (Model::verify)
   StepGraph keep[kMaxVerifyTokens + 1];    // keeping m of a verify's tokens: the recurrent replay
   CudaGraphStats stats;
   cuda::Event replay_start, replay_end;  // ModelOptions::cuda_time_steps only
 
   std::vector<StepGraph*> all_graphs() {
-    std::vector<StepGraph*> v{&decode};
+    std::vector<StepGraph*> v{&decode[0], &decode[1]};
     for (StepGraph& g : verify) v.push_back(&g);
     for (StepGraph& g : keep) v.push_back(&g);
     return v;
@@ -431,7 +433,8 @@ Status Model::cuda_finish_logits(float* logits, bool in_place) {
 
 Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size()), E = config_.n_embd;
-  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_ && !cuda_->decode.failed) {
+  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_ && !cuda_->decode[0].failed &&
+      !cuda_->decode[1].failed) {
     return cuda_decode_graph(state, tokens[0]);
   }
   const TensorView hidden = hidden_buf_.view(DType::F32, {E, n});
@@ -568,7 +571,8 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
   };
 
   const bool timed = options_.cuda_time_steps;
-  DS_ASSIGN_OR_RETURN(const StepRun run, run_step_graph(c, c.decode, key_now, queue_step, "decode", pos, timed));
+  DS_ASSIGN_OR_RETURN(const StepRun run,
+                      run_step_graph(c, c.decode[top_k != nullptr], key_now, queue_step, "decode", pos, timed));
   if (run == StepRun::kOpByOp) {
     c.stats.uncaptured++;
   } else {
