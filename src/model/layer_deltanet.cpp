@@ -8,7 +8,6 @@
 #include "core/check.h"
 #include "model/model_internal.h"
 #include "ops/delta_net.h"
-#include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/rms_norm.h"
 #if DS_HAVE_CUDA
@@ -47,7 +46,7 @@ struct DeltaNetStash {
 
 DeltaNetStash stash_views(const LayerCall& call) {
   const ModelConfig& c = call.config;
-  const int64_t n = call.n_tokens, nv = c.ssm_n_v_head, M = kMaxVerifyTokens;
+  const int64_t n = call.n_tokens, nv = c.ssm_n_v_head, M = kMaxVerifyTokens;  // rows per part
   const Device d = call.scratch.device;
   float* base = call.stash;
   return {TensorView::contiguous(base, DType::F32, {c.conv_dim(), n}, d),
@@ -57,8 +56,8 @@ DeltaNetStash stash_views(const LayerCall& call) {
 
 }  // namespace
 
-int64_t deltanet_stash_floats(const ModelConfig& c, int64_t max_tokens) {
-  return (c.conv_dim() + 2 * c.ssm_n_v_head) * max_tokens;
+int64_t deltanet_stash_floats(const ModelConfig& c) {
+  return (c.conv_dim() + 2 * c.ssm_n_v_head) * kMaxVerifyTokens;
 }
 
 Status deltanet_replay_state(const LayerCall& call, const DeltaNetWeights& w) {
@@ -84,22 +83,15 @@ Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const T
 
   // mixed = attn_qkv x [n, conv_dim];  z = attn_gate x [n, value_dim]
   // b = ssm_beta x, a = ssm_alpha x [n, nv]: all four projections of x_norm in one call.
-  // A speculative verify of several tokens writes mixed, b and a straight into the layer's stash (the
-  // inputs that rebuild its recurrent state, deltanet_replay_state); one token copies them there.
+  // A speculative verify writes mixed, b and a straight into the layer's stash (the inputs that
+  // rebuild its recurrent state, deltanet_replay_state).
   DS_ASSIGN_OR_RETURN(auto proj, S.f32_outputs({conv_dim, c.value_dim(), nv, nv}, n));
-  const bool stash_direct = call.stash != nullptr && n > 1;
-  const DeltaNetStash st = call.stash != nullptr ? stash_views(call) : DeltaNetStash{};
-  const TensorView mixed = stash_direct ? st.mixed : proj[0], z = proj[1], b = stash_direct ? st.b : proj[2],
-                   a = stash_direct ? st.a : proj[3];
+  const DeltaNetStash st = call.stash != nullptr ? stash_views(call) : DeltaNetStash{proj[0], proj[2], proj[3]};
+  const TensorView mixed = st.mixed, z = proj[1], b = st.b, a = st.a;
   {
     const TensorView ws[] = {w.wqkv, w.wgate, w.wbeta, w.walpha};
     const TensorView ys[] = {mixed, z, b, a};
     DS_TRY(layer_matmul_many(call, ws, x_norm, ys));
-  }
-  if (call.stash != nullptr && !stash_direct) {
-    DS_TRY(copy(ctx, mixed, st.mixed));
-    DS_TRY(copy(ctx, b, st.b));
-    DS_TRY(copy(ctx, a, st.a));
   }
 
   // One op (on CUDA for a decode step one kernel, or the front of the step kernel below), [n, nv] /

@@ -338,7 +338,7 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
   for (int64_t il = 0; il < range.first; ++il) {
     attn_index += config_.layer_kinds[static_cast<size_t>(il)] == LayerKind::kAttention;
   }
-  const int64_t stash_floats = deltanet_stash_floats(config_, kMaxVerifyTokens);
+  const int64_t stash_floats = deltanet_stash_floats(config_);
   DS_ASSIGN_OR_RETURN(TensorView cur, scratch_->f32({E, n}));
   DS_ASSIGN_OR_RETURN(TensorView mix, scratch_->f32({E, n}));
   // cur's int8 activations (CUDA, one token; see norm_cur below): live across layers, like cur.

@@ -84,7 +84,7 @@ constexpr int64_t kPrefillChunkCudaLargeMinBytes = int64_t{28} << 30;
 struct CudaGraphStats {
   int64_t captures = 0;  // graphs captured (then instantiated, or updated into the existing executable)
   int64_t replays = 0;   // decode steps run by launching a captured graph (the capture's own run included)
-  int64_t uncaptured = 0;  // single-token steps run op by op while warming up a new graph key
+  int64_t uncaptured = 0;  // single-token steps run op by op: warming up a new graph key, or after a capture failed
   // With ModelOptions::cuda_time_steps: the replays timed on the device (events around the graph
   // launch, so its logits copy included) and their total; a step's wall time less this is host time.
   int64_t timed_replays = 0;
@@ -217,8 +217,10 @@ class Model {
   // ---- CUDA (model_cuda.cpp; kUnsupported in builds without the backend) ----
   int64_t cuda_auto_prefill_chunk() const;  // prefill_chunk 0 on CUDA (ModelOptions)
   Status cuda_init();  // stream, step and logits buffers, weight upload
-  // Writes pos0 and the token ids to the pinned step buffer and queues their upload (at most
-  // min(prefill_chunk, n_ctx) ids).
+  // Writes pos0 and the token ids to the pinned step buffer (at most min(prefill_chunk, n_ctx) ids),
+  // once the previous upload from it has run; returns it for a step that uploads it itself.
+  Result<int32_t*> cuda_step_write(int64_t pos0, std::span<const int32_t> tokens);
+  // cuda_step_write, then the upload queued.
   Status cuda_stage(int64_t pos0, std::span<const int32_t> tokens);
   Status cuda_embed_staged(int64_t n_tokens, const TensorView& hidden);  // rows of the staged ids
   // logits = output * norm, its copy queued to `pinned` (page-locked host memory) or, null, to the

@@ -364,7 +364,7 @@ Status Model::cuda_init() {
   return Status::ok();
 }
 
-Status Model::cuda_stage(int64_t pos0, std::span<const int32_t> tokens) {
+Result<int32_t*> Model::cuda_step_write(int64_t pos0, std::span<const int32_t> tokens) {
   ModelCuda& c = *cuda_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n > c.max_segment) {
@@ -379,7 +379,13 @@ Status Model::cuda_stage(int64_t pos0, std::span<const int32_t> tokens) {
   auto* h = static_cast<int32_t*>(c.step_host.data());
   h[0] = static_cast<int32_t>(pos0);
   if (n > 0) std::memcpy(h + 1, tokens.data(), static_cast<size_t>(4 * n));
-  DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 4 * (1 + n), c.stream));
+  return h;
+}
+
+Status Model::cuda_stage(int64_t pos0, std::span<const int32_t> tokens) {
+  ModelCuda& c = *cuda_;
+  DS_ASSIGN_OR_RETURN(int32_t* h, cuda_step_write(pos0, tokens));
+  DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 4 * (1 + static_cast<int64_t>(tokens.size())), c.stream));
   DS_TRY(c.step_uploaded.record(c.stream));
   c.step_pending = true;
   return Status::ok();
@@ -433,8 +439,7 @@ Status Model::cuda_finish_logits(float* logits, bool in_place) {
 
 Status Model::cuda_run_segment(SequenceState& state, std::span<const int32_t> tokens, bool want_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size()), E = config_.n_embd;
-  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_ && !cuda_->decode[0].failed &&
-      !cuda_->decode[1].failed) {
+  if (n == 1 && want_logits && options_.cuda_graphs && !debug_hook_) {
     return cuda_decode_graph(state, tokens[0]);
   }
   const TensorView hidden = hidden_buf_.view(DType::F32, {E, n});
@@ -556,13 +561,7 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
   };
 
   // This step's inputs go into the pinned step buffer; the step itself (graph or ops) uploads them.
-  if (c.step_pending) {
-    DS_TRY(c.step_uploaded.synchronize());
-    c.step_pending = false;
-  }
-  auto* h = static_cast<int32_t*>(c.step_host.data());
-  h[0] = static_cast<int32_t>(pos);
-  h[1] = token;
+  DS_ASSIGN_OR_RETURN(int32_t* h, cuda_step_write(pos, std::span<const int32_t>(&token, 1)));
   const auto queue_step = [&]() -> Status {
     DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 8, c.stream));
     DS_TRY(cuda_embed_staged(1, hidden));
@@ -606,13 +605,7 @@ Status Model::cuda_verify_step(SequenceState& state, std::span<const int32_t> to
   if (select && c.verify_top_k.empty()) {
     DS_ASSIGN_OR_RETURN(c.verify_top_k, DeviceBuffer::alloc(options_.device, sizeof(TopKResult) * kMaxVerifyTokens));
   }
-  if (c.step_pending) {
-    DS_TRY(c.step_uploaded.synchronize());
-    c.step_pending = false;
-  }
-  auto* h = static_cast<int32_t*>(c.step_host.data());
-  h[0] = static_cast<int32_t>(pos0);
-  std::memcpy(h + 1, tokens.data(), static_cast<size_t>(4 * n));
+  DS_ASSIGN_OR_RETURN(int32_t* h, cuda_step_write(pos0, tokens));  // uploaded by the step itself
   auto* dev_best = static_cast<TopKResult*>(c.verify_top_k.data());
   const auto queue_step = [&]() -> Status {
     DS_TRY(cuda::copy_to_device(c.step_dev.data(), h, 4 * (1 + n), c.stream));
@@ -678,6 +671,7 @@ Status no_cuda(const Device& d) {
 }  // namespace
 
 Status Model::cuda_init() { return no_cuda(options_.device); }
+Result<int32_t*> Model::cuda_step_write(int64_t, std::span<const int32_t>) { return no_cuda(options_.device); }
 Status Model::cuda_stage(int64_t, std::span<const int32_t>) { return no_cuda(options_.device); }
 Status Model::cuda_embed_staged(int64_t, const TensorView&) { return no_cuda(options_.device); }
 Status Model::cuda_head_output(const TensorView&, float*, TopKResult*) { return no_cuda(options_.device); }

@@ -104,9 +104,9 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
                          const TensorView& x_norm, const TensorView& out);
 Status deltanet_forward(const LayerCall& call, const DeltaNetWeights& w, const TensorView& x_norm,
                         const TensorView& out);
-// A DeltaNet layer's stash (LayerCall::stash): mixed [max_tokens, conv_dim], then b and a
-// [max_tokens, nv] each; a verify of n tokens writes the first n rows of each.
-int64_t deltanet_stash_floats(const ModelConfig& c, int64_t max_tokens);
+// A DeltaNet layer's stash (LayerCall::stash): mixed [kMaxVerifyTokens, conv_dim], then b and a
+// [kMaxVerifyTokens, nv] each; a verify of n tokens writes the first n rows of each.
+int64_t deltanet_stash_floats(const ModelConfig& c);
 // The layer's conv and SSM state advanced through the first call.n_tokens tokens of its stash (the
 // same prep and delta rule as deltanet_forward; its output is discarded).
 Status deltanet_replay_state(const LayerCall& call, const DeltaNetWeights& w);

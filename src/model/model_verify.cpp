@@ -44,7 +44,7 @@ Status Model::verify_init() {
   const Device dev = options_.device;
   DS_ASSIGN_OR_RETURN(v->stash,
                       DeviceBuffer::alloc(dev, std::max<int64_t>(1, n_recurrent) * 4 *
-                                                   deltanet_stash_floats(config_, kMaxVerifyTokens)));
+                                                   deltanet_stash_floats(config_)));
   DS_ASSIGN_OR_RETURN(v->logits, DeviceBuffer::alloc(dev, 4 * config_.n_vocab * kMaxVerifyTokens));
   if (cuda_) v->rows.resize(static_cast<size_t>(config_.n_vocab * kMaxVerifyTokens));
   DS_ASSIGN_OR_RETURN(v->best, HostBuffer::alloc(dev, sizeof(TopKResult) * kMaxVerifyTokens));
@@ -83,7 +83,7 @@ Status Model::verify_queue(SequenceState& state, std::span<const int32_t> tokens
 
 Status Model::keep_queue(SequenceState& state, int64_t pos0, int64_t n_keep) {
   DS_TRY(copy_recurrent(state, /*save=*/false));
-  const int64_t stash_floats = deltanet_stash_floats(config_, kMaxVerifyTokens);
+  const int64_t stash_floats = deltanet_stash_floats(config_);
   int64_t rec_index = 0;
   for (int64_t il = 0; il < config_.n_layer; ++il) {
     const LayerWeights& L = weights_.layers[static_cast<size_t>(il)];
