@@ -548,7 +548,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
   eo.cache_ram_bytes = 0;
   eo.checkpoint_every = 0;
   eo.draft = o.draft;
-  const bool drafting = !o.draft.empty() && o.draft != "none" && o.draft != "off";
+  const bool drafting = ds::engine_drafts(eo);
   model.reset();
   std::fprintf(stderr, "loading %s into the engine\n", o.model.c_str());
   DS_ASSIGN_OR_RETURN(auto engine, ds::LocalEngine::open(o.model, eo));

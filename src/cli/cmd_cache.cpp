@@ -115,9 +115,7 @@ int run_prune(const Options& o) {
   for (const auto& p : snapshot_files(o.dir)) {
     F f{p, fs::file_size(p), fs::last_write_time(p), "", 0, false};
     auto info = ds::snapshot_file_read_info(p.string(), "");
-    if (info.is_ok() && info->parent_tokens > 0) {
-      f.parent = ds::snapshot_file_name(std::span<const int32_t>(info->tokens).first(static_cast<size_t>(info->parent_tokens)));
-    }
+    if (info.is_ok()) f.parent = ds::snapshot_file_parent_name(*info);
     files.push_back(std::move(f));
     total += files.back().bytes;
   }

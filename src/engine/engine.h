@@ -117,6 +117,8 @@ struct EngineOptions {
 // The draft kind of EngineOptions::draft: kInvalidArgument for anything but "", "none", "off" and "ngram"
 // (the first three: off), or a draft_max outside 1..7.
 Status engine_check_draft(const EngineOptions& options);
+// Whether EngineOptions::draft (checked) turns speculative drafts on.
+inline bool engine_drafts(const EngineOptions& options) { return options.draft == "ngram"; }
 
 
 // "cpu", "cuda" (= cuda:0) or "cuda:N" as a Device. kInvalidArgument for anything else ("gpu",

@@ -113,7 +113,7 @@ Status engine_check_draft(const EngineOptions& options) {
 Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_path, const EngineOptions& options) {
   DS_TRY(engine_check_draft(options));
   std::unique_ptr<LocalEngine> e(new LocalEngine());
-  e->draft_ngram_ = options.draft == "ngram";
+  e->draft_ngram_ = engine_drafts(options);
   e->options_ = options;
   e->saver_ = std::make_unique<SerialWorker>();
   ModelOptions mo;

@@ -12,16 +12,6 @@
 namespace ds {
 namespace fs = std::filesystem;
 
-namespace {
-
-// The file name of the snapshot a delta file continues ("" for a whole one).
-std::string parent_file_name(const SnapshotFileInfo& info) {
-  if (info.parent_tokens == 0) return "";
-  return snapshot_file_name(std::span<const int32_t>(info.tokens).first(static_cast<size_t>(info.parent_tokens)));
-}
-
-}  // namespace
-
 DiskSnapshotStore::DiskSnapshotStore(DiskStoreOptions options) : options_(std::move(options)) {}
 
 Result<std::unique_ptr<DiskSnapshotStore>> DiskSnapshotStore::open(const DiskStoreOptions& options) {
@@ -69,7 +59,7 @@ void DiskSnapshotStore::index_directory() {
 
 bool DiskSnapshotStore::add_locked(SnapshotFileInfo info) {
   const std::string name = fs::path(info.path).filename().string();
-  const std::string parent = parent_file_name(info);
+  const std::string parent = snapshot_file_parent_name(info);
   if (!parent.empty() && !by_name_.count(parent)) return false;
   int children = 0;  // the same tokens again: the deltas on the old file stay valid on the new one
   if (auto it = by_name_.find(name); it != by_name_.end()) {
@@ -88,7 +78,7 @@ DiskSnapshotStore::Entry& DiskSnapshotStore::index_locked(SnapshotFileInfo info)
   stats_.files++;
   stats_.bytes += info.file_bytes;
   by_name_[fs::path(info.path).filename().string()] = id;
-  const std::string parent = parent_file_name(info);
+  const std::string parent = snapshot_file_parent_name(info);
   return entries_.emplace(id, Entry{std::move(info), ++clock_, parent, 0}).first->second;
 }
 
@@ -275,7 +265,7 @@ Result<std::shared_ptr<Snapshot>> DiskSnapshotStore::load(const SnapshotFileInfo
   {
     std::lock_guard<std::mutex> lock(mutex_);
     while (chain.back().parent_tokens > 0) {
-      auto it = by_name_.find(parent_file_name(chain.back()));
+      auto it = by_name_.find(snapshot_file_parent_name(chain.back()));
       if (it == by_name_.end()) {
         stats_.load_failures++;
         return not_found("{}: the snapshot it continues is gone", chain.back().path);

@@ -80,6 +80,11 @@ std::string snapshot_file_name(std::span<const int32_t> tokens) {
   return fmt::format("{:016x}-{}{}", h, tokens.size(), kSnapshotExtension);
 }
 
+std::string snapshot_file_parent_name(const SnapshotFileInfo& info) {
+  if (info.parent_tokens == 0) return "";
+  return snapshot_file_name(std::span<const int32_t>(info.tokens).first(static_cast<size_t>(info.parent_tokens)));
+}
+
 Status snapshot_file_write(const std::string& path, const std::string& fingerprint,
                            std::span<const int32_t> tokens, std::span<const uint8_t> payload,
                            double prefill_ms, uint64_t parent_tokens) {

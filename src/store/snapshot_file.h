@@ -35,6 +35,10 @@ struct SnapshotFileInfo {
   uint64_t parent_tokens = 0;    // > 0: the payload is a delta on the snapshot of tokens [0, parent_tokens)
 };
 
+// The file name of the snapshot a delta file continues (its first parent_tokens tokens); "" for a
+// whole one.
+std::string snapshot_file_parent_name(const SnapshotFileInfo& info);
+
 // Writes atomically. `dir` must exist. parent_tokens > 0: the payload is a delta on the snapshot of
 // the first parent_tokens tokens (a version 2 file).
 Status snapshot_file_write(const std::string& path, const std::string& fingerprint,
