@@ -50,6 +50,11 @@ constexpr double kTolF32 = 2e-5;
 constexpr double kTolGemmBf16 = 5e-3;
 constexpr double kTolKernel = 2e-5;
 constexpr double kTolQ8 = 1e-2;
+//  - The tensor-core kernel (FP16 weights q * (d * sc), FP16 activations and sub-block sums, F32
+//    accumulation): the scale, the weight and the activation are each rounded once (2^-11 relative),
+//    the min term's dmin * m and sub-block sum likewise: 2^-9 of sum (|w| + 2|o|) |x| covers them,
+//    with o the min term per element as for the q8 bound.
+constexpr double kTolMma = 2e-3;
 
 // Random row bytes for type t: floats for plain types; random bytes with each block's fp16 scale fields
 // overwritten by values in [0.002, 0.02) for quantized types; Q6_K_G4: such Q6_K rows regrouped
@@ -513,6 +518,7 @@ double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
   const MatmulKernel kernel = cuda::matmul_kernel(wv, xv, yv, c.path);
   const std::string where = describe(w, c, kernel);
   const bool q8 = kernel == MatmulKernel::kMatvecQ8;
+  const bool mma = kernel == MatmulKernel::kMatvecMma;
   // Caller-owned scratch for the q8 kernel, read back below.
   const int64_t scratch_bytes = cuda::matmul_scratch_bytes(w.type, k, c.n_tokens);
   cuda::CudaBuffer scratch;
@@ -551,6 +557,16 @@ double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
         mag += std::fabs(static_cast<double>(wr[j]) * xr[j]);
       }
       const double got = y[static_cast<size_t>(t * c.y_stride + r)];
+      if (mma) {
+        const float* orow = w.off.data() + r * k;
+        double mag_o = 0.0;
+        for (int64_t j = 0; j < k; ++j) {
+          mag_o += (std::fabs(static_cast<double>(wr[j])) + 2.0 * orow[j]) * std::fabs(static_cast<double>(xr[j]));
+        }
+        e2e[th].add(t, r, got, ref, kTolMma * mag_o);
+        rel[th].add(t, r, got, ref, kTolQ8 * mag);
+        continue;
+      }
       if (!q8) {
         e2e[th].add(t, r, got, ref, tol * mag);
         continue;
@@ -580,7 +596,7 @@ double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
   }
   if (q8) kern[0].expect(where);
   e2e[0].expect(where);
-  if (q8) rel[0].expect(where);
+  if (q8 || mma) rel[0].expect(where);
   // Padding between rows of y must stay untouched (still NaN).
   int64_t overwritten = 0;
   for (int64_t t = 0; t < c.n_tokens; ++t) {
@@ -938,7 +954,9 @@ TEST(CudaMatmulKernelChoice, ByTypeTokensAndPath) {
     for (int64_t nt : {1, 8, 9, 16}) {
       const TensorView xv = TensorView::contiguous(fake, DType::F32, {k, nt}, d);
       const TensorView yv = TensorView::contiguous(fake, DType::F32, {64, nt}, d);
-      const MatmulKernel want = is_quant(t) && nt <= 8 ? MatmulKernel::kMatvecQ8 : MatmulKernel::kMatvecStaged;
+      const MatmulKernel q8 = cuda::matvec_mma_wanted(t, k, static_cast<int>(nt)) ? MatmulKernel::kMatvecMma
+                                                                                   : MatmulKernel::kMatvecQ8;
+      const MatmulKernel want = is_quant(t) && nt <= 8 ? q8 : MatmulKernel::kMatvecStaged;
       const std::string what = fmt::format("{} tokens {}", dtype_name(t), nt);
       EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvec), want) << what;
       EXPECT_EQ(cuda::matmul_kernel(wv, xv, yv, MatmulPath::kMatvecF32), MatmulKernel::kMatvecStaged) << what;
@@ -949,15 +967,20 @@ TEST(CudaMatmulKernelChoice, ByTypeTokensAndPath) {
     }
     EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 4) > 0, is_quant(t)) << dtype_name(t);
     EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 9), 0) << dtype_name(t);
+    if (cuda::matvec_mma_use() == cuda::MatvecMmaUse::kMultiToken) {  // the default
+      EXPECT_EQ(cuda::matvec_mma_wanted(t, k, 8), t == DType::Q4_K) << dtype_name(t);
+      EXPECT_FALSE(cuda::matvec_mma_wanted(t, k, 1)) << dtype_name(t);
+    }
     // 2 bytes off alignment: never q8.
     const TensorView w_off = TensorView::contiguous(fake + 2, t, {k, 64}, d);
     const TensorView x1 = TensorView::contiguous(fake, DType::F32, {k, 1}, d);
     const TensorView y1 = TensorView::contiguous(fake, DType::F32, {64, 1}, d);
     EXPECT_NE(cuda::matmul_kernel(w_off, x1, y1, MatmulPath::kMatvec), MatmulKernel::kMatvecQ8) << dtype_name(t);
+    EXPECT_NE(cuda::matmul_kernel(w_off, x1, y1, MatmulPath::kMatvec), MatmulKernel::kMatvecMma) << dtype_name(t);
     // Activations off alignment: the q8 kernel still applies (it reads x one float at a time).
     const TensorView x_off = TensorView::contiguous(reinterpret_cast<float*>(fake) + 1, DType::F32, {k, 1}, d);
-    EXPECT_EQ(cuda::matmul_kernel(wv, x_off, y1, MatmulPath::kMatvec),
-              is_quant(t) ? MatmulKernel::kMatvecQ8 : MatmulKernel::kMatvecGeneric)
+    const MatmulKernel one = cuda::matvec_mma_wanted(t, k, 1) ? MatmulKernel::kMatvecMma : MatmulKernel::kMatvecQ8;
+    EXPECT_EQ(cuda::matmul_kernel(wv, x_off, y1, MatmulPath::kMatvec), is_quant(t) ? one : MatmulKernel::kMatvecGeneric)
         << dtype_name(t);
   }
 }

@@ -165,6 +165,15 @@ bool q8_applies_with_scratch(DType t, MatvecLaunch l) {
   return matvec_q8_ok(t, l);
 }
 
+// Would the tensor-core kernel run for `l` once it has packed activations? (As q8_applies_with_scratch.)
+bool mma_applies_with_scratch(DType t, MatvecLaunch l) {
+  if (!matvec_mma_wanted(t, l.k, l.n_tokens)) return false;
+  alignas(16) static uint8_t stand_in[16];
+  l.act = stand_in;
+  l.act_bytes = matvec_mma_act_bytes(l.k);
+  return matvec_mma_ok(t, l);
+}
+
 MatmulPath resolve_path(MatmulPath path, int64_t n_tokens) {
   if (path != MatmulPath::kAuto) return path;
   return n_tokens < kMatmulGemmMinTokens ? MatmulPath::kMatvec : MatmulPath::kGemm;
@@ -177,6 +186,7 @@ bool matmul_supported(DType t) { return matvec_supports(t); }
 const char* matmul_kernel_name(MatmulKernel k) {
   switch (k) {
     case MatmulKernel::kMatvecQ8: return "matvec_q8";
+    case MatmulKernel::kMatvecMma: return "matvec_mma";
     case MatmulKernel::kMatvecStaged: return "matvec_staged";
     case MatmulKernel::kMatvecGeneric: return "matvec_generic";
     case MatmulKernel::kGemm: return "gemm";
@@ -186,6 +196,7 @@ const char* matmul_kernel_name(MatmulKernel k) {
 
 int64_t matmul_scratch_bytes(DType t, int64_t k, int64_t n_tokens) {
   if (!matvec_q8_supports(t) || n_tokens < 1 || n_tokens > kMatvecQ8MaxTokens || k % 32 != 0) return 0;
+  if (matvec_mma_wanted(t, k, static_cast<int>(n_tokens))) return matvec_mma_act_bytes(k);
   return matvec_q8_act_bytes(k, n_tokens);
 }
 
@@ -196,6 +207,7 @@ MatmulKernel matmul_kernel(const TensorView& w, const TensorView& x, const Tenso
   if (path == MatmulPath::kGemm) return MatmulKernel::kGemm;
   const MatvecLaunch l = matvec_args(w, x, y, nullptr, 0);
   const MatvecKernel fastest = fastest_matvec(path);
+  if (fastest == MatvecKernel::kQ8 && mma_applies_with_scratch(w.dtype, l)) return MatmulKernel::kMatvecMma;
   if (fastest == MatvecKernel::kQ8 && q8_applies_with_scratch(w.dtype, l)) return MatmulKernel::kMatvecQ8;
   switch (matvec_pick(w.dtype, l, fastest == MatvecKernel::kQ8 ? MatvecKernel::kStaged : fastest)) {
     case MatvecKernel::kStaged: return MatmulKernel::kMatvecStaged;
@@ -229,6 +241,18 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
   MatvecLaunch l = matvec_args(w, x, y, scratch, scratch_bytes);
   const MatvecKernel fastest = fastest_matvec(path);
   CudaBuffer own;  // back to the cache on return; later users of the block are ordered after this call
+  if (fastest == MatvecKernel::kQ8 && mma_applies_with_scratch(w.dtype, l)) {
+    const int64_t need = matvec_mma_act_bytes(w.ne[0]);
+    if (l.act == nullptr || l.act_bytes < need || reinterpret_cast<uintptr_t>(l.act) % 16 != 0) {
+      DS_ASSIGN_OR_RETURN(own, CudaBuffer::allocate(device, need));
+      l.act = own.data();
+      l.act_bytes = need;
+    }
+    DS_CUDA_TRY(mma_pack_launch(l.x, l.x_stride, nullptr, l.n_tokens, l.k, l.act, cs), "{} (mma_pack)",
+                shapes(w, x, y));
+    DS_CUDA_TRY(matvec_mma_product_launch(w.dtype, l, cs), "{} (matvec_mma)", shapes(w, x, y));
+    return Status::ok();
+  }
   if (fastest == MatvecKernel::kQ8 && !matvec_q8_ok(w.dtype, l) && q8_applies_with_scratch(w.dtype, l)) {
     const int64_t need = matvec_q8_act_bytes(w.ne[0], n_tokens);
     DS_ASSIGN_OR_RETURN(own, CudaBuffer::allocate(device, need));
@@ -254,6 +278,16 @@ Result<CudaBuffer> quantized_input(const TensorView& x, const TensorView* up, in
   DS_CUDA_TRY(quantize_q8_launch(x.as<float>(), x.nb[1] / 4, up ? up->as<float>() : nullptr, n_tokens, k, act.data(),
                                  nullptr, 0, cs),
               "quantize_q8 x {}{}", x.shape_string(), up ? " (swiglu)" : "");
+  return act;
+}
+
+// x [k, n_tokens] (silu(x) * up with `up`) packed for the tensor-core kernel, as quantized_input.
+Result<CudaBuffer> packed_input(const TensorView& x, const TensorView* up, int device, cudaStream_t cs) {
+  const int64_t k = x.ne[0], n_tokens = x.ne[1];
+  DS_ASSIGN_OR_RETURN(CudaBuffer act, CudaBuffer::allocate(device, matvec_mma_act_bytes(k)));
+  DS_CUDA_TRY(mma_pack_launch(x.as<float>(), x.nb[1] / 4, up ? up->as<float>() : nullptr, static_cast<int>(n_tokens), k,
+                              act.data(), cs),
+              "mma_pack x {}{}", x.shape_string(), up ? " (swiglu)" : "");
   return act;
 }
 
@@ -314,9 +348,13 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
   }
   // The weights the q8 kernel takes share one quantized copy of x; the rest (F32 / F16 / BF16,
   // misaligned rows) run matmul_on with F32 activations.
-  auto q8 = [&](size_t i) {
-    return ws[i].ne[1] > 0 && q8_applies_with_scratch(ws[i].dtype, matvec_args(ws[i], x, ys[i], nullptr, 0));
+  auto mma = [&](size_t i) {
+    return ws[i].ne[1] > 0 && mma_applies_with_scratch(ws[i].dtype, matvec_args(ws[i], x, ys[i], nullptr, 0));
   };
+  auto q8 = [&](size_t i) {
+    return ws[i].ne[1] > 0 && !mma(i) && q8_applies_with_scratch(ws[i].dtype, matvec_args(ws[i], x, ys[i], nullptr, 0));
+  };
+  CudaBuffer packed;  // the tensor-core products' activations, packed at the first of them
   bool any_q8 = false;
   for (size_t i = 0; i < ws.size() && !any_q8; ++i) any_q8 = q8(i);
   CudaBuffer act;  // back to the cache on return; later users of the block are ordered after this call
@@ -347,6 +385,17 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
   };
   for (size_t i = 0; i < ws.size();) {
     if (ws[i].ne[1] == 0) {
+      ++i;
+      continue;
+    }
+    if (mma(i)) {
+      DS_TRY(launch_held());
+      if (packed.data() == nullptr) {
+        DS_ASSIGN_OR_RETURN(packed, packed_input(x, nullptr, device, cs));
+      }
+      const MatvecLaunch l = matvec_args(ws[i], x, ys[i], packed.data(), packed.bytes());
+      DS_CUDA_TRY(matvec_mma_product_launch(ws[i].dtype, l, cs), "matmul_many product {}: {} (matvec_mma)", i,
+                  shapes(ws[i], x, ys[i]));
       ++i;
       continue;
     }
@@ -393,6 +442,13 @@ Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const Tenso
   path = resolve_path(path, n_tokens);
   if (path == MatmulPath::kMatvec && n_tokens <= kMatvecQ8MaxTokens) {
     MatvecLaunch l = matvec_args(w, gate, y, nullptr, 0);
+    if (mma_applies_with_scratch(w.dtype, l)) {
+      DS_ASSIGN_OR_RETURN(CudaBuffer act, packed_input(gate, &up, device, cs));
+      l.act = act.data();
+      l.act_bytes = act.bytes();
+      DS_CUDA_TRY(matvec_mma_product_launch(w.dtype, l, cs), "matmul_swiglu {} (matvec_mma)", shapes(w, gate, y));
+      return Status::ok();
+    }
     if (q8_applies_with_scratch(w.dtype, l)) {
       DS_ASSIGN_OR_RETURN(CudaBuffer act, quantized_input(gate, &up, device, cs));
       l.act = act.data();

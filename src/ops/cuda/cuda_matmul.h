@@ -28,6 +28,7 @@ enum class MatmulPath : uint8_t {
 // The kernel a matmul call runs (matmul_kernel): for tests, benchmarks and logs.
 enum class MatmulKernel : uint8_t {
   kMatvecQ8,       // int8 activations, dp4a: quantized weights, 1..8 tokens, aligned rows
+  kMatvecMma,      // FP16 activations, tensor cores: Q4_K weights, 2..8 tokens (matvec_mma_wanted)
   kMatvecStaged,   // F32 activations, 16-byte staged loads
   kMatvecGeneric,  // F32 activations, byte loads
   kGemm,           // BF16 tiles + cuBLAS
@@ -63,7 +64,8 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
 // side by side in one launch where matvec_q8_pair_applies (matvec_launch.h). GEMM path:
 // x is converted to BF16 once and every GEMM reads it. Other explicit paths run matmul_on per weight.
 // With `act` (the q8 activations of x, matmul_scratch_bytes(.., k, n_tokens) bytes, 16-byte aligned, as
-// the norms of cuda_ops.h write them) the q8 products read it instead of quantizing x.
+// the norms of cuda_ops.h write them) the q8 products read it instead of quantizing x. Weights the
+// tensor-core kernel takes (kMatvecMma) share one packed copy of x instead.
 Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
                       int device, void* stream, MatmulPath path = MatmulPath::kAuto, const TensorView* act = nullptr);
 
@@ -75,7 +77,8 @@ Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const Tenso
 // Scratch bytes the q8 kernel needs for k x n_tokens activations with weight type t; 0 when it does not
 // run for that type and token count. Layout: int8 codes [n_tokens, k] at offset 0, then float2
 // (d, d * sum of the block's codes) per 32-element block [n_tokens, k / 32] at
-// matmul_scratch_ds_offset(k, n_tokens).
+// matmul_scratch_ds_offset(k, n_tokens). Where the tensor-core kernel runs instead (kMatvecMma), the
+// bytes of its packed activations (matvec_mma_act_bytes).
 int64_t matmul_scratch_bytes(DType t, int64_t k, int64_t n_tokens);
 int64_t matmul_scratch_ds_offset(int64_t k, int64_t n_tokens);
 // That act can hold the q8 activations of n_rows rows of k (matvec_q8_act_bytes(k, n_rows) bytes, 16-byte

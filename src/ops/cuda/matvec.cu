@@ -6,8 +6,12 @@
 // columns (predicated), which bounds the instantiations per type and keeps CI compile time small; v5
 // is instantiated in one configuration per type (rows per warp, prefetch depth) and takes its split
 // and grid at run time.
+#include <cstdlib>
+#include <string>
+
 #include "ops/cuda/matvec_kernels.cuh"
 #include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/matvec_mma.cuh"
 #include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/matvec_q8v5.cuh"
 
@@ -261,6 +265,56 @@ cudaError_t matvec_launch(DType t, const MatvecLaunch& a, MatvecKernel fastest, 
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+int64_t matvec_mma_act_bytes(int64_t k) { return kern::mma_act_bytes(k); }
+
+bool matvec_mma_ok(DType t, const MatvecLaunch& a) {
+  const uintptr_t w = reinterpret_cast<uintptr_t>(a.w), act = reinterpret_cast<uintptr_t>(a.act);
+  return t == DType::Q4_K && a.k > 0 && a.k % kern::kMmaBlock == 0 && w % 16 == 0 && a.w_stride % 16 == 0 &&
+         a.n_tokens >= 1 && a.n_tokens <= kern::kMmaTokens && act != 0 && act % 16 == 0 &&
+         a.act_bytes >= kern::mma_act_bytes(a.k);
+}
+
+MatvecMmaUse matvec_mma_use() {
+  static const MatvecMmaUse use = [] {
+    const char* e = std::getenv("DELTASERVE_MATVEC_MMA");
+    if (e == nullptr) return MatvecMmaUse::kMultiToken;
+    const std::string v(e);
+    return v == "0" || v == "off" ? MatvecMmaUse::kOff : v == "all" ? MatvecMmaUse::kAll : MatvecMmaUse::kMultiToken;
+  }();
+  return use;
+}
+
+bool matvec_mma_wanted(DType t, int64_t k, int n_tokens) {
+  if (t != DType::Q4_K || k % kern::kMmaBlock != 0 || n_tokens < 1 || n_tokens > kern::kMmaTokens) return false;
+  switch (matvec_mma_use()) {
+    case MatvecMmaUse::kOff: return false;
+    case MatvecMmaUse::kMultiToken: return n_tokens >= 2;
+    case MatvecMmaUse::kAll: return true;
+  }
+  return false;
+}
+
+cudaError_t mma_pack_launch(const float* x, int64_t x_stride, const float* up, int n_tokens, int64_t k, void* act,
+                            cudaStream_t stream) {
+  if (n_tokens < 1 || n_tokens > kern::kMmaTokens || k <= 0 || k % kern::kMmaBlock != 0 ||
+      reinterpret_cast<uintptr_t>(act) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  kern::MmaPackArgs a{x, x_stride, up, n_tokens, k, static_cast<uint8_t*>(act)};
+  launch_kernel(kern::mma_pack, static_cast<unsigned>(k / kern::kMmaBlock), kern::kMmaPackThreads, 0, stream, a);
+  return cudaGetLastError();
+}
+
+cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream) {
+  if (a.n_rows <= 0 || a.n_tokens <= 0) return cudaSuccess;
+  if (!matvec_mma_ok(t, a)) return cudaErrorInvalidValue;
+  kern::MatvecMmaArgs m{static_cast<const uint8_t*>(a.w), a.w_stride, static_cast<const uint8_t*>(a.act), a.y,
+                        a.y_stride, a.n_rows, a.k, a.n_tokens};
+  const unsigned grid = static_cast<unsigned>((a.n_rows + kern::kMmaRows - 1) / kern::kMmaRows);
+  launch_kernel(kern::matvec_mma_q4k, grid, 32 * kern::kMmaWarps, 0, stream, m);
+  return cudaGetLastError();
 }
 
 const char* matvec_q8_version_name(MatvecQ8Version v) {

@@ -99,6 +99,24 @@ bool matvec_q8_pair_applies(DType t1, const MatvecLaunch& a1, DType t2, const Ma
 cudaError_t matvec_q8_pair_launch(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2,
                                   cudaStream_t stream);
 
+// ---- the tensor-core product (matvec_mma.cuh): Q4_K weights, 1..8 tokens, FP16 activations ----
+// Bytes of the packed activations of k elements (mma_pack_launch), for any 1..8 tokens.
+int64_t matvec_mma_act_bytes(int64_t k);
+// True when the tensor-core product applies to `a` with a.act holding packed activations: Q4_K, k % 256,
+// w and w_stride 16-byte aligned, 1..8 tokens, act 16-byte aligned of matvec_mma_act_bytes(k).
+bool matvec_mma_ok(DType t, const MatvecLaunch& a);
+// Where the products take it instead of the int8 kernels (DELTASERVE_MATVEC_MMA: "0" / "off" never,
+// "all" from one token; by default from 2 tokens, where it measured ahead: docs/perf-gpu.md).
+enum class MatvecMmaUse : uint8_t { kOff, kMultiToken, kAll };
+MatvecMmaUse matvec_mma_use();
+bool matvec_mma_wanted(DType t, int64_t k, int n_tokens);
+// x [n_tokens, k] (silu(x) * up with `up`), row stride x_stride elements, packed into `act`.
+cudaError_t mma_pack_launch(const float* x, int64_t x_stride, const float* up, int n_tokens, int64_t k, void* act,
+                            cudaStream_t stream);
+// The product on activations packed by mma_pack_launch (same k and n_tokens); cudaErrorInvalidValue
+// unless matvec_mma_ok.
+cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream);
+
 // q8 activation blocks of rows [0, n_rows) of x (k % 32 == 0, row stride x_stride elements) into `act`
 // (layout of matvec_q8_act_bytes). SwiGLU mode when `up` is set: the values are silu(x) * up (up rows at
 // the same stride). With `ids`, row r is zeros when ids[r] is outside [0, n_expert).

@@ -1,0 +1,171 @@
+// Workbench: the tensor-core Q4_K product (ops/cuda/matvec_mma.cuh) against the int8 products the
+// production pick runs (matvec_q8_pick_version: v4 / v5), at the 27B and 35B-A3B decode shapes and 1, 2,
+// 4, 8 tokens. Each time is a graph of 8 products over rotating weight copies (more bytes than 4x the
+// L2), with programmatic dependent launch as in the decode graph, divided by 8: the product alone
+// (activations already quantized / packed); the quantize and pack launches are timed apart. The outputs
+// of the two kernels are compared (relative L2 difference; the unit tests check each against the exact
+// product).
+// Build (after the CMake build in build-gpu):
+//   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
+//     kernels/matvec_mma_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
+//     -o build-gpu/matvec_mma_bench
+// Run: build-gpu/matvec_mma_bench   (MATVEC_MMA_TOKENS=1,2 restricts the token counts)
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/half.h"
+#include "ops/cuda/matvec_launch.h"
+#include "workbench.cuh"
+
+using namespace ds;
+
+namespace {
+
+__global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345679u) atomicAdd(sink, 1ull);
+}
+
+double measure_read_gbs() {
+  const int64_t bytes = int64_t{4} << 30;
+  uint4* p;
+  unsigned long long* sink;
+  CK(cudaMalloc(&p, bytes));
+  CK(cudaMalloc(&sink, 8));
+  CK(cudaMemset(p, 0x5A, bytes));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const float ms = median_event_ms(nullptr, 10, [&](int) { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); }, 3);
+  CK(cudaFree(p));
+  CK(cudaFree(sink));
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
+// Random Q4_K rows: random code and scale bytes, d and dmin in [0.002, 0.02).
+std::vector<uint8_t> q4k_rows(int64_t n_rows, int64_t k, uint32_t seed) {
+  const int64_t rb = k / 256 * 144;
+  std::vector<uint8_t> w(static_cast<size_t>(rb * n_rows));
+  std::mt19937 rng(seed);
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> sc(0.002f, 0.02f);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t b = 0; b < k / 256; ++b) {
+      uint8_t* p = w.data() + r * rb + b * 144;
+      const uint16_t d = f32_to_fp16(sc(rng)), dm = f32_to_fp16(sc(rng));
+      std::memcpy(p, &d, 2);
+      std::memcpy(p + 2, &dm, 2);
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+int main() {
+  const double read_gbs = measure_read_gbs();
+  int l2 = 0;
+  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  std::printf("read bandwidth %.0f GB/s, L2 %d MB\n", read_gbs, l2 >> 20);
+  struct Shape { int64_t rows, k; const char* what; };
+  const Shape shapes[] = {{17408, 5120, "27B ffn gate/up"}, {34816, 5120, "27B gate+up"}, {5120, 17408, "27B ffn down"},
+                          {10240, 5120, "27B deltanet qkv"}, {6144, 5120, "27B attn q"},  {5120, 6144, "27B out"},
+                          {1024, 5120, "27B attn k/v"},      {8192, 2048, "35B qkv-like"}, {2048, 4096, "35B out"},
+                          {512, 2048, "35B shared"}};
+  std::vector<int> tokens = {1, 2, 4, 8};
+  if (const char* e = std::getenv("MATVEC_MMA_TOKENS")) {
+    tokens.clear();
+    for (const char* p = e; *p; ++p) if (*p >= '1' && *p <= '8') tokens.push_back(*p - '0');
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int failures = 0;
+  std::printf("%-18s %6s x %-6s t %8s %8s %8s %8s %7s %7s %9s\n", "shape", "rows", "k", "q8 us", "mma us", "quant", "pack",
+              "q8 %", "mma %", "rel diff");
+  for (const Shape& sh : shapes) {
+    const int64_t rb = sh.k / 256 * 144, bytes = rb * sh.rows;
+    const int copies = static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1));
+    const std::vector<uint8_t> hw = q4k_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 7 + sh.k));
+    uint8_t* dw;
+    CK(cudaMalloc(&dw, bytes * copies));
+    for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + c * bytes, hw.data(), bytes, cudaMemcpyHostToDevice));
+    std::vector<float> hx(static_cast<size_t>(8 * sh.k));
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd;
+    for (auto& v : hx) v = nd(rng);
+    float *dx, *dy_q8, *dy_mma;
+    void *act_q8, *act_mma;
+    CK(cudaMalloc(&dx, 4 * hx.size()));
+    CK(cudaMalloc(&dy_q8, 4 * 8 * sh.rows));
+    CK(cudaMalloc(&dy_mma, 4 * 8 * sh.rows));
+    CK(cudaMalloc(&act_q8, cuda::matvec_q8_act_bytes(sh.k, 8)));
+    CK(cudaMalloc(&act_mma, cuda::matvec_mma_act_bytes(sh.k)));
+    CK(cudaMemcpy(dx, hx.data(), 4 * hx.size(), cudaMemcpyHostToDevice));
+    for (int nt : tokens) {
+      cuda::MatvecLaunch l{dw, rb, dx, sh.k, nullptr, sh.rows, sh.rows, sh.k, nt};
+      cuda::MatvecLaunch lq = l, lm = l;
+      lq.y = dy_q8;
+      lq.act = act_q8;
+      lq.act_bytes = cuda::matvec_q8_act_bytes(sh.k, nt);
+      lm.y = dy_mma;
+      lm.act = act_mma;
+      lm.act_bytes = cuda::matvec_mma_act_bytes(sh.k);
+      CK(cuda::quantize_q8_launch(dx, sh.k, nullptr, nt, sh.k, act_q8, nullptr, 0, s));
+      CK(cuda::mma_pack_launch(dx, sh.k, nullptr, nt, sh.k, act_mma, s));
+      CK(cuda::matvec_q8_product_launch(DType::Q4_K, lq, s));
+      CK(cuda::matvec_mma_product_launch(DType::Q4_K, lm, s));
+      CK(cudaStreamSynchronize(s));
+      std::vector<float> yq(static_cast<size_t>(nt * sh.rows)), ym(yq.size());
+      CK(cudaMemcpy(yq.data(), dy_q8, 4 * yq.size(), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(ym.data(), dy_mma, 4 * ym.size(), cudaMemcpyDeviceToHost));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < yq.size(); ++i) {
+        num += (double(ym[i]) - yq[i]) * (double(ym[i]) - yq[i]);
+        den += double(yq[i]) * yq[i];
+      }
+      const double rel = std::sqrt(num / (den + 1e-30));
+      const bool ok = rel < 2e-2 && std::isfinite(rel);
+      failures += !ok;
+      auto chain = [&](cuda::MatvecLaunch base, bool mma) {
+        return [&, base, mma]() {
+          for (int i = 0; i < 8; ++i) {
+            cuda::MatvecLaunch x = base;
+            x.w = dw + (i % copies) * bytes;
+            CK(mma ? cuda::matvec_mma_product_launch(DType::Q4_K, x, s) : cuda::matvec_q8_product_launch(DType::Q4_K, x, s));
+          }
+        };
+      };
+      const float q8_ms = graph_median_ms(s, chain(lq, false), 20) / 8;
+      const float mma_ms = graph_median_ms(s, chain(lm, true), 20) / 8;
+      const float quant_ms = graph_median_ms(s, [&] {
+        for (int i = 0; i < 8; ++i) CK(cuda::quantize_q8_launch(dx, sh.k, nullptr, nt, sh.k, act_q8, nullptr, 0, s));
+      }, 20) / 8;
+      const float pack_ms = graph_median_ms(s, [&] {
+        for (int i = 0; i < 8; ++i) CK(cuda::mma_pack_launch(dx, sh.k, nullptr, nt, sh.k, act_mma, s));
+      }, 20) / 8;
+      auto pct = [&](float ms) { return 100.0 * bytes / (ms * 1e-3) / 1e9 / read_gbs; };
+      std::printf("%-18s %6lld x %-6lld %d %8.2f %8.2f %8.2f %8.2f %6.1f%% %6.1f%% %9.2e %s\n", sh.what,
+                  (long long)sh.rows, (long long)sh.k, nt, q8_ms * 1e3, mma_ms * 1e3, quant_ms * 1e3, pack_ms * 1e3,
+                  pct(q8_ms), pct(mma_ms), rel, ok ? "ok" : "FAIL");
+    }
+    CK(cudaFree(dw));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy_q8));
+    CK(cudaFree(dy_mma));
+    CK(cudaFree(act_q8));
+    CK(cudaFree(act_mma));
+  }
+  std::printf("%s\n", failures == 0 ? "all outputs agree" : "SOME OUTPUTS DISAGREE");
+  return failures == 0 ? 0 : 1;
+}

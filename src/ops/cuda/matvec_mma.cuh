@@ -1,0 +1,276 @@
+// The tensor-core matrix-vector product for 1..8 tokens (matvec_mma_q4k) and its activation packer
+// (mma_pack), included by ops/cuda/matvec.cu and the kernels/matvec_mma_bench.cu workbench.
+//
+// What it computes: y[t, r] = sum_k w[r, k] x[t, k] for Q4_K weights, as mma.sync m16n8k16 products
+// (FP16 operands, F32 accumulators): 16 weight rows by 8 token slots, so every token up to 8 costs the
+// same instructions. The int8 kernels (matvec_q8.cuh) take one dp4a per 4 weights and token, so their
+// time grows with the tokens of a speculative verify; here it does not.
+//  - Weights: a CTA owns 16 rows; its 4 warps split the row's 256-element blocks (warp w takes blocks
+//    w, w + 4, ...), each staging its blocks of the 16 rows through its own cp.async ring (the v4 way:
+//    no CTA barrier until the final sum). ldmatrix hands each thread 4 bytes of rows g and g + 8
+//    (g = lane / 4) of a 16-byte segment; their nibbles become FP16 weights q * (d * sc) by one mask
+//    (the code into the mantissa of 1024 or 64) and one fused multiply-add, rounded once.
+//  - The min term (-dmin * m per 32-element sub-block) is one more m16n8k16 product per block, of the
+//    rows' FP16 mins with the activations' FP16 sub-block sums.
+//  - Activations: mma_pack writes x as FP16 in the B-fragment order (8 bytes per lane and 16-element
+//    step, zeros past n_tokens) and the sub-block sums, once per input; a warp then reads 256
+//    contiguous bytes per step.
+// Non-obvious choices:
+//  - The k order inside a 16-element step is permuted (thread tig holds elements 4 tig and 4 tig + 2 in
+//    its first register, 4 tig + 1 and 4 tig + 3 in its second), the same for weights and activations,
+//    so the nibbles come out of the raw Q4_K bytes by masks and one shift, with no shuffle.
+//  - Scales round to FP16 (d * sc) and so do the weights (q * d * sc) and the activations: about 2^-11
+//    relative each, below the int8 kernels' activation rounding (1/254 of a block's largest value).
+//    |x| above 65504 becomes infinite (and the output with it): it is never silently clamped.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/launch.cuh"
+#include "ops/cuda/matvec_cp_async.cuh"
+#include "ops/cuda/mma.cuh"
+
+namespace ds::cuda::kern {
+
+constexpr int kMmaTokens = 8;       // token slots of one n8 tile
+constexpr int kMmaRows = 16;        // weight rows per CTA: one m16 tile
+constexpr int kMmaWarps = 4;        // warps per CTA, splitting k
+constexpr int kMmaStages = 4;       // ring depth per warp (256-element blocks)
+constexpr int kMmaBlock = 256;      // elements of a Q4_K block
+constexpr int kMmaBlockBytes = 144;  // bytes of a Q4_K block: rows staged at this stride
+constexpr int kMmaPackThreads = 256;
+
+// Packed activations of k elements (k % 256 == 0): per 256-element block, 16 steps of 32 lanes' uint2
+// (4 KB), then per block 32 lanes' half2 sub-block sums (128 bytes).
+__host__ __device__ constexpr int64_t mma_act_x_bytes(int64_t k) { return k / kMmaBlock * 4096; }
+__host__ __device__ constexpr int64_t mma_act_bytes(int64_t k) { return mma_act_x_bytes(k) + k / kMmaBlock * 128; }
+
+struct MmaPackArgs {
+  const float* x;             // [n_tokens] rows of k floats, row stride x_stride elements
+  int64_t x_stride;
+  const float* up = nullptr;  // SwiGLU: the value is silu(x) * up (up rows at the same stride)
+  int n_tokens = 0;           // 1 .. 8
+  int64_t k = 0;              // multiple of 256
+  uint8_t* act = nullptr;     // mma_act_bytes(k), 16-byte aligned
+};
+
+// One CTA per 256-element block: thread i takes token i / 32 (a slot; zeros past n_tokens) and the 8
+// elements 8 (i % 32) .. + 7, i.e. half of a 16-element step. It writes the two lanes' fragments of
+// its elements and, with its neighbour (the other half of the step) and the next step's pair, the
+// 32-element sub-block sum.
+__global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
+  dependency_sync();
+  const int64_t blk = blockIdx.x;
+  const int g = static_cast<int>(threadIdx.x) / 32, i = static_cast<int>(threadIdx.x) % 32;
+  const int step = i / 2, half = i % 2;  // 16-element step of the block, and which 8 of its elements
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (g < a.n_tokens) {
+    const int64_t e0 = blk * kMmaBlock + 16 * step + 8 * half;
+    const float4* xp = reinterpret_cast<const float4*>(a.x + g * a.x_stride + e0);
+    const bool aligned = (reinterpret_cast<uintptr_t>(a.x + g * a.x_stride + e0) & 15) == 0;
+    if (aligned) {
+      const float4 p = xp[0], q = xp[1];
+      v[0] = p.x; v[1] = p.y; v[2] = p.z; v[3] = p.w; v[4] = q.x; v[5] = q.y; v[6] = q.z; v[7] = q.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = a.x[g * a.x_stride + e0 + j];
+    }
+    if (a.up != nullptr) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float u = a.up[g * a.x_stride + e0 + j];
+        v[j] = v[j] * (1.0f / (1.0f + __expf(-v[j]))) * u;  // as EltKind::kSwiglu
+      }
+    }
+  }
+  // Lanes 4 g + tig of step `step`: tig = 2 half + j holds elements 4 tig .. 4 tig + 3 of the step.
+  uint2 out[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float* e = v + 4 * j;
+    const __half2 b0 = __floats2half2_rn(e[0], e[2]), b1 = __floats2half2_rn(e[1], e[3]);
+    out[j] = make_uint2(*reinterpret_cast<const uint32_t*>(&b0), *reinterpret_cast<const uint32_t*>(&b1));
+  }
+  uint2* xo = reinterpret_cast<uint2*>(a.act) + (blk * 16 + step) * 32 + 4 * g + 2 * half;
+  *reinterpret_cast<uint4*>(xo) = make_uint4(out[0].x, out[0].y, out[1].x, out[1].y);
+  // Sub-block sb = step / 2 (elements 32 sb .. + 31) sums over the 4 threads i = 4 sb .. 4 sb + 3.
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s += v[j];
+  s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);
+  s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
+  if (i % 4 == 0) {
+    const int sb = i / 4;  // 0..7: lane 4 g + sb / 2, half sb % 2 of its sum pair
+    __half* so = reinterpret_cast<__half*>(a.act + mma_act_x_bytes(a.k) + blk * 128) + 2 * (4 * g + sb / 2) + sb % 2;
+    *so = __float2half_rn(s);
+  }
+}
+
+struct MatvecMmaArgs {
+  const uint8_t* w;     // [n_rows] Q4_K rows of k elements
+  int64_t w_stride;     // bytes between rows, a multiple of 16
+  const uint8_t* act;   // mma_pack's output for these k
+  float* y;             // [n_tokens, y_stride]
+  int64_t y_stride;
+  int64_t n_rows;
+  int64_t k;            // multiple of 256
+  int n_tokens;         // 1 .. 8
+};
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// c += a * b, m16n8k16, FP16 operands (a: 4 registers, b: 2), F32 accumulators.
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+  const uint32_t a[4] = {a0, a1, a2, a3};
+  mma_16816_f16(c, a, b0, b1);
+}
+
+// Weights q * s (one rounding) of a register of 1024 + q or 64 + q codes: fma(h, s, -base * s).
+__device__ __forceinline__ uint32_t mma_weights(uint32_t codes, __half2 s, __half2 bias) {
+  return h2_bits(__hfma2(bits_h2(codes), s, bias));
+}
+
+// One 256-element block of the warp's 16 rows, staged at `stage` (rows of kMmaBlockBytes bytes), into
+// acc; xf: the block's activation fragments (16 steps), xs: its sub-block sums fragment.
+__device__ __forceinline__ void mma_q4k_block(const uint8_t* stage, const uint2 (&xf)[16], uint32_t xs, int lane,
+                                              float (&acc)[4]) {
+  const int g = lane / 4, tig = lane % 4;
+  const uint4 ha = *reinterpret_cast<const uint4*>(stage + g * kMmaBlockBytes);
+  const uint4 hb = *reinterpret_cast<const uint4*>(stage + (g + 8) * kMmaBlockBytes);
+  const __half2 neg1024 = __float2half2_rn(-1024.0f), neg64 = __float2half2_rn(-64.0f);
+  // Per row: d and dmin as half2 pairs, the 8 scales and mins as bytes (k_scale_min, 4 per word).
+  struct RowScales {
+    __half2 d, dbias;     // (d, d), (-1024 d, -1024 d)
+    uint32_t sc03, sc47;  // 6-bit scales of sub-blocks 0-3 and 4-7, one per byte
+  };
+  auto row_scales = [&](const uint4& h) {
+    RowScales r;
+    r.d = bits_h2(__byte_perm(h.x, 0u, 0x1010));
+    r.dbias = __hmul2(r.d, neg1024);
+    r.sc03 = h.y & 0x3F3F3F3Fu;
+    r.sc47 = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    return r;
+  };
+  const RowScales sa = row_scales(ha), sb = row_scales(hb);
+  // The min term: -dmin * m of sub-blocks 2 tig, 2 tig + 1 for rows g and g + 8 (k slots 2 tig, 2 tig + 1
+  // of a step whose slots 8..15 are zero), times the sub-block sums.
+  auto mins = [&](const uint4& h) {
+    const uint32_t m03 = h.z & 0x3F3F3F3Fu;
+    const uint32_t m47 = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+    const uint32_t word = tig < 2 ? m03 : m47;
+    const uint32_t codes = __byte_perm(word, 0x64646464u, (tig & 1) ? 0x4342u : 0x4140u);  // 1024 + m
+    const __half2 dmin = bits_h2(__byte_perm(h.x, 0u, 0x3232));
+    return h2_bits(__hfma2(bits_h2(codes), __hneg2(dmin), __hmul2(dmin, __float2half2_rn(1024.0f))));
+  };
+  mma_f16(acc, mins(ha), mins(hb), 0u, 0u, xs, 0u);
+  const uint32_t base = smem_addr(stage) + static_cast<uint32_t>(((lane & 7) + 8 * ((lane >> 3) & 1)) * kMmaBlockBytes +
+                                                                   16 + 16 * (lane >> 4));
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // 32 bytes of each row: sub-blocks 2c (low nibbles) and 2c + 1 (high)
+    uint32_t r[4];  // rows g, g + 8 of bytes 4 tig .. + 3, then of bytes 16 + 4 tig .. + 3
+    ldsm_x4(r, base + 32u * c);
+    const uint32_t sel = (c & 1) ? 0x4342u : 0x4140u;  // bytes 2c', 2c' + 1 of a scale word, as 1024 + sc
+    const uint32_t ca = __byte_perm(c < 2 ? sa.sc03 : sa.sc47, 0x64646464u, sel);
+    const uint32_t cb = __byte_perm(c < 2 ? sb.sc03 : sb.sc47, 0x64646464u, sel);
+    const __half2 s2a = __hfma2(bits_h2(ca), sa.d, sa.dbias), s2b = __hfma2(bits_h2(cb), sb.d, sb.dbias);  // (s_lo, s_hi)
+    const __half2 loa = __low2half2(s2a), hia = __high2half2(s2a), lob = __low2half2(s2b), hib = __high2half2(s2b);
+    const __half2 loa_b = __hmul2(loa, neg1024), hia_b = __hmul2(hia, neg64);
+    const __half2 lob_b = __hmul2(lob, neg1024), hib_b = __hmul2(hib, neg64);
+#pragma unroll
+    for (int seg = 0; seg < 2; ++seg) {
+      const uint32_t ra = r[2 * seg], rb = r[2 * seg + 1];  // row g, row g + 8
+      const uint32_t ra1 = ra >> 8, rb1 = rb >> 8;
+      // Low nibbles: elements 64 c + 16 seg + (4 tig, 4 tig + 2) and (4 tig + 1, 4 tig + 3).
+      mma_f16(acc, mma_weights((ra & 0x000F000Fu) | 0x64006400u, loa, loa_b),
+              mma_weights((rb & 0x000F000Fu) | 0x64006400u, lob, lob_b),
+              mma_weights((ra1 & 0x000F000Fu) | 0x64006400u, loa, loa_b),
+              mma_weights((rb1 & 0x000F000Fu) | 0x64006400u, lob, lob_b), xf[4 * c + seg].x, xf[4 * c + seg].y);
+      // High nibbles (64 + q): elements 32 further.
+      mma_f16(acc, mma_weights((ra & 0x00F000F0u) | 0x54005400u, hia, hia_b),
+              mma_weights((rb & 0x00F000F0u) | 0x54005400u, hib, hib_b),
+              mma_weights((ra1 & 0x00F000F0u) | 0x54005400u, hia, hia_b),
+              mma_weights((rb1 & 0x00F000F0u) | 0x54005400u, hib, hib_b), xf[4 * c + 2 + seg].x,
+              xf[4 * c + 2 + seg].y);
+    }
+  }
+}
+
+// Warp w's copies of block j of rows r0 .. r0 + 15 (those below n_rows) into `stage`: 144 16-byte
+// pieces, lane l the pieces l + 32 i.
+__device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaArgs& a, int64_t r0, int64_t j,
+                                                int lane) {
+  const uint32_t s0 = smem_addr(stage);
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int p = lane + 32 * i;
+    if (p < kMmaRows * 9) {
+      const int row = p / 9, seg = p % 9;
+      if (r0 + row < a.n_rows) {
+        cp_async16_full(s0 + static_cast<uint32_t>(row * kMmaBlockBytes + 16 * seg),
+                        reinterpret_cast<uintptr_t>(a.w + (r0 + row) * a.w_stride + j * kMmaBlockBytes + 16 * seg));
+      }
+    }
+  }
+}
+
+// Needs (host-checked, matvec_mma_ok): w and w_stride 16-byte aligned, k % 256 == 0, act from mma_pack.
+__global__ void __launch_bounds__(32 * kMmaWarps) matvec_mma_q4k(MatvecMmaArgs a) {
+  __shared__ __align__(16) uint8_t ring[kMmaWarps][kMmaStages][kMmaRows * kMmaBlockBytes];
+  __shared__ float part[kMmaWarps][32][4];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const int64_t n_blocks = a.k / kMmaBlock;
+  const int n_mine = static_cast<int>((n_blocks - warp + kMmaWarps - 1) / kMmaWarps);  // blocks warp + 4 i
+#pragma unroll
+  for (int i = 0; i < kMmaStages - 1; ++i) {
+    if (i < n_mine) mma_issue_block(ring[warp][i], a, r0, warp + static_cast<int64_t>(i) * kMmaWarps, lane);
+    cp_async_commit();
+  }
+  // The first blocks' weight copies are in flight before the wait; the activations are read after it.
+  dependency_wait();
+  allow_dependents();
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint2* xact = reinterpret_cast<const uint2*>(a.act);
+  const uint32_t* xsum = reinterpret_cast<const uint32_t*>(a.act + mma_act_x_bytes(a.k));
+  for (int i = 0; i < n_mine; ++i) {
+    const int next = i + kMmaStages - 1;
+    if (next < n_mine) {
+      mma_issue_block(ring[warp][next % kMmaStages], a, r0, warp + static_cast<int64_t>(next) * kMmaWarps, lane);
+    }
+    cp_async_commit();
+    const int64_t j = warp + static_cast<int64_t>(i) * kMmaWarps;
+    uint2 xf[16];
+#pragma unroll
+    for (int s = 0; s < 16; ++s) xf[s] = __ldg(xact + (j * 16 + s) * 32 + lane);
+    const uint32_t xs = __ldg(xsum + j * 32 + lane);
+    cp_async_wait<kMmaStages - 1>();
+    __syncwarp();
+    mma_q4k_block(ring[warp][i % kMmaStages], xf, xs, lane, acc);
+    __syncwarp();
+  }
+  // Sum the warps' partial products: lane (g, tig) holds rows g, g + 8 of tokens 2 tig, 2 tig + 1.
+#pragma unroll
+  for (int q = 0; q < 4; ++q) part[warp][lane][q] = acc[q];
+  __syncthreads();
+  if (warp != 0) return;
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kMmaWarps; ++w) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) s[q] += part[w][lane][q];
+  }
+  const int g = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int t = 2 * tig + (q & 1);
+    const int64_t r = r0 + g + 8 * (q >> 1);
+    if (t < a.n_tokens && r < a.n_rows) a.y[t * a.y_stride + r] = s[q];
+  }
+}
+
+}  // namespace ds::cuda::kern
