@@ -10,6 +10,8 @@
 //     kernels/matvec_mma_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
 //     -o build-gpu/matvec_mma_bench
 // Run: build-gpu/matvec_mma_bench   (MATVEC_MMA_TOKENS=1,2 restricts the token counts)
+// Variants of the tensor-core kernel (matvec_mma_q4k<warps, stages>): w4s4 is production; w4s3, w8s2,
+// w2s4, w2s6 trade the CTA's k split against ring depth.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -21,12 +23,24 @@
 #include <vector>
 
 #include "core/half.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/matvec_mma.cuh"
 #include "workbench.cuh"
 
 using namespace ds;
 
 namespace {
+
+struct Variant {
+  const char* name;
+  void (*kernel)(ds::cuda::kern::MatvecMmaArgs);
+  int warps;
+};
+const Variant kVariants[] = {{"w4s3", ds::cuda::kern::matvec_mma_q4k<4, 3>, 4},
+                             {"w8s2", ds::cuda::kern::matvec_mma_q4k<8, 2>, 8},
+                             {"w2s4", ds::cuda::kern::matvec_mma_q4k<2, 4>, 2},
+                             {"w2s6", ds::cuda::kern::matvec_mma_q4k<2, 6>, 2}};
 
 __global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
   uint32_t acc = 0;
@@ -91,8 +105,8 @@ int main() {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int failures = 0;
-  std::printf("%-18s %6s x %-6s t %8s %8s %8s %8s %7s %7s %9s\n", "shape", "rows", "k", "q8 us", "mma us", "quant", "pack",
-              "q8 %", "mma %", "rel diff");
+  std::printf("%-18s %6s x %-6s t %8s %8s %8s %8s %7s %7s %9s  variants (us)\n", "shape", "rows", "k", "q8 us", "mma us",
+              "quant", "pack", "q8 %", "mma %", "rel diff");
   for (const Shape& sh : shapes) {
     const int64_t rb = sh.k / 256 * 144, bytes = rb * sh.rows;
     const int copies = static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1));
@@ -155,9 +169,31 @@ int main() {
         for (int i = 0; i < 8; ++i) CK(cuda::mma_pack_launch(dx, sh.k, nullptr, nt, sh.k, act_mma, s));
       }, 20) / 8;
       auto pct = [&](float ms) { return 100.0 * bytes / (ms * 1e-3) / 1e9 / read_gbs; };
-      std::printf("%-18s %6lld x %-6lld %d %8.2f %8.2f %8.2f %8.2f %6.1f%% %6.1f%% %9.2e %s\n", sh.what,
+      std::printf("%-18s %6lld x %-6lld %d %8.2f %8.2f %8.2f %8.2f %6.1f%% %6.1f%% %9.2e %s ", sh.what,
                   (long long)sh.rows, (long long)sh.k, nt, q8_ms * 1e3, mma_ms * 1e3, quant_ms * 1e3, pack_ms * 1e3,
                   pct(q8_ms), pct(mma_ms), rel, ok ? "ok" : "FAIL");
+      const ds::cuda::kern::MatvecMmaArgs ma{dw, rb, static_cast<const uint8_t*>(act_mma), dy_mma, sh.rows, sh.rows, sh.k, nt};
+      const unsigned grid = static_cast<unsigned>((sh.rows + 15) / 16);
+      for (const Variant& v : kVariants) {
+        CK(cudaMemset(dy_mma, 0xFF, 4 * 8 * sh.rows));
+        CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, ma));
+        CK(cudaStreamSynchronize(s));
+        std::vector<float> yv(ym.size());
+        CK(cudaMemcpy(yv.data(), dy_mma, 4 * yv.size(), cudaMemcpyDeviceToHost));
+        double dmax = 0;
+        for (size_t i = 0; i < yv.size(); ++i) dmax = std::max(dmax, std::fabs(double(yv[i]) - ym[i]) / (std::fabs(ym[i]) + 1e-3));
+        const bool same = dmax < 1e-3;
+        failures += !same;
+        const float ms = graph_median_ms(s, [&] {
+          for (int i = 0; i < 8; ++i) {
+            ds::cuda::kern::MatvecMmaArgs x = ma;
+            x.w = dw + (i % copies) * bytes;
+            CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
+          }
+        }, 20) / 8;
+        std::printf(" %s %.2f%s", v.name, ms * 1e3, same ? "" : "(DIFFERS)");
+      }
+      std::printf("\n");
     }
     CK(cudaFree(dw));
     CK(cudaFree(dx));

@@ -967,7 +967,7 @@ TEST(CudaMatmulKernelChoice, ByTypeTokensAndPath) {
     }
     EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 4) > 0, is_quant(t)) << dtype_name(t);
     EXPECT_EQ(cuda::matmul_scratch_bytes(t, k, 9), 0) << dtype_name(t);
-    if (cuda::matvec_mma_use() == cuda::MatvecMmaUse::kMultiToken) {  // the default
+    if (cuda::matvec_mma_min_tokens() == cuda::kMatvecMmaMinTokens && cuda::kMatvecMmaMinTokens > 1) {  // the default
       EXPECT_EQ(cuda::matvec_mma_wanted(t, k, 8), t == DType::Q4_K) << dtype_name(t);
       EXPECT_FALSE(cuda::matvec_mma_wanted(t, k, 1)) << dtype_name(t);
     }

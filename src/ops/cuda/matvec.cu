@@ -276,24 +276,21 @@ bool matvec_mma_ok(DType t, const MatvecLaunch& a) {
          a.act_bytes >= kern::mma_act_bytes(a.k);
 }
 
-MatvecMmaUse matvec_mma_use() {
-  static const MatvecMmaUse use = [] {
+int matvec_mma_min_tokens() {
+  static const int min_tokens = [] {
     const char* e = std::getenv("DELTASERVE_MATVEC_MMA");
-    if (e == nullptr) return MatvecMmaUse::kMultiToken;
+    if (e == nullptr) return kMatvecMmaMinTokens;
     const std::string v(e);
-    return v == "0" || v == "off" ? MatvecMmaUse::kOff : v == "all" ? MatvecMmaUse::kAll : MatvecMmaUse::kMultiToken;
+    if (v == "all") return 1;
+    if (v.size() == 1 && v[0] >= '1' && v[0] <= '8') return v[0] - '0';
+    return kern::kMmaTokens + 1;  // "0", "off" or anything else: never
   }();
-  return use;
+  return min_tokens;
 }
 
 bool matvec_mma_wanted(DType t, int64_t k, int n_tokens) {
-  if (t != DType::Q4_K || k % kern::kMmaBlock != 0 || n_tokens < 1 || n_tokens > kern::kMmaTokens) return false;
-  switch (matvec_mma_use()) {
-    case MatvecMmaUse::kOff: return false;
-    case MatvecMmaUse::kMultiToken: return n_tokens >= 2;
-    case MatvecMmaUse::kAll: return true;
-  }
-  return false;
+  return t == DType::Q4_K && k % kern::kMmaBlock == 0 && n_tokens >= matvec_mma_min_tokens() &&
+         n_tokens <= kern::kMmaTokens;
 }
 
 cudaError_t mma_pack_launch(const float* x, int64_t x_stride, const float* up, int n_tokens, int64_t k, void* act,
@@ -313,7 +310,7 @@ cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream
   kern::MatvecMmaArgs m{static_cast<const uint8_t*>(a.w), a.w_stride, static_cast<const uint8_t*>(a.act), a.y,
                         a.y_stride, a.n_rows, a.k, a.n_tokens};
   const unsigned grid = static_cast<unsigned>((a.n_rows + kern::kMmaRows - 1) / kern::kMmaRows);
-  launch_kernel(kern::matvec_mma_q4k, grid, 32 * kern::kMmaWarps, 0, stream, m);
+  launch_kernel(kern::matvec_mma_q4k<>, grid, 32 * kern::kMmaWarps, 0, stream, m);
   return cudaGetLastError();
 }
 

@@ -105,10 +105,11 @@ int64_t matvec_mma_act_bytes(int64_t k);
 // True when the tensor-core product applies to `a` with a.act holding packed activations: Q4_K, k % 256,
 // w and w_stride 16-byte aligned, 1..8 tokens, act 16-byte aligned of matvec_mma_act_bytes(k).
 bool matvec_mma_ok(DType t, const MatvecLaunch& a);
-// Where the products take it instead of the int8 kernels (DELTASERVE_MATVEC_MMA: "0" / "off" never,
-// "all" from one token; by default from 2 tokens, where it measured ahead: docs/perf-gpu.md).
-enum class MatvecMmaUse : uint8_t { kOff, kMultiToken, kAll };
-MatvecMmaUse matvec_mma_use();
+// The fewest tokens at which the products take it instead of the int8 kernels: kMatvecMmaMinTokens,
+// where it measured ahead (docs/perf-gpu.md), or DELTASERVE_MATVEC_MMA ("all": 1, a digit 1..8: that
+// many, "0" / "off": never; for measurements).
+constexpr int kMatvecMmaMinTokens = 2;
+int matvec_mma_min_tokens();
 bool matvec_mma_wanted(DType t, int64_t k, int n_tokens);
 // x [n_tokens, k] (silu(x) * up with `up`), row stride x_stride elements, packed into `act`.
 cudaError_t mma_pack_launch(const float* x, int64_t x_stride, const float* up, int n_tokens, int64_t k, void* act,

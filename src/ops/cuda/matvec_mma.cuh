@@ -123,11 +123,15 @@ struct MatvecMmaArgs {
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
-// c += a * b, m16n8k16, FP16 operands (a: 4 registers, b: 2), F32 accumulators.
+// c += a * b, m16n8k16, FP16 operands (a: 4 registers, b: 2), F32 accumulators. Not volatile (unlike
+// mma.cuh's): it reads registers only, so the compiler may interleave independent products with the
+// decoding of the next ones instead of issuing each after the one before.
 __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
-  const uint32_t a[4] = {a0, a1, a2, a3};
-  mma_16816_f16(c, a, b0, b1);
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Weights q * s (one rounding) of a register of 1024 + q or 64 + q codes: fma(h, s, -base * s).
@@ -137,8 +141,11 @@ __device__ __forceinline__ uint32_t mma_weights(uint32_t codes, __half2 s, __hal
 
 // One 256-element block of the warp's 16 rows, staged at `stage` (rows of kMmaBlockBytes bytes), into
 // acc; xf: the block's activation fragments (16 steps), xs: its sub-block sums fragment.
+// acc[i]: kMmaChains independent accumulator sets (the block's products alternate between them, so
+// consecutive products do not wait on each other's result).
+constexpr int kMmaChains = 4;
 __device__ __forceinline__ void mma_q4k_block(const uint8_t* stage, const uint2 (&xf)[16], uint32_t xs, int lane,
-                                              float (&acc)[4]) {
+                                              float (&acc)[kMmaChains][4]) {
   const int g = lane / 4, tig = lane % 4;
   const uint4 ha = *reinterpret_cast<const uint4*>(stage + g * kMmaBlockBytes);
   const uint4 hb = *reinterpret_cast<const uint4*>(stage + (g + 8) * kMmaBlockBytes);
@@ -167,7 +174,7 @@ __device__ __forceinline__ void mma_q4k_block(const uint8_t* stage, const uint2 
     const __half2 dmin = bits_h2(__byte_perm(h.x, 0u, 0x3232));
     return h2_bits(__hfma2(bits_h2(codes), __hneg2(dmin), __hmul2(dmin, __float2half2_rn(1024.0f))));
   };
-  mma_f16(acc, mins(ha), mins(hb), 0u, 0u, xs, 0u);
+  mma_f16(acc[0], mins(ha), mins(hb), 0u, 0u, xs, 0u);
   const uint32_t base = smem_addr(stage) + static_cast<uint32_t>(((lane & 7) + 8 * ((lane >> 3) & 1)) * kMmaBlockBytes +
                                                                    16 + 16 * (lane >> 4));
 #pragma unroll
@@ -186,12 +193,12 @@ __device__ __forceinline__ void mma_q4k_block(const uint8_t* stage, const uint2 
       const uint32_t ra = r[2 * seg], rb = r[2 * seg + 1];  // row g, row g + 8
       const uint32_t ra1 = ra >> 8, rb1 = rb >> 8;
       // Low nibbles: elements 64 c + 16 seg + (4 tig, 4 tig + 2) and (4 tig + 1, 4 tig + 3).
-      mma_f16(acc, mma_weights((ra & 0x000F000Fu) | 0x64006400u, loa, loa_b),
+      mma_f16(acc[2 * seg], mma_weights((ra & 0x000F000Fu) | 0x64006400u, loa, loa_b),
               mma_weights((rb & 0x000F000Fu) | 0x64006400u, lob, lob_b),
               mma_weights((ra1 & 0x000F000Fu) | 0x64006400u, loa, loa_b),
               mma_weights((rb1 & 0x000F000Fu) | 0x64006400u, lob, lob_b), xf[4 * c + seg].x, xf[4 * c + seg].y);
       // High nibbles (64 + q): elements 32 further.
-      mma_f16(acc, mma_weights((ra & 0x00F000F0u) | 0x54005400u, hia, hia_b),
+      mma_f16(acc[2 * seg + 1], mma_weights((ra & 0x00F000F0u) | 0x54005400u, hia, hia_b),
               mma_weights((rb & 0x00F000F0u) | 0x54005400u, hib, hib_b),
               mma_weights((ra1 & 0x00F000F0u) | 0x54005400u, hia, hia_b),
               mma_weights((rb1 & 0x00F000F0u) | 0x54005400u, hib, hib_b), xf[4 * c + 2 + seg].x,
@@ -219,48 +226,51 @@ __device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaA
 }
 
 // Needs (host-checked, matvec_mma_ok): w and w_stride 16-byte aligned, k % 256 == 0, act from mma_pack.
-__global__ void __launch_bounds__(32 * kMmaWarps) matvec_mma_q4k(MatvecMmaArgs a) {
-  __shared__ __align__(16) uint8_t ring[kMmaWarps][kMmaStages][kMmaRows * kMmaBlockBytes];
-  __shared__ float part[kMmaWarps][32][4];
+// kWarps (the k split of a CTA) and kStages (ring depth) are the knobs the workbench times; production
+// runs the defaults.
+template <int kWarps = kMmaWarps, int kStages = kMmaStages>
+__global__ void __launch_bounds__(32 * kWarps, 512 / (32 * kWarps)) matvec_mma_q4k(MatvecMmaArgs a) {
+  __shared__ __align__(16) uint8_t ring[kWarps][kStages][kMmaRows * kMmaBlockBytes];
+  __shared__ float part[kWarps][32][4];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t n_blocks = a.k / kMmaBlock;
-  const int n_mine = static_cast<int>((n_blocks - warp + kMmaWarps - 1) / kMmaWarps);  // blocks warp + 4 i
+  const int n_mine = static_cast<int>((n_blocks - warp + kWarps - 1) / kWarps);  // blocks warp + 4 i
 #pragma unroll
-  for (int i = 0; i < kMmaStages - 1; ++i) {
-    if (i < n_mine) mma_issue_block(ring[warp][i], a, r0, warp + static_cast<int64_t>(i) * kMmaWarps, lane);
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_mine) mma_issue_block(ring[warp][i], a, r0, warp + static_cast<int64_t>(i) * kWarps, lane);
     cp_async_commit();
   }
   // The first blocks' weight copies are in flight before the wait; the activations are read after it.
   dependency_wait();
   allow_dependents();
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[kMmaChains][4] = {};
   const uint2* xact = reinterpret_cast<const uint2*>(a.act);
   const uint32_t* xsum = reinterpret_cast<const uint32_t*>(a.act + mma_act_x_bytes(a.k));
   for (int i = 0; i < n_mine; ++i) {
-    const int next = i + kMmaStages - 1;
+    const int next = i + kStages - 1;
     if (next < n_mine) {
-      mma_issue_block(ring[warp][next % kMmaStages], a, r0, warp + static_cast<int64_t>(next) * kMmaWarps, lane);
+      mma_issue_block(ring[warp][next % kStages], a, r0, warp + static_cast<int64_t>(next) * kWarps, lane);
     }
     cp_async_commit();
-    const int64_t j = warp + static_cast<int64_t>(i) * kMmaWarps;
+    const int64_t j = warp + static_cast<int64_t>(i) * kWarps;
     uint2 xf[16];
 #pragma unroll
     for (int s = 0; s < 16; ++s) xf[s] = __ldg(xact + (j * 16 + s) * 32 + lane);
     const uint32_t xs = __ldg(xsum + j * 32 + lane);
-    cp_async_wait<kMmaStages - 1>();
+    cp_async_wait<kStages - 1>();
     __syncwarp();
-    mma_q4k_block(ring[warp][i % kMmaStages], xf, xs, lane, acc);
+    mma_q4k_block(ring[warp][i % kStages], xf, xs, lane, acc);
     __syncwarp();
   }
   // Sum the warps' partial products: lane (g, tig) holds rows g, g + 8 of tokens 2 tig, 2 tig + 1.
 #pragma unroll
-  for (int q = 0; q < 4; ++q) part[warp][lane][q] = acc[q];
+  for (int q = 0; q < 4; ++q) part[warp][lane][q] = (acc[0][q] + acc[1][q]) + (acc[2][q] + acc[3][q]);
   __syncthreads();
   if (warp != 0) return;
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-  for (int w = 0; w < kMmaWarps; ++w) {
+  for (int w = 0; w < kWarps; ++w) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) s[q] += part[w][lane][q];
   }
