@@ -9,7 +9,8 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
 //     kernels/matvec_mma_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
 //     -o build-gpu/matvec_mma_bench
-// Run: build-gpu/matvec_mma_bench   (MATVEC_MMA_TOKENS=1,2 restricts the token counts)
+// Run: build-gpu/matvec_mma_bench   (MATVEC_MMA_TOKENS=1,2 restricts the token counts, MATVEC_MMA_SHAPES=0,2
+// the shapes, by index in the table)
 // Variants of the tensor-core kernel (matvec_mma_q4k<warps, stages>): w4s4 is production; w4s3, w8s2,
 // w2s4, w2s6 trade the CTA's k split against ring depth.
 #include <cuda_runtime.h>
@@ -107,7 +108,10 @@ int main() {
   int failures = 0;
   std::printf("%-18s %6s x %-6s t %8s %8s %8s %8s %7s %7s %9s  variants (us)\n", "shape", "rows", "k", "q8 us", "mma us",
               "quant", "pack", "q8 %", "mma %", "rel diff");
+  const char* shape_env = std::getenv("MATVEC_MMA_SHAPES");
   for (const Shape& sh : shapes) {
+    const char idx = static_cast<char>('0' + (&sh - shapes));
+    if (shape_env != nullptr && std::strchr(shape_env, idx) == nullptr) continue;
     const int64_t rb = sh.k / 256 * 144, bytes = rb * sh.rows;
     const int copies = static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1));
     const std::vector<uint8_t> hw = q4k_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 7 + sh.k));

@@ -207,21 +207,30 @@ __device__ __forceinline__ void mma_q4k_block(const uint8_t* stage, const uint2 
   }
 }
 
-// Warp w's copies of block j of rows r0 .. r0 + 15 (those below n_rows) into `stage`: 144 16-byte
-// pieces, lane l the pieces l + 32 i.
-__device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaArgs& a, int64_t r0, int64_t j,
-                                                int lane) {
-  const uint32_t s0 = smem_addr(stage);
+// A lane's share of the copies of one block of the CTA's 16 rows: 144 16-byte pieces, lane l the pieces
+// l + 32 i (row p / 9, 16-byte piece p % 9 of the row's block); the same for every block, so the
+// offsets are computed once. A piece of a row past n_rows is not copied.
+struct MmaCopies {
+  int64_t src[5];  // bytes from the weights to piece i of block 0 (or -1: no piece)
+  uint32_t dst[5];  // bytes from the stage's start
+};
+__device__ __forceinline__ MmaCopies mma_copies(const MatvecMmaArgs& a, int64_t r0, int lane) {
+  MmaCopies c;
 #pragma unroll
   for (int i = 0; i < 5; ++i) {
-    const int p = lane + 32 * i;
-    if (p < kMmaRows * 9) {
-      const int row = p / 9, seg = p % 9;
-      if (r0 + row < a.n_rows) {
-        cp_async16_full(s0 + static_cast<uint32_t>(row * kMmaBlockBytes + 16 * seg),
-                        reinterpret_cast<uintptr_t>(a.w + (r0 + row) * a.w_stride + j * kMmaBlockBytes + 16 * seg));
-      }
-    }
+    const int p = lane + 32 * i, row = p / 9, seg = p % 9;
+    const bool live = p < kMmaRows * 9 && r0 + row < a.n_rows;
+    c.src[i] = live ? (r0 + row) * a.w_stride + 16 * seg : -1;
+    c.dst[i] = static_cast<uint32_t>(16 * p);  // row * 144 + 16 seg
+  }
+  return c;
+}
+__device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaArgs& a, const MmaCopies& c, int64_t j) {
+  const uint32_t s0 = smem_addr(stage);
+  const uintptr_t wj = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(j * kMmaBlockBytes);
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    if (c.src[i] >= 0) cp_async16_full(s0 + c.dst[i], wj + static_cast<uintptr_t>(c.src[i]));
   }
 }
 
@@ -236,28 +245,37 @@ __global__ void __launch_bounds__(32 * kWarps, 512 / (32 * kWarps)) matvec_mma_q
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t n_blocks = a.k / kMmaBlock;
   const int n_mine = static_cast<int>((n_blocks - warp + kWarps - 1) / kWarps);  // blocks warp + 4 i
+  const MmaCopies copies = mma_copies(a, r0, lane);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_mine) mma_issue_block(ring[warp][i], a, r0, warp + static_cast<int64_t>(i) * kWarps, lane);
+    if (i < n_mine) mma_issue_block(ring[warp][i], a, copies, warp + static_cast<int64_t>(i) * kWarps);
     cp_async_commit();
   }
   // The first blocks' weight copies are in flight before the wait; the activations are read after it.
   dependency_wait();
   allow_dependents();
   float acc[kMmaChains][4] = {};
+  const bool token_live = lane / 4 < a.n_tokens;
   const uint2* xact = reinterpret_cast<const uint2*>(a.act);
   const uint32_t* xsum = reinterpret_cast<const uint32_t*>(a.act + mma_act_x_bytes(a.k));
   for (int i = 0; i < n_mine; ++i) {
     const int next = i + kStages - 1;
     if (next < n_mine) {
-      mma_issue_block(ring[warp][next % kStages], a, r0, warp + static_cast<int64_t>(next) * kWarps, lane);
+      mma_issue_block(ring[warp][next % kStages], a, copies, warp + static_cast<int64_t>(next) * kWarps);
     }
     cp_async_commit();
     const int64_t j = warp + static_cast<int64_t>(i) * kWarps;
+    // Lanes of token slots past n_tokens hold zeros without reading them (the packed zeros): at one
+    // token a warp reads 512 bytes of activations a block instead of 4 KB.
     uint2 xf[16];
+    uint32_t xs = 0;
 #pragma unroll
-    for (int s = 0; s < 16; ++s) xf[s] = __ldg(xact + (j * 16 + s) * 32 + lane);
-    const uint32_t xs = __ldg(xsum + j * 32 + lane);
+    for (int s = 0; s < 16; ++s) xf[s] = make_uint2(0u, 0u);
+    if (token_live) {
+#pragma unroll
+      for (int s = 0; s < 16; ++s) xf[s] = __ldg(xact + (j * 16 + s) * 32 + lane);
+      xs = __ldg(xsum + j * 32 + lane);
+    }
     cp_async_wait<kStages - 1>();
     __syncwarp();
     mma_q4k_block(ring[warp][i % kStages], xf, xs, lane, acc);
