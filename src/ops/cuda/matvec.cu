@@ -300,7 +300,12 @@ cudaError_t mma_pack_launch(const float* x, int64_t x_stride, const float* up, i
     return cudaErrorInvalidValue;
   }
   kern::MmaPackArgs a{x, x_stride, up, n_tokens, k, static_cast<uint8_t*>(act)};
-  launch_kernel(kern::mma_pack, static_cast<unsigned>(k / kern::kMmaBlock), kern::kMmaPackThreads, 0, stream, a);
+  const unsigned grid = static_cast<unsigned>(k / kern::kMmaBlock);
+  if (up != nullptr) {
+    launch_kernel(kern::mma_pack<true>, grid, kern::kMmaPackThreads, 0, stream, a);
+  } else {
+    launch_kernel(kern::mma_pack<false>, grid, kern::kMmaPackThreads, 0, stream, a);
+  }
   return cudaGetLastError();
 }
 

@@ -51,7 +51,7 @@ __host__ __device__ constexpr int64_t mma_act_bytes(int64_t k) { return mma_act_
 struct MmaPackArgs {
   const float* x;             // [n_tokens] rows of k floats, row stride x_stride elements
   int64_t x_stride;
-  const float* up = nullptr;  // SwiGLU: the value is silu(x) * up (up rows at the same stride)
+  const float* up = nullptr;  // mma_pack<true>: the value is silu(x) * up (up rows at the same stride)
   int n_tokens = 0;           // 1 .. 8
   int64_t k = 0;              // multiple of 256
   uint8_t* act = nullptr;     // mma_act_bytes(k), 16-byte aligned
@@ -61,6 +61,7 @@ struct MmaPackArgs {
 // elements 8 (i % 32) .. + 7, i.e. half of a 16-element step. It writes the two lanes' fragments of
 // its elements and, with its neighbour (the other half of the step) and the next step's pair, the
 // 32-element sub-block sum.
+template <bool kSwiglu>
 __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
   dependency_sync();
   const int64_t blk = blockIdx.x;
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = a.x[g * a.x_stride + e0 + j];
     }
-    if (a.up != nullptr) {
+    if constexpr (kSwiglu) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float u = a.up[g * a.x_stride + e0 + j];
