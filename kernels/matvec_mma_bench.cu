@@ -11,8 +11,9 @@
 //     -o build-gpu/matvec_mma_bench
 // Run: build-gpu/matvec_mma_bench   (MATVEC_MMA_TOKENS=1,2 restricts the token counts, MATVEC_MMA_SHAPES=0,2
 // the shapes, by index in the table)
-// Variants of the tensor-core kernel (matvec_mma_q4k<warps, stages>): w4s4 is production; w4s3, w8s2,
-// w2s4, w2s6 trade the CTA's k split against ring depth.
+// Variants of the tensor-core kernel (matvec_mma_q4k<warps, stages, CTAs per SM>): w4s4 (c4) is
+// production; w4s3, w8s2 trade the CTA's k split against ring depth, c5 caps the registers at 5 CTAs
+// per SM (fewer CTA waves).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -39,9 +40,9 @@ struct Variant {
   int warps;
 };
 const Variant kVariants[] = {{"w4s3", ds::cuda::kern::matvec_mma_q4k<4, 3>, 4},
-                             {"w8s2", ds::cuda::kern::matvec_mma_q4k<8, 2>, 8},
-                             {"w2s4", ds::cuda::kern::matvec_mma_q4k<2, 4>, 2},
-                             {"w2s6", ds::cuda::kern::matvec_mma_q4k<2, 6>, 2}};
+                             {"w4s4c5", ds::cuda::kern::matvec_mma_q4k<4, 4, 5>, 4},
+                             {"w4s3c5", ds::cuda::kern::matvec_mma_q4k<4, 3, 5>, 4},
+                             {"w8s2", ds::cuda::kern::matvec_mma_q4k<8, 2>, 8}};
 
 __global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
   uint32_t acc = 0;
@@ -184,9 +185,13 @@ int main() {
         CK(cudaStreamSynchronize(s));
         std::vector<float> yv(ym.size());
         CK(cudaMemcpy(yv.data(), dy_mma, 4 * yv.size(), cudaMemcpyDeviceToHost));
-        double dmax = 0;
-        for (size_t i = 0; i < yv.size(); ++i) dmax = std::max(dmax, std::fabs(double(yv[i]) - ym[i]) / (std::fabs(ym[i]) + 1e-3));
-        const bool same = dmax < 1e-3;
+        // Another k split sums in another order: the same up to F32 rounding (relative L2 difference).
+        double dn = 0, dd = 0;
+        for (size_t i = 0; i < yv.size(); ++i) {
+          dn += (double(yv[i]) - ym[i]) * (double(yv[i]) - ym[i]);
+          dd += double(ym[i]) * ym[i];
+        }
+        const bool same = std::sqrt(dn / (dd + 1e-30)) < 1e-5;
         failures += !same;
         const float ms = graph_median_ms(s, [&] {
           for (int i = 0; i < 8; ++i) {

@@ -106,9 +106,13 @@ int64_t matvec_mma_act_bytes(int64_t k);
 // w and w_stride 16-byte aligned, 1..8 tokens, act 16-byte aligned of matvec_mma_act_bytes(k).
 bool matvec_mma_ok(DType t, const MatvecLaunch& a);
 // The fewest tokens at which the products take it instead of the int8 kernels: kMatvecMmaMinTokens,
-// where it measured ahead (docs/perf-gpu.md), or DELTASERVE_MATVEC_MMA ("all": 1, a digit 1..8: that
-// many, "0" / "off": never; for measurements).
-constexpr int kMatvecMmaMinTokens = 2;
+// or DELTASERVE_MATVEC_MMA ("all": 1, a digit 1..8: that many, "0" / "off": never; for measurements).
+// Set from kernels/matvec_mma_bench.cu and `bench --verify` (H100, 2026-11-27, docs/perf-gpu.md): at
+// 4 and 8 tokens it is ahead on every 27B / 35B-A3B product of 2048 rows or more (17408 x 5120: 24.9
+// / 28.0 us against 30.3 / 43.9; 5120 x 17408: 29.3 / 29.8 against 39.1 / 66.8), and 3 tokens run the
+// int8 kernels' 4-token instantiation; at 2 tokens the int8 kernels are ahead (23.5 against 24.8 us,
+// 27.7 against 29.3), and a 27B verify of 2 tokens took 11.23 ms with it against 10.60 without.
+constexpr int kMatvecMmaMinTokens = 3;
 int matvec_mma_min_tokens();
 bool matvec_mma_wanted(DType t, int64_t k, int n_tokens);
 // x [n_tokens, k] (silu(x) * up with `up`), row stride x_stride elements, packed into `act`.

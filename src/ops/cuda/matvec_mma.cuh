@@ -13,8 +13,8 @@
 //  - The min term (-dmin * m per 32-element sub-block) is one more m16n8k16 product per block, of the
 //    rows' FP16 mins with the activations' FP16 sub-block sums.
 //  - Activations: mma_pack writes x as FP16 in the B-fragment order (8 bytes per lane and 16-element
-//    step, zeros past n_tokens) and the sub-block sums, once per input; a warp then reads 256
-//    contiguous bytes per step.
+//    step, zeros past n_tokens) and the sub-block sums, once per input; a warp's lanes of live token
+//    slots then read 32 contiguous bytes per slot and step.
 // Non-obvious choices:
 //  - The k order inside a 16-element step is permuted (thread tig holds elements 4 tig and 4 tig + 2 in
 //    its first register, 4 tig + 1 and 4 tig + 3 in its second), the same for weights and activations,
@@ -236,10 +236,10 @@ __device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaA
 }
 
 // Needs (host-checked, matvec_mma_ok): w and w_stride 16-byte aligned, k % 256 == 0, act from mma_pack.
-// kWarps (the k split of a CTA) and kStages (ring depth) are the knobs the workbench times; production
-// runs the defaults.
-template <int kWarps = kMmaWarps, int kStages = kMmaStages>
-__global__ void __launch_bounds__(32 * kWarps, 512 / (32 * kWarps)) matvec_mma_q4k(MatvecMmaArgs a) {
+// kWarps (the k split of a CTA), kStages (ring depth) and kMinCtas (CTAs per SM the registers must
+// allow) are the knobs the workbench times; production runs the defaults.
+template <int kWarps = kMmaWarps, int kStages = kMmaStages, int kMinCtas = 16 / kWarps>
+__global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMmaArgs a) {
   __shared__ __align__(16) uint8_t ring[kWarps][kStages][kMmaRows * kMmaBlockBytes];
   __shared__ float part[kWarps][32][4];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
