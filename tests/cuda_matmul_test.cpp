@@ -50,10 +50,11 @@ constexpr double kTolF32 = 2e-5;
 constexpr double kTolGemmBf16 = 5e-3;
 constexpr double kTolKernel = 2e-5;
 constexpr double kTolQ8 = 1e-2;
-//  - The tensor-core kernel (FP16 weights q * (d * sc), FP16 activations and sub-block sums, F32
-//    accumulation): the scale, the weight and the activation are each rounded once (2^-11 relative),
-//    the min term's dmin * m and sub-block sum likewise: 2^-9 of sum (|w| + 2|o|) |x| covers them,
-//    with o the min term per element as for the q8 bound.
+//  - The tensor-core kernel multiplies the q8 kernel's activations x' = q d (quantize_q8) in FP16, by
+//    FP16 weights q * (d * sc), accumulating in F32: against the float64 product with x', the scale,
+//    the weight and x' are each rounded once (2^-11 relative), the min term's dmin * m and d * sum q
+//    likewise: kTolMma of sum (|w| + 2|o|) |x'| covers them (the kernel check, as for the q8 kernel);
+//    end to end the quantization error comes on top, as for the q8 kernel.
 constexpr double kTolMma = 2e-3;
 
 // Random row bytes for type t: floats for plain types; random bytes with each block's fp16 scale fields
@@ -541,6 +542,13 @@ double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
 
   std::vector<float> xq;
   if (q8) xq = check_q8_scratch(scratch_host, x, c.x_offset, c.x_stride, c.n_tokens, k, where);
+  if (mma) {  // the tensor-core kernel multiplies quantize_q8's values too (in FP16)
+    std::vector<float> xc(static_cast<size_t>(c.n_tokens * k));
+    for (int64_t t = 0; t < c.n_tokens; ++t) {
+      std::copy_n(x.data() + c.x_offset + t * c.x_stride, k, xc.data() + t * k);
+    }
+    xq = quantize_q8_host(xc, c.n_tokens, k).xq;
+  }
   const double tol = kernel == MatmulKernel::kGemm && w.type != DType::F32 ? kTolGemmBf16 : kTolF32;
   const int n_threads = ThreadPool::global().n_threads();
   std::vector<Check> e2e(static_cast<size_t>(n_threads), Check{"end to end"}),
@@ -557,17 +565,7 @@ double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
         mag += std::fabs(static_cast<double>(wr[j]) * xr[j]);
       }
       const double got = y[static_cast<size_t>(t * c.y_stride + r)];
-      if (mma) {
-        const float* orow = w.off.data() + r * k;
-        double mag_o = 0.0;
-        for (int64_t j = 0; j < k; ++j) {
-          mag_o += (std::fabs(static_cast<double>(wr[j])) + 2.0 * orow[j]) * std::fabs(static_cast<double>(xr[j]));
-        }
-        e2e[th].add(t, r, got, ref, kTolMma * mag_o);
-        rel[th].add(t, r, got, ref, kTolQ8 * mag);
-        continue;
-      }
-      if (!q8) {
+      if (!q8 && !mma) {
         e2e[th].add(t, r, got, ref, tol * mag);
         continue;
       }
@@ -584,8 +582,9 @@ double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
         }
         quant_err += amax / 127.0 * 0.5 * 1.001 * wsum;
       }
-      kern[th].add(t, r, got, ref_q, kTolKernel * mag_q);
-      e2e[th].add(t, r, got, ref, quant_err + kTolKernel * mag_q);
+      const double tol_kernel = mma ? kTolMma : kTolKernel;
+      kern[th].add(t, r, got, ref_q, tol_kernel * mag_q);
+      e2e[th].add(t, r, got, ref, quant_err + tol_kernel * mag_q);
       if (k >= 256) rel[th].add(t, r, got, ref, kTolQ8 * mag);
     }
   }, 256);
@@ -594,7 +593,7 @@ double run_case(const Weights& w, const cuda::CudaBuffer& wd, const Case& c) {
     kern[0].merge(kern[static_cast<size_t>(th)]);
     rel[0].merge(rel[static_cast<size_t>(th)]);
   }
-  if (q8) kern[0].expect(where);
+  if (q8 || mma) kern[0].expect(where);
   e2e[0].expect(where);
   if (q8 || mma) rel[0].expect(where);
   // Padding between rows of y must stay untouched (still NaN).

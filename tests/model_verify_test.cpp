@@ -334,6 +334,7 @@ INSTANTIATE_TEST_SUITE_P(Cpu, ModelVerify,
 INSTANTIATE_TEST_SUITE_P(Cuda, ModelVerify,
                          ::testing::Values(VerifyCase{true, TestArch::kQwen35, OutType::kF32},
                                            VerifyCase{true, TestArch::kQwen35, OutType::kQ8_0},
+                                           VerifyCase{true, TestArch::kQwen35, OutType::kQ4_K_M},
                                            VerifyCase{true, TestArch::kQwen35Moe, OutType::kQ4_K_M}),
                          case_name);
 

@@ -19,9 +19,11 @@
 //  - The k order inside a 16-element step is permuted (thread tig holds elements 4 tig and 4 tig + 2 in
 //    its first register, 4 tig + 1 and 4 tig + 3 in its second), the same for weights and activations,
 //    so the nibbles come out of the raw Q4_K bytes by masks and one shift, with no shuffle.
-//  - Scales round to FP16 (d * sc) and so do the weights (q * d * sc) and the activations: about 2^-11
-//    relative each, below the int8 kernels' activation rounding (1/254 of a block's largest value).
-//    |x| above 65504 becomes infinite (and the output with it): it is never silently clamped.
+//  - The activations are the int8 kernels' (quantize_q8's codes times their block's d), in FP16: a
+//    verify step's rows then differ from the one-token decode step's by the FP16 roundings of the
+//    scale (d * sc), the weight (q * d * sc) and q_x * d_x (about 2^-11 relative each), not by another
+//    rounding of the activations, so speculative decoding keeps the plain decode's output but at
+//    near-ties. |x| above 65504 becomes infinite (and the output with it): never silently clamped.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -58,9 +60,9 @@ struct MmaPackArgs {
 };
 
 // One CTA per 256-element block: thread i takes token i / 32 (a slot; zeros past n_tokens) and the 8
-// elements 8 (i % 32) .. + 7, i.e. half of a 16-element step. It writes the two lanes' fragments of
-// its elements and, with its neighbour (the other half of the step) and the next step's pair, the
-// 32-element sub-block sum.
+// elements 8 (i % 32) .. + 7, i.e. half of a 16-element step. With the three other threads of its
+// 32-element block it rounds the values as quantize_q8 does, then writes the two lanes' fragments of
+// its elements and the block's sum.
 template <bool kSwiglu>
 __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
   dependency_sync();
@@ -87,6 +89,29 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
       }
     }
   }
+  // The values the int8 kernels multiply: quantize_q8's codes of the 32-element block (threads
+  // i = 4 sb .. 4 sb + 3 hold its 32 elements), times its d; the sub-block sum is d * sum of the codes.
+  float amax = 0.0f;
+  int nan = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    amax = fmaxf(amax, fabsf(v[j]));
+    nan |= v[j] != v[j];
+  }
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
+  }
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const float d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int q = max(-127, min(127, __float2int_rn(v[j] * id)));
+    sum += q;
+    v[j] = static_cast<float>(q) * d;
+  }
   // Lanes 4 g + tig of step `step`: tig = 2 half + j holds elements 4 tig .. 4 tig + 3 of the step.
   uint2 out[2];
 #pragma unroll
@@ -97,16 +122,12 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
   }
   uint2* xo = reinterpret_cast<uint2*>(a.act) + (blk * 16 + step) * 32 + 4 * g + 2 * half;
   *reinterpret_cast<uint4*>(xo) = make_uint4(out[0].x, out[0].y, out[1].x, out[1].y);
-  // Sub-block sb = step / 2 (elements 32 sb .. + 31) sums over the 4 threads i = 4 sb .. 4 sb + 3.
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) s += v[j];
-  s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);
-  s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
   if (i % 4 == 0) {
     const int sb = i / 4;  // 0..7: lane 4 g + sb / 2, half sb % 2 of its sum pair
     __half* so = reinterpret_cast<__half*>(a.act + mma_act_x_bytes(a.k) + blk * 128) + 2 * (4 * g + sb / 2) + sb % 2;
-    *so = __float2half_rn(s);
+    *so = __float2half_rn(d * static_cast<float>(sum));
   }
 }
 
