@@ -1,29 +1,26 @@
 // The tensor-core matrix-vector product for 1..8 tokens (matvec_mma_q4k) and its activation packer
 // (mma_pack), included by ops/cuda/matvec.cu and the kernels/matvec_mma_bench.cu workbench.
 //
-// What it computes: y[t, r] = sum_k w[r, k] x[t, k] for Q4_K weights, as mma.sync m16n8k16 products
-// (FP16 operands, F32 accumulators): 16 weight rows by 8 token slots, so every token up to 8 costs the
-// same instructions. The int8 kernels (matvec_q8.cuh) take one dp4a per 4 weights and token, so their
-// time grows with the tokens of a speculative verify; here it does not.
+// What it computes: the int8 kernels' product (matvec_q8.cuh) for Q4_K weights, with the integer dots
+// of codes taken by mma.sync m16n8k16 (FP16 operands holding small integers exactly, F32
+// accumulators, which hold the sums exactly): 16 weight rows by 8 token slots, so every token up to 8
+// costs the same instructions, where the int8 kernels take one dp4a per 4 weights and token and grow
+// with the tokens of a speculative verify.
 //  - Weights: a CTA owns 16 rows; its 4 warps split the row's 256-element blocks (warp w takes blocks
 //    w, w + 4, ...), each staging its blocks of the 16 rows through its own cp.async ring (the v4 way:
 //    no CTA barrier until the final sum). ldmatrix hands each thread 4 bytes of rows g and g + 8
-//    (g = lane / 4) of a 16-byte segment; their nibbles become FP16 weights q * (d * sc) by one mask
-//    (the code into the mantissa of 1024 or 64) and one fused multiply-add, rounded once.
-//  - The min term (-dmin * m per 32-element sub-block) is one more m16n8k16 product per block, of the
-//    rows' FP16 mins with the activations' FP16 sub-block sums.
-//  - Activations: mma_pack writes x as FP16 in the B-fragment order (8 bytes per lane and 16-element
-//    step, zeros past n_tokens) and the sub-block sums, once per input; a warp's lanes of live token
-//    slots then read 32 contiguous bytes per slot and step.
-// Non-obvious choices:
-//  - The k order inside a 16-element step is permuted (thread tig holds elements 4 tig and 4 tig + 2 in
-//    its first register, 4 tig + 1 and 4 tig + 3 in its second), the same for weights and activations,
-//    so the nibbles come out of the raw Q4_K bytes by masks and one shift, with no shuffle.
-//  - The activations are the int8 kernels' (quantize_q8's codes times their block's d), in FP16: a
-//    verify step's rows then differ from the one-token decode step's by the FP16 roundings of the
-//    scale (d * sc), the weight (q * d * sc) and q_x * d_x (about 2^-11 relative each), not by another
-//    rounding of the activations, so speculative decoding keeps the plain decode's output but at
-//    near-ties. |x| above 65504 becomes infinite (and the output with it): never silently clamped.
+//    (g = lane / 4) of a 16-byte segment; one mask puts a nibble q into the mantissa of an FP16 1024
+//    (low nibbles: 1024 + q) or 64 (high: 64 + q): the operand is exact, and the dot is exact plus
+//    base times the activation codes' sum, taken off in F32 (exact: all are integers below 2^24).
+//  - Activations: mma_pack quantizes x as quantize_q8 does (int8 codes in blocks of 32 with d and
+//    d * sum) and writes the codes as FP16 in the B-fragment order, with (d, d * sum, sum) per block.
+//  - Per 32-element sub-block and (row, token) the kernel then applies q8_unit_dot's float arithmetic
+//    to the exact integer dot: acc = fma(d * sc, d_x * isum, acc), then fma(-dmin * m, d_x * sum, ..).
+//    So a product equals the int8 kernels' up to the order of the F32 sums, and a verify step's rows
+//    the decode step's (speculative decoding keeps the plain decode's output but at float-order ties).
+// Non-obvious choice: the k order inside a 16-element step is permuted (thread tig holds elements
+// 4 tig and 4 tig + 2 in its first register, 4 tig + 1 and 4 tig + 3 in its second), the same for
+// weights and activations, so the nibbles come out of the raw Q4_K bytes by masks and one shift.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -34,6 +31,7 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_cp_async.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/quant_decode.cuh"
 
 namespace ds::cuda::kern {
 
@@ -46,9 +44,10 @@ constexpr int kMmaBlockBytes = 144;  // bytes of a Q4_K block: rows staged at th
 constexpr int kMmaPackThreads = 256;
 
 // Packed activations of k elements (k % 256 == 0): per 256-element block, 16 steps of 32 lanes' uint2
-// (4 KB), then per block 32 lanes' half2 sub-block sums (128 bytes).
+// of FP16 codes (4 KB), then per block its 8 sub-blocks' float2 (d, sum of the codes) per token slot
+// (512 bytes: [sub-block][slot]).
 __host__ __device__ constexpr int64_t mma_act_x_bytes(int64_t k) { return k / kMmaBlock * 4096; }
-__host__ __device__ constexpr int64_t mma_act_bytes(int64_t k) { return mma_act_x_bytes(k) + k / kMmaBlock * 128; }
+__host__ __device__ constexpr int64_t mma_act_bytes(int64_t k) { return mma_act_x_bytes(k) + k / kMmaBlock * 512; }
 
 struct MmaPackArgs {
   const float* x;             // [n_tokens] rows of k floats, row stride x_stride elements
@@ -61,8 +60,8 @@ struct MmaPackArgs {
 
 // One CTA per 256-element block: thread i takes token i / 32 (a slot; zeros past n_tokens) and the 8
 // elements 8 (i % 32) .. + 7, i.e. half of a 16-element step. With the three other threads of its
-// 32-element block it rounds the values as quantize_q8 does, then writes the two lanes' fragments of
-// its elements and the block's sum.
+// 32-element block it quantizes them as quantize_q8 does (the same codes and d), then writes the two
+// lanes' fragments of its codes and the block's (d, sum).
 template <bool kSwiglu>
 __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
   dependency_sync();
@@ -89,8 +88,7 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
       }
     }
   }
-  // The values the int8 kernels multiply: quantize_q8's codes of the 32-element block (threads
-  // i = 4 sb .. 4 sb + 3 hold its 32 elements), times its d; the sub-block sum is d * sum of the codes.
+  // quantize_q8's codes of the 32-element block (threads i = 4 sb .. 4 sb + 3 hold its 32 elements).
   float amax = 0.0f;
   int nan = 0;
 #pragma unroll
@@ -110,7 +108,7 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
   for (int j = 0; j < 8; ++j) {
     const int q = max(-127, min(127, __float2int_rn(v[j] * id)));
     sum += q;
-    v[j] = static_cast<float>(q) * d;
+    v[j] = static_cast<float>(q);  // exact in FP16
   }
   // Lanes 4 g + tig of step `step`: tig = 2 half + j holds elements 4 tig .. 4 tig + 3 of the step.
   uint2 out[2];
@@ -125,9 +123,9 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
   sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
   sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
   if (i % 4 == 0) {
-    const int sb = i / 4;  // 0..7: lane 4 g + sb / 2, half sb % 2 of its sum pair
-    __half* so = reinterpret_cast<__half*>(a.act + mma_act_x_bytes(a.k) + blk * 128) + 2 * (4 * g + sb / 2) + sb % 2;
-    *so = __float2half_rn(d * static_cast<float>(sum));
+    const int sb = i / 4;
+    float2* so = reinterpret_cast<float2*>(a.act + mma_act_x_bytes(a.k)) + (blk * 8 + sb) * kMmaTokens + g;
+    *so = make_float2(d, static_cast<float>(sum));
   }
 }
 
@@ -156,75 +154,77 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Weights q * s (one rounding) of a register of 1024 + q or 64 + q codes: fma(h, s, -base * s).
-__device__ __forceinline__ uint32_t mma_weights(uint32_t codes, __half2 s, __half2 bias) {
-  return h2_bits(__hfma2(bits_h2(codes), s, bias));
+// c = a * b (a fresh accumulator) and c += a * b, m16n8k16.
+__device__ __forceinline__ void mma_f16_first(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint2 b) {
+  c[0] = c[1] = c[2] = c[3] = 0.0f;
+  mma_f16(c, a0, a1, a2, a3, b.x, b.y);
 }
 
 // One 256-element block of the warp's 16 rows, staged at `stage` (rows of kMmaBlockBytes bytes), into
-// acc; xf: the block's activation fragments (16 steps), xs: its sub-block sums fragment.
-// acc[i]: kMmaChains independent accumulator sets (the block's products alternate between them, so
-// consecutive products do not wait on each other's result).
-constexpr int kMmaChains = 4;
-__device__ __forceinline__ void mma_q4k_block(const uint8_t* stage, const uint2 (&xf)[16], uint32_t xs, int lane,
-                                              float (&acc)[kMmaChains][4]) {
-  const int g = lane / 4, tig = lane % 4;
+// acc (rows g, g + 8 by tokens 2 tig, 2 tig + 1); xf: the block's code fragments (16 steps); xs: the
+// block's (d, sum) pairs [sub-block][slot] (read for live tokens only: `live` = 2 tig < n_tokens).
+__device__ __forceinline__ void mma_q4k_block(const uint8_t* stage, const uint2 (&xf)[16], const float2* xs, bool live,
+                                              int lane, float (&acc)[4]) {
+  const int g = lane / 4;
   const uint4 ha = *reinterpret_cast<const uint4*>(stage + g * kMmaBlockBytes);
   const uint4 hb = *reinterpret_cast<const uint4*>(stage + (g + 8) * kMmaBlockBytes);
-  const __half2 neg1024 = __float2half2_rn(-1024.0f), neg64 = __float2half2_rn(-64.0f);
-  // Per row: d and dmin as half2 pairs, the 8 scales and mins as bytes (k_scale_min, 4 per word).
+  // Per row: d and dmin, the 8 scales and mins as bytes (k_scale_min, 4 per word), as decode_unit_q8.
   struct RowScales {
-    __half2 d, dbias;     // (d, d), (-1024 d, -1024 d)
-    uint32_t sc03, sc47;  // 6-bit scales of sub-blocks 0-3 and 4-7, one per byte
+    float d, dmin;
+    uint32_t sc03, sc47, m03, m47;
   };
-  auto row_scales = [&](const uint4& h) {
+  auto row_scales = [](const uint4& h) {
     RowScales r;
-    r.d = bits_h2(__byte_perm(h.x, 0u, 0x1010));
-    r.dbias = __hmul2(r.d, neg1024);
+    r.d = qdec::h2f(static_cast<uint16_t>(h.x & 0xFFFFu));
+    r.dmin = qdec::h2f(static_cast<uint16_t>(h.x >> 16));
     r.sc03 = h.y & 0x3F3F3F3Fu;
     r.sc47 = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    r.m03 = h.z & 0x3F3F3F3Fu;
+    r.m47 = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
     return r;
   };
   const RowScales sa = row_scales(ha), sb = row_scales(hb);
-  // The min term: -dmin * m of sub-blocks 2 tig, 2 tig + 1 for rows g and g + 8 (k slots 2 tig, 2 tig + 1
-  // of a step whose slots 8..15 are zero), times the sub-block sums.
-  auto mins = [&](const uint4& h) {
-    const uint32_t m03 = h.z & 0x3F3F3F3Fu;
-    const uint32_t m47 = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
-    const uint32_t word = tig < 2 ? m03 : m47;
-    const uint32_t codes = __byte_perm(word, 0x64646464u, (tig & 1) ? 0x4342u : 0x4140u);  // 1024 + m
-    const __half2 dmin = bits_h2(__byte_perm(h.x, 0u, 0x3232));
-    return h2_bits(__hfma2(bits_h2(codes), __hneg2(dmin), __hmul2(dmin, __float2half2_rn(1024.0f))));
-  };
-  mma_f16(acc[0], mins(ha), mins(hb), 0u, 0u, xs, 0u);
   const uint32_t base = smem_addr(stage) + static_cast<uint32_t>(((lane & 7) + 8 * ((lane >> 3) & 1)) * kMmaBlockBytes +
                                                                    16 + 16 * (lane >> 4));
 #pragma unroll
   for (int c = 0; c < 4; ++c) {  // 32 bytes of each row: sub-blocks 2c (low nibbles) and 2c + 1 (high)
     uint32_t r[4];  // rows g, g + 8 of bytes 4 tig .. + 3, then of bytes 16 + 4 tig .. + 3
     ldsm_x4(r, base + 32u * c);
-    const uint32_t sel = (c & 1) ? 0x4342u : 0x4140u;  // bytes 2c', 2c' + 1 of a scale word, as 1024 + sc
-    const uint32_t ca = __byte_perm(c < 2 ? sa.sc03 : sa.sc47, 0x64646464u, sel);
-    const uint32_t cb = __byte_perm(c < 2 ? sb.sc03 : sb.sc47, 0x64646464u, sel);
-    const __half2 s2a = __hfma2(bits_h2(ca), sa.d, sa.dbias), s2b = __hfma2(bits_h2(cb), sb.d, sb.dbias);  // (s_lo, s_hi)
-    const __half2 loa = __low2half2(s2a), hia = __high2half2(s2a), lob = __low2half2(s2b), hib = __high2half2(s2b);
-    const __half2 loa_b = __hmul2(loa, neg1024), hia_b = __hmul2(hia, neg64);
-    const __half2 lob_b = __hmul2(lob, neg1024), hib_b = __hmul2(hib, neg64);
+    float lo[4], hi[4];  // exact integer dots plus base * (sum of the activation codes)
+    mma_f16_first(lo, (r[0] & 0x000F000Fu) | 0x64006400u, (r[1] & 0x000F000Fu) | 0x64006400u,
+                  ((r[0] >> 8) & 0x000F000Fu) | 0x64006400u, ((r[1] >> 8) & 0x000F000Fu) | 0x64006400u, xf[4 * c]);
+    mma_f16_first(hi, (r[0] & 0x00F000F0u) | 0x54005400u, (r[1] & 0x00F000F0u) | 0x54005400u,
+                  ((r[0] >> 8) & 0x00F000F0u) | 0x54005400u, ((r[1] >> 8) & 0x00F000F0u) | 0x54005400u,
+                  xf[4 * c + 2]);
+    mma_f16(lo, (r[2] & 0x000F000Fu) | 0x64006400u, (r[3] & 0x000F000Fu) | 0x64006400u,
+            ((r[2] >> 8) & 0x000F000Fu) | 0x64006400u, ((r[3] >> 8) & 0x000F000Fu) | 0x64006400u, xf[4 * c + 1].x,
+            xf[4 * c + 1].y);
+    mma_f16(hi, (r[2] & 0x00F000F0u) | 0x54005400u, (r[3] & 0x00F000F0u) | 0x54005400u,
+            ((r[2] >> 8) & 0x00F000F0u) | 0x54005400u, ((r[3] >> 8) & 0x00F000F0u) | 0x54005400u, xf[4 * c + 3].x,
+            xf[4 * c + 3].y);
+    // q8_unit_dot's arithmetic per (row, token): the scale and min of sub-blocks 2c, 2c + 1.
+    const int jl = 2 * c, jh = 2 * c + 1;
+    auto byte_of = [](uint32_t w03, uint32_t w47, int j) {
+      return static_cast<float>(((j < 4 ? w03 : w47) >> (8 * (j & 3))) & 0xFFu);
+    };
+    const float dwl[2] = {sa.d * byte_of(sa.sc03, sa.sc47, jl), sb.d * byte_of(sb.sc03, sb.sc47, jl)};
+    const float dwh[2] = {sa.d * byte_of(sa.sc03, sa.sc47, jh), sb.d * byte_of(sb.sc03, sb.sc47, jh)};
+    const float mwl[2] = {-sa.dmin * byte_of(sa.m03, sa.m47, jl), -sb.dmin * byte_of(sb.m03, sb.m47, jl)};
+    const float mwh[2] = {-sa.dmin * byte_of(sa.m03, sa.m47, jh), -sb.dmin * byte_of(sb.m03, sb.m47, jh)};
+    // (d, sum) of tokens 2 tig, 2 tig + 1 for sub-blocks jl, jh.
+    float4 xl = make_float4(0.0f, 0.0f, 0.0f, 0.0f), xh = xl;
+    if (live) {
+      xl = __ldg(reinterpret_cast<const float4*>(xs + jl * kMmaTokens + 2 * (lane % 4)));
+      xh = __ldg(reinterpret_cast<const float4*>(xs + jh * kMmaTokens + 2 * (lane % 4)));
+    }
 #pragma unroll
-    for (int seg = 0; seg < 2; ++seg) {
-      const uint32_t ra = r[2 * seg], rb = r[2 * seg + 1];  // row g, row g + 8
-      const uint32_t ra1 = ra >> 8, rb1 = rb >> 8;
-      // Low nibbles: elements 64 c + 16 seg + (4 tig, 4 tig + 2) and (4 tig + 1, 4 tig + 3).
-      mma_f16(acc[2 * seg], mma_weights((ra & 0x000F000Fu) | 0x64006400u, loa, loa_b),
-              mma_weights((rb & 0x000F000Fu) | 0x64006400u, lob, lob_b),
-              mma_weights((ra1 & 0x000F000Fu) | 0x64006400u, loa, loa_b),
-              mma_weights((rb1 & 0x000F000Fu) | 0x64006400u, lob, lob_b), xf[4 * c + seg].x, xf[4 * c + seg].y);
-      // High nibbles (64 + q): elements 32 further.
-      mma_f16(acc[2 * seg + 1], mma_weights((ra & 0x00F000F0u) | 0x54005400u, hia, hia_b),
-              mma_weights((rb & 0x00F000F0u) | 0x54005400u, hib, hib_b),
-              mma_weights((ra1 & 0x00F000F0u) | 0x54005400u, hia, hia_b),
-              mma_weights((rb1 & 0x00F000F0u) | 0x54005400u, hib, hib_b), xf[4 * c + 2 + seg].x,
-              xf[4 * c + 2 + seg].y);
+    for (int q = 0; q < 4; ++q) {
+      const int row = q >> 1, t = q & 1;
+      const float dl = t ? xl.z : xl.x, sl = t ? xl.w : xl.y, dh = t ? xh.z : xh.x, sh = t ? xh.w : xh.y;
+      const float il = fmaf(-1024.0f, sl, lo[q]), ih = fmaf(-64.0f, sh, hi[q]);  // the integer dots
+      acc[q] = fmaf(mwl[row], dl * sl, fmaf(dwl[row], dl * il, acc[q]));
+      acc[q] = fmaf(mwh[row], dh * sh, fmaf(dwh[row], dh * ih, acc[q]));
     }
   }
 }
@@ -276,10 +276,11 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMm
   // The first blocks' weight copies are in flight before the wait; the activations are read after it.
   dependency_wait();
   allow_dependents();
-  float acc[kMmaChains][4] = {};
-  const bool token_live = lane / 4 < a.n_tokens;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const bool codes_live = lane / 4 < a.n_tokens;
   const uint2* xact = reinterpret_cast<const uint2*>(a.act);
-  const uint32_t* xsum = reinterpret_cast<const uint32_t*>(a.act + mma_act_x_bytes(a.k));
+  const bool scales_live = 2 * (lane % 4) < a.n_tokens;
+  const float2* xscale = reinterpret_cast<const float2*>(a.act + mma_act_x_bytes(a.k));
   for (int i = 0; i < n_mine; ++i) {
     const int next = i + kStages - 1;
     if (next < n_mine) {
@@ -287,25 +288,23 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMm
     }
     cp_async_commit();
     const int64_t j = warp + static_cast<int64_t>(i) * kWarps;
-    // Lanes of token slots past n_tokens hold zeros without reading them (the packed zeros): at one
-    // token a warp reads 512 bytes of activations a block instead of 4 KB.
+    // Lanes of token slots past n_tokens hold zeros without reading them: at one token a warp reads
+    // 512 bytes of codes a block instead of 4 KB.
     uint2 xf[16];
-    uint32_t xs = 0;
 #pragma unroll
     for (int s = 0; s < 16; ++s) xf[s] = make_uint2(0u, 0u);
-    if (token_live) {
+    if (codes_live) {
 #pragma unroll
       for (int s = 0; s < 16; ++s) xf[s] = __ldg(xact + (j * 16 + s) * 32 + lane);
-      xs = __ldg(xsum + j * 32 + lane);
     }
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    mma_q4k_block(ring[warp][i % kStages], xf, xs, lane, acc);
+    mma_q4k_block(ring[warp][i % kStages], xf, xscale + j * 8 * kMmaTokens, scales_live, lane, acc);
     __syncwarp();
   }
   // Sum the warps' partial products: lane (g, tig) holds rows g, g + 8 of tokens 2 tig, 2 tig + 1.
 #pragma unroll
-  for (int q = 0; q < 4; ++q) part[warp][lane][q] = (acc[0][q] + acc[1][q]) + (acc[2][q] + acc[3][q]);
+  for (int q = 0; q < 4; ++q) part[warp][lane][q] = acc[q];
   __syncthreads();
   if (warp != 0) return;
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
