@@ -2,9 +2,9 @@
 // production pick runs (matvec_q8_pick_version: v4 / v5), at the 27B and 35B-A3B decode shapes and 1, 2,
 // 4, 8 tokens. Each time is a graph of 8 products over rotating weight copies (more bytes than 4x the
 // L2), with programmatic dependent launch as in the decode graph, divided by 8: the product alone
-// (activations already quantized / packed); the quantize and pack launches are timed apart. The outputs
-// of the two kernels are compared (relative L2 difference; the unit tests check each against the exact
-// product).
+// (activations already quantized / packed); the quantize and pack launches are timed apart. The two
+// kernels' outputs must agree to 1e-5 (relative L2 difference): the same codes and float arithmetic in
+// another order of F32 sums (the unit tests check each against the exact product).
 // Build (after the CMake build in build-gpu):
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
 //     kernels/matvec_mma_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \

@@ -107,12 +107,12 @@ int64_t matvec_mma_act_bytes(int64_t k);
 bool matvec_mma_ok(DType t, const MatvecLaunch& a);
 // The fewest tokens at which the products take it instead of the int8 kernels: kMatvecMmaMinTokens,
 // or DELTASERVE_MATVEC_MMA ("all": 1, a digit 1..8: that many, "0" / "off": never; for measurements).
-// Set from kernels/matvec_mma_bench.cu and `bench --verify` (H100, 2026-11-27, docs/perf-gpu.md): at
-// 4 and 8 tokens it is ahead on every 27B / 35B-A3B product of 2048 rows or more (17408 x 5120: 24.9
-// / 28.0 us against 30.3 / 43.9; 5120 x 17408: 29.3 / 29.8 against 39.1 / 66.8), and 3 tokens run the
-// int8 kernels' 4-token instantiation; at 2 tokens the int8 kernels are ahead (23.5 against 24.8 us,
-// 27.7 against 29.3), and a 27B verify of 2 tokens took 11.23 ms with it against 10.60 without.
-constexpr int kMatvecMmaMinTokens = 3;
+// Set from kernels/matvec_mma_bench.cu and `bench --verify` (H100, 2026-11-27, docs/perf-gpu.md): the
+// int8 kernels run 5..8 tokens as 8, where this one is ahead on every 27B / 35B-A3B product shape
+// (17408 x 5120: 30.9 against 43.2 us; 5120 x 17408: 39.7 against 65.5; 8192 x 2048: 7.5 against
+// 14.9); at 4 tokens they are level (28.1 / 30.3 and 39.9 / 39.3 us), at 3 the int8 kernels were
+// ahead in a 27B verify (13.15 against 12.56 ms a round).
+constexpr int kMatvecMmaMinTokens = 5;
 int matvec_mma_min_tokens();
 bool matvec_mma_wanted(DType t, int64_t k, int n_tokens);
 // x [n_tokens, k] (silu(x) * up with `up`), row stride x_stride elements, packed into `act`.
