@@ -203,15 +203,19 @@ __device__ __forceinline__ void mma_q4k_block(const uint8_t* stage, const uint2 
     mma_f16(hi, (r[2] & 0x00F000F0u) | 0x54005400u, (r[3] & 0x00F000F0u) | 0x54005400u,
             ((r[2] >> 8) & 0x00F000F0u) | 0x54005400u, ((r[3] >> 8) & 0x00F000F0u) | 0x54005400u, xf[4 * c + 3].x,
             xf[4 * c + 3].y);
-    // q8_unit_dot's arithmetic per (row, token): the scale and min of sub-blocks 2c, 2c + 1.
+    // q8_unit_dot's arithmetic per (row, token): the scale and min of sub-blocks 2c, 2c + 1, as
+    // decode_unit_q8 makes them (d * sc, -dmin * m, each rounded once): byte j of a scale word goes into
+    // the mantissa of 2^23 by one byte permute (no int-to-float conversion, a quarter-rate
+    // instruction), and fma(2^23 + b, d, -2^23 d) = b * d exactly before its one rounding.
     const int jl = 2 * c, jh = 2 * c + 1;
-    auto byte_of = [](uint32_t w03, uint32_t w47, int j) {
-      return static_cast<float>(((j < 4 ? w03 : w47) >> (8 * (j & 3))) & 0xFFu);
+    auto mul_byte = [](uint32_t w03, uint32_t w47, int j, float f) {
+      const float m = __uint_as_float(__byte_perm(j < 4 ? w03 : w47, 0x4B000000u, 0x7440u | (j & 3)));
+      return fmaf(m, f, -8388608.0f * f);
     };
-    const float dwl[2] = {sa.d * byte_of(sa.sc03, sa.sc47, jl), sb.d * byte_of(sb.sc03, sb.sc47, jl)};
-    const float dwh[2] = {sa.d * byte_of(sa.sc03, sa.sc47, jh), sb.d * byte_of(sb.sc03, sb.sc47, jh)};
-    const float mwl[2] = {-sa.dmin * byte_of(sa.m03, sa.m47, jl), -sb.dmin * byte_of(sb.m03, sb.m47, jl)};
-    const float mwh[2] = {-sa.dmin * byte_of(sa.m03, sa.m47, jh), -sb.dmin * byte_of(sb.m03, sb.m47, jh)};
+    const float dwl[2] = {mul_byte(sa.sc03, sa.sc47, jl, sa.d), mul_byte(sb.sc03, sb.sc47, jl, sb.d)};
+    const float dwh[2] = {mul_byte(sa.sc03, sa.sc47, jh, sa.d), mul_byte(sb.sc03, sb.sc47, jh, sb.d)};
+    const float mwl[2] = {mul_byte(sa.m03, sa.m47, jl, -sa.dmin), mul_byte(sb.m03, sb.m47, jl, -sb.dmin)};
+    const float mwh[2] = {mul_byte(sa.m03, sa.m47, jh, -sa.dmin), mul_byte(sb.m03, sb.m47, jh, -sb.dmin)};
     // (d, sum) of tokens 2 tig, 2 tig + 1 for sub-blocks jl, jh.
     float4 xl = make_float4(0.0f, 0.0f, 0.0f, 0.0f), xh = xl;
     if (live) {
