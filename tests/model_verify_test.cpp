@@ -316,19 +316,21 @@ TEST_P(ModelVerify, EngineSpeculativeOutputIsThePlainOutput) {
       if (!c.cuda) {
         EXPECT_EQ(y->tokens, x->tokens) << "prompt " << k << ", temperature " << sp.temperature;
       } else if (sp.temperature == 0.0f) {
-        // Greedy on CUDA: the same tokens, or they part where the plain decode's best two logits are
-        // closer than a verify row may differ from the decode step's (tolerance() of the largest
-        // logit each way, the tests above): a near-tie, which float order decides.
+        // Greedy on CUDA: the same tokens, or they part at a near-tie, which float order decides: a
+        // verify row and the decode step take the same int8 activation codes and float arithmetic per
+        // block, summed in another order (5-8 token products run on tensor cores), so the two picks
+        // must be within twice kTolCuda (the F32 models' float-order bound) of the largest logit in
+        // the plain decode's logits there (replayed by a model of its own, whose prefill may sum in
+        // another order again: the plain pick may come out second by as little).
         ASSERT_EQ(y->tokens.size(), x->tokens.size());
         size_t p = 0;
         while (p < x->tokens.size() && x->tokens[p] == y->tokens[p]) ++p;
         if (p < x->tokens.size()) {
           const double margin = plain_margin(q, x->tokens, p, y->tokens[p]);
           std::printf("[verify] cuda greedy, prompt %d: parts from the plain output at token %zu of %zu, where the "
-                      "plain decode's pick leads the other by %.3g of the largest logit\n",
+                      "plain decode's pick and the other are %.3g of the largest logit apart\n",
                       k, p, x->tokens.size(), margin);
-          EXPECT_LE(margin, 2 * tolerance()) << "prompt " << k << ": parts at token " << p << " with no near-tie";
-          EXPECT_GE(margin, 0.0) << "prompt " << k << ": the plain decode did not pick its best token";
+          EXPECT_LE(std::fabs(margin), 2 * kTolCuda) << "prompt " << k << ": parts at token " << p << " with no near-tie";
         }
       } else {
         // On CUDA a verify row equals the decode step's logits up to float order (kTolCuda /
