@@ -110,17 +110,7 @@ v1_kernel(const float* q, const uint8_t* const* k_base, int64_t k_off, int64_t v
   }
 }
 
-// ---- device limits and data ----
-__global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345679u) atomicAdd(sink, 1ull);  // keeps the loads alive
-}
-
+// ---- data (the read bandwidth: workbench.cuh measure_read_gbs) ----
 __global__ void fill_random_half(__half* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -141,21 +131,6 @@ __global__ void fill_random_float(float* p, int64_t n, uint32_t seed) {
     h ^= h >> 12;
     p[i] = static_cast<float>(h & 0xFFFF) / 16384.0f - 2.0f;
   }
-}
-
-double measure_read_gbs() {
-  const int64_t bytes = int64_t{4} << 30;
-  uint4* p;
-  unsigned long long* sink;
-  CK(cudaMalloc(&p, bytes));
-  CK(cudaMalloc(&sink, 8));
-  CK(cudaMemset(p, 0x5A, bytes));
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const float ms = median_event_ms(nullptr, 10, [&](int) { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); });
-  CK(cudaFree(p));
-  CK(cudaFree(sink));
-  return bytes / (ms * 1e-3) / 1e9;
 }
 
 // One copy of a layer's KV for n_kv positions: chunk c in slot c of one allocation (K then V per slot),

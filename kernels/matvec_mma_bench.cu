@@ -44,30 +44,7 @@ const Variant kVariants[] = {{"w4s3", ds::cuda::kern::matvec_mma_q4k<4, 3>, 4},
                              {"w4s3c5", ds::cuda::kern::matvec_mma_q4k<4, 3, 5>, 4},
                              {"w8s2", ds::cuda::kern::matvec_mma_q4k<8, 2>, 8}};
 
-__global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345679u) atomicAdd(sink, 1ull);
-}
 
-double measure_read_gbs() {
-  const int64_t bytes = int64_t{4} << 30;
-  uint4* p;
-  unsigned long long* sink;
-  CK(cudaMalloc(&p, bytes));
-  CK(cudaMalloc(&sink, 8));
-  CK(cudaMemset(p, 0x5A, bytes));
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const float ms = median_event_ms(nullptr, 10, [&](int) { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); }, 3);
-  CK(cudaFree(p));
-  CK(cudaFree(sink));
-  return bytes / (ms * 1e-3) / 1e9;
-}
 
 // Random Q4_K rows: random code and scale bytes, d and dmin in [0.002, 0.02).
 std::vector<uint8_t> q4k_rows(int64_t n_rows, int64_t k, uint32_t seed) {

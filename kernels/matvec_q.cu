@@ -79,36 +79,11 @@ const DType kTypes[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0,
                         DType::Q4_0, DType::Q5_0, DType::BF16, DType::F16, DType::F32};
 FILE* g_tsv = nullptr;
 
-// ---- device limits ----
-__global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345679u) atomicAdd(sink, 1ull);  // keeps the loads alive
-}
-
+// ---- device limits (the read bandwidth: workbench.cuh measure_read_gbs) ----
 // Median ms of `reps` calls of launch(i) on the default stream, after 3 warm-up calls.
 template <typename F>
 float median_ms(F&& launch, int reps) {
   return median_event_ms(nullptr, reps, launch, 3);
-}
-
-double measure_read_gbs() {
-  const int64_t bytes = int64_t{4} << 30;
-  uint4* p;
-  unsigned long long* sink;
-  CK(cudaMalloc(&p, bytes));
-  CK(cudaMalloc(&sink, 8));
-  CK(cudaMemset(p, 0x5A, bytes));
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const float ms = median_ms([&](int) { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); }, 10);
-  CK(cudaFree(p));
-  CK(cudaFree(sink));
-  return bytes / (ms * 1e-3) / 1e9;
 }
 
 double measure_bf16_tflops(cublasHandle_t h) {

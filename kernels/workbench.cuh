@@ -66,6 +66,34 @@ float median_event_ms(cudaStream_t s, int runs, F f, int warmups = 1) {
   return ms[ms.size() / 2];
 }
 
+// One 16-byte load per thread and step, the grid striding over p[0, n): the plain read the matrix
+// workbenches compare their products with.
+__global__ void read_stream(const uint4* p, int64_t n, unsigned long long* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345679u) atomicAdd(sink, 1ull);  // keeps the loads alive
+}
+
+// The device's read bandwidth in GB/s: read_stream over 4 GiB (8 CTAs of 512 per SM), median of 10.
+inline double measure_read_gbs() {
+  const int64_t bytes = int64_t{4} << 30;
+  uint4* p;
+  unsigned long long* sink;
+  CK(cudaMalloc(&p, bytes));
+  CK(cudaMalloc(&sink, 8));
+  CK(cudaMemset(p, 0x5A, bytes));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const float ms = median_event_ms(nullptr, 10, [&](int) { read_stream<<<sms * 8, 512>>>(p, bytes / 16, sink); }, 3);
+  CK(cudaFree(p));
+  CK(cudaFree(sink));
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
 // body()'s launches on s captured as one graph, replayed as median_event_ms times it: the median replay
 // in ms.
 inline float graph_median_ms(cudaStream_t s, const std::function<void()>& body, int runs) {
