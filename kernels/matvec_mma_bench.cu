@@ -44,8 +44,6 @@ const Variant kVariants[] = {{"w4s3", ds::cuda::kern::matvec_mma_q4k<4, 3>, 4},
                              {"w4s3c5", ds::cuda::kern::matvec_mma_q4k<4, 3, 5>, 4},
                              {"w8s2", ds::cuda::kern::matvec_mma_q4k<8, 2>, 8}};
 
-
-
 // Random Q4_K rows: random code and scale bytes, d and dmin in [0.002, 0.02).
 std::vector<uint8_t> q4k_rows(int64_t n_rows, int64_t k, uint32_t seed) {
   const int64_t rb = k / 256 * 144;
