@@ -140,9 +140,6 @@ struct MatvecMmaArgs {
   int n_tokens;         // 1 .. 8
 };
 
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-
 // c += a * b, m16n8k16, FP16 operands (a: 4 registers, b: 2), F32 accumulators. Not volatile (unlike
 // mma.cuh's): it reads registers only, so the compiler may interleave independent products with the
 // decoding of the next ones instead of issuing each after the one before.
