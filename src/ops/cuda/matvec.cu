@@ -315,7 +315,15 @@ cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream
   kern::MatvecMmaArgs m{static_cast<const uint8_t*>(a.w), a.w_stride, static_cast<const uint8_t*>(a.act), a.y,
                         a.y_stride, a.n_rows, a.k, a.n_tokens};
   const unsigned grid = static_cast<unsigned>((a.n_rows + kern::kMmaRows - 1) / kern::kMmaRows);
-  launch_kernel(kern::matvec_mma_q4k<>, grid, 32 * kern::kMmaWarps, 0, stream, m);
+  // Few rows: 8 warps split each CTA's k (more warps at work on fewer CTAs); the workbench at 5 and 8
+  // tokens (H100, 2026-11-27): 5120 x 17408 32.3 us against 38.4 with 4 warps, 2048 x 4096 4.4 against
+  // 5.5, 1024 x 5120 4.6 against 5.6; from 8192 rows 4 warps of 3 stages (34816 x 5120 47.1 against
+  // 51.6, 17408 x 5120 27.6 against 29.1).
+  if (a.n_rows < 8192) {
+    launch_kernel(kern::matvec_mma_q4k<8, 2>, grid, 256, 0, stream, m);
+  } else {
+    launch_kernel(kern::matvec_mma_q4k<4, 3>, grid, 128, 0, stream, m);
+  }
   return cudaGetLastError();
 }
 

@@ -37,8 +37,8 @@ namespace ds::cuda::kern {
 
 constexpr int kMmaTokens = 8;       // token slots of one n8 tile
 constexpr int kMmaRows = 16;        // weight rows per CTA: one m16 tile
-constexpr int kMmaWarps = 4;        // warps per CTA, splitting k
-constexpr int kMmaStages = 4;       // ring depth per warp (256-element blocks)
+constexpr int kMmaWarps = 4;        // warps per CTA, splitting k (matvec.cu picks 4 or 8 by the rows)
+constexpr int kMmaStages = 3;       // ring depth per warp (256-element blocks)
 constexpr int kMmaBlock = 256;      // elements of a Q4_K block
 constexpr int kMmaBlockBytes = 144;  // bytes of a Q4_K block: rows staged at this stride
 constexpr int kMmaPackThreads = 256;
@@ -259,7 +259,7 @@ __device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaA
 
 // Needs (host-checked, matvec_mma_ok): w and w_stride 16-byte aligned, k % 256 == 0, act from mma_pack.
 // kWarps (the k split of a CTA), kStages (ring depth) and kMinCtas (CTAs per SM the registers must
-// allow) are the knobs the workbench times; production runs the defaults.
+// allow) are the knobs the workbench times; production runs <4, 3> and <8, 2> (matvec.cu).
 template <int kWarps = kMmaWarps, int kStages = kMmaStages, int kMinCtas = 16 / kWarps>
 __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMmaArgs a) {
   __shared__ __align__(16) uint8_t ring[kWarps][kStages][kMmaRows * kMmaBlockBytes];
