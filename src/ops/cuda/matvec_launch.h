@@ -109,9 +109,9 @@ bool matvec_mma_ok(DType t, const MatvecLaunch& a);
 // or DELTASERVE_MATVEC_MMA ("all": 1, a digit 1..8: that many, "0" / "off": never; for measurements).
 // Set from kernels/matvec_mma_bench.cu and `bench --verify` (H100, 2026-11-27, docs/perf-gpu.md): the
 // int8 kernels run 5..8 tokens as 8, where this one is ahead on every 27B / 35B-A3B product shape
-// (17408 x 5120: 30.9 against 43.2 us; 5120 x 17408: 39.7 against 65.5; 8192 x 2048: 7.5 against
-// 14.9); at 4 tokens they are level (28.1 / 30.3 and 39.9 / 39.3 us), at 3 the int8 kernels were
-// ahead in a 27B verify (13.15 against 12.56 ms a round).
+// (17408 x 5120: 27.7 against 43.6 us; 5120 x 17408: 32.8 against 66.1; 8192 x 2048: 7.4 against
+// 15.0); at 4 tokens they were level, at 3 the int8 kernels were ahead in a 27B verify (12.56 against
+// 13.15 ms a round).
 constexpr int kMatvecMmaMinTokens = 5;
 int matvec_mma_min_tokens();
 bool matvec_mma_wanted(DType t, int64_t k, int n_tokens);
