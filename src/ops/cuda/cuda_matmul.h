@@ -28,7 +28,7 @@ enum class MatmulPath : uint8_t {
 // The kernel a matmul call runs (matmul_kernel): for tests, benchmarks and logs.
 enum class MatmulKernel : uint8_t {
   kMatvecQ8,       // int8 activations, dp4a: quantized weights, 1..8 tokens, aligned rows
-  kMatvecMma,      // int8 codes as FP16, tensor cores: Q4_K weights, 5..8 tokens (matvec_mma_wanted)
+  kMatvecMma,      // int8 codes as FP16, tensor cores: Q4_K weights, 4..8 tokens (matvec_mma_wanted)
   kMatvecStaged,   // F32 activations, 16-byte staged loads
   kMatvecGeneric,  // F32 activations, byte loads
   kGemm,           // BF16 tiles + cuBLAS

@@ -110,9 +110,9 @@ bool matvec_mma_ok(DType t, const MatvecLaunch& a);
 // Set from kernels/matvec_mma_bench.cu and `bench --verify` (H100, 2026-11-27, docs/perf-gpu.md): the
 // int8 kernels run 5..8 tokens as 8, where this one is ahead on every 27B / 35B-A3B product shape
 // (17408 x 5120: 27.7 against 43.6 us; 5120 x 17408: 32.8 against 66.1; 8192 x 2048: 7.4 against
-// 15.0); at 4 tokens they were level, at 3 the int8 kernels were ahead in a 27B verify (12.56 against
-// 13.15 ms a round).
-constexpr int kMatvecMmaMinTokens = 5;
+// 15.0); at 4 tokens it is ahead or level (a 27B verify of 4 tokens 13.10 against 13.86 ms a round,
+// 35B-A3B 4.96 against 5.17); at 3 the int8 kernels were ahead on the 27B (12.47 against 12.60).
+constexpr int kMatvecMmaMinTokens = 4;
 int matvec_mma_min_tokens();
 bool matvec_mma_wanted(DType t, int64_t k, int n_tokens);
 // x [n_tokens, k] (silu(x) * up with `up`), row stride x_stride elements, packed into `act`.
