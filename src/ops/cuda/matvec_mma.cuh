@@ -6,14 +6,15 @@
 // accumulators, which hold the sums exactly): 16 weight rows by 8 token slots, so every token up to 8
 // costs the same instructions, where the int8 kernels take one dp4a per 4 weights and token and grow
 // with the tokens of a speculative verify.
-//  - Weights: a CTA owns 16 rows; its 4 warps split the row's 256-element blocks (warp w takes blocks
-//    w, w + 4, ...), each staging its blocks of the 16 rows through its own cp.async ring (the v4 way:
+//  - Weights: a CTA owns 16 rows; its 4 or 8 warps split the row's 256-element blocks (warp w of W takes
+//    blocks w, w + W, ...), each staging its blocks of the 16 rows through its own cp.async ring (the v4 way:
 //    no CTA barrier until the final sum). ldmatrix hands each thread 4 bytes of rows g and g + 8
 //    (g = lane / 4) of a 16-byte segment; one mask puts a nibble q into the mantissa of an FP16 1024
 //    (low nibbles: 1024 + q) or 64 (high: 64 + q): the operand is exact, and the dot is exact plus
 //    base times the activation codes' sum, taken off in F32 (exact: all are integers below 2^24).
-//  - Activations: mma_pack quantizes x as quantize_q8 does (int8 codes in blocks of 32 with d and
-//    d * sum) and writes the codes as FP16 in the B-fragment order, with (d, d * sum, sum) per block.
+//  - Activations: mma_pack quantizes x as quantize_q8 does (quantize_block_q8: int8 codes in blocks
+//    of 32 with d) and writes the codes as FP16 in the B-fragment order, with (d, sum of the codes)
+//    per block and token.
 //  - Per 32-element sub-block and (row, token) the kernel then applies q8_unit_dot's float arithmetic
 //    to the exact integer dot: acc = fma(d * sc, d_x * isum, acc), then fma(-dmin * m, d_x * sum, ..).
 //    So a product equals the int8 kernels' up to the order of the F32 sums, and a verify step's rows
@@ -30,6 +31,7 @@
 
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/matvec_cp_async.cuh"
+#include "ops/cuda/matvec_q8.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/quant_decode.cuh"
 
@@ -89,27 +91,11 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
     }
   }
   // quantize_q8's codes of the 32-element block (threads i = 4 sb .. 4 sb + 3 hold its 32 elements).
-  float amax = 0.0f;
-  int nan = 0;
+  int qi[8], sum;
+  float d;
+  quantize_block_q8(v, qi, d, sum);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    amax = fmaxf(amax, fabsf(v[j]));
-    nan |= v[j] != v[j];
-  }
-#pragma unroll
-  for (int o = 1; o < 4; o <<= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
-  }
-  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-  const float d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
-  int sum = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int q = max(-127, min(127, __float2int_rn(v[j] * id)));
-    sum += q;
-    v[j] = static_cast<float>(q);  // exact in FP16
-  }
+  for (int j = 0; j < 8; ++j) v[j] = static_cast<float>(qi[j]);  // exact in FP16
   // Lanes 4 g + tig of step `step`: tig = 2 half + j holds elements 4 tig .. 4 tig + 3 of the step.
   uint2 out[2];
 #pragma unroll
@@ -120,8 +106,6 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
   }
   uint2* xo = reinterpret_cast<uint2*>(a.act) + (blk * 16 + step) * 32 + 4 * g + 2 * half;
   *reinterpret_cast<uint4*>(xo) = make_uint4(out[0].x, out[0].y, out[1].x, out[1].y);
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
   if (i % 4 == 0) {
     const int sb = i / 4;
     float2* so = reinterpret_cast<float2*>(a.act + mma_act_x_bytes(a.k)) + (blk * 8 + sb) * kMmaTokens + g;
@@ -140,18 +124,12 @@ struct MatvecMmaArgs {
   int n_tokens;         // 1 .. 8
 };
 
-// c += a * b, m16n8k16, FP16 operands (a: 4 registers, b: 2), F32 accumulators. Not volatile (unlike
-// mma.cuh's): it reads registers only, so the compiler may interleave independent products with the
-// decoding of the next ones instead of issuing each after the one before.
+// c += a * b and c = a * b (a fresh accumulator), m16n8k16 (mma.cuh's mma_16816_f16_pure).
 __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  const uint32_t a[4] = {a0, a1, a2, a3};
+  mma_16816_f16_pure(c, a, b0, b1);
 }
-
-// c = a * b (a fresh accumulator) and c += a * b, m16n8k16.
 __device__ __forceinline__ void mma_f16_first(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint2 b) {
   c[0] = c[1] = c[2] = c[3] = 0.0f;

@@ -56,31 +56,35 @@ struct QuantizeQ8Args {
   int n_expert = 0;
 };
 
-// One 32-element block held by 8 consecutive lanes (4 values each; every lane of the warp calls it, for
-// the shuffles): the int8 codes qi = round(v * 127 / amax), the block's d = amax / 127 (NaN when the
-// block holds a NaN) and the sum of its codes (the same on the 8 lanes).
-__device__ __forceinline__ void quantize_block_q8(const float (&v)[4], int (&qi)[4], float& d, int& sum) {
+// One 32-element block held by 32 / N consecutive lanes, N values each (N = 4: 8 lanes, quantize_q8;
+// N = 8: 4 lanes, matvec_mma.cuh's mma_pack); every lane of the warp calls it, for the shuffles: the
+// int8 codes qi = round(v * 127 / amax), the block's d = amax / 127 (NaN when the block holds a NaN)
+// and the sum of its codes (the same on the block's lanes).
+template <int N>
+__device__ __forceinline__ void quantize_block_q8(const float (&v)[N], int (&qi)[N], float& d, int& sum) {
+  static_assert(N == 4 || N == 8, "a 32-element block over 8 or 4 lanes");
+  constexpr int kLanes = 32 / N;
   float amax = 0.0f;
   int nan = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N; ++i) {
     amax = fmaxf(amax, fabsf(v[i]));
     nan |= v[i] != v[i];
   }
 #pragma unroll
-  for (int o = 1; o < 8; o <<= 1) {
+  for (int o = 1; o < kLanes; o <<= 1) {
     amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
     nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
   }
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
   sum = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N; ++i) {
     qi[i] = max(-127, min(127, __float2int_rn(v[i] * id)));
     sum += qi[i];
   }
 #pragma unroll
-  for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  for (int o = 1; o < kLanes; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
   d = nan ? __int_as_float(0x7FC00000) : amax / 127.0f;
 }
 
