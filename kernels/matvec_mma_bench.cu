@@ -1,6 +1,6 @@
-// Workbench: the tensor-core Q4_K product (ops/cuda/matvec_mma.cuh) against the int8 products the
-// production pick runs (matvec_q8_pick_version: v4 / v5), at the 27B and 35B-A3B decode shapes and 1, 2,
-// 4, 8 tokens. Each time is a graph of 8 products over rotating weight copies (more bytes than 4x the
+// Workbench: the tensor-core Q4_K and Q6_K_G4 products (ops/cuda/matvec_mma.cuh) against the int8
+// products the production pick runs otherwise (matvec_q8_pick_version: v4 / v5), at the 27B and 35B-A3B
+// decode shapes and 1, 2, 4, 8 tokens. Each time is a graph of 8 products over rotating weight copies (more bytes than 4x the
 // L2), with programmatic dependent launch as in the decode graph, divided by 8: the product alone
 // (activations already quantized / packed); the quantize and pack launches are timed apart. The two
 // kernels' outputs must agree to 1e-5 (relative L2 difference): the same codes and float arithmetic in
@@ -10,7 +10,7 @@
 //     kernels/matvec_mma_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
 //     -o build-gpu/matvec_mma_bench
 // Run: build-gpu/matvec_mma_bench   (MATVEC_MMA_TOKENS=1,2 restricts the token counts, MATVEC_MMA_SHAPES=0,2
-// the shapes, by index in the table)
+// the Q4_K shapes and MATVEC_MMA_Q6_SHAPES the Q6_K_G4 ones, by index in their tables)
 // Variants of the tensor-core kernel (matvec_mma_q4k<warps, stages, CTAs per SM>): production runs
 // w8s2 below 8192 rows and w4s3 from there (matvec.cu); w4s4, w4s4c5, w4s3c5 and w8s2 trade the
 // CTA's k split against ring depth, c5 caps the registers at 5 CTAs per SM (fewer CTA waves).
@@ -60,6 +60,104 @@ std::vector<uint8_t> q4k_rows(int64_t n_rows, int64_t k, uint32_t seed) {
     }
   }
   return w;
+}
+
+// Random Q6_K_G4 rows: random code and scale bytes, each block's d in [0.002, 0.02), zero padding.
+std::vector<uint8_t> q6g4_rows(int64_t n_rows, int64_t k, uint32_t seed) {
+  const int64_t rb = k / 1024 * 848;
+  std::vector<uint8_t> w(static_cast<size_t>(rb * n_rows));
+  std::mt19937 rng(seed);
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> sc(0.002f, 0.02f);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int64_t g = 0; g < k / 1024; ++g) {
+      uint8_t* p = w.data() + r * rb + g * 848;
+      for (int b = 0; b < 4; ++b) {
+        const uint16_t d = f32_to_fp16(sc(rng));
+        std::memcpy(p + 832 + 2 * b, &d, 2);
+      }
+      std::memset(p + 840, 0, 8);
+    }
+  }
+  return w;
+}
+
+// Q6_K_G4 (the Q4_K_M files' extra-bit tensors in the device layout): the int8 kernels Q6_K would run
+// (matvec_q8_pick_version of Q6_K) against matvec_mma_q6k, both on quantize_q8's activations.
+int q6_section(double read_gbs, int l2, const std::vector<int>& tokens, cudaStream_t s) {
+  struct Shape { int64_t rows, k; const char* what; };
+  const Shape shapes[] = {{5120, 17408, "27B ffn down"}, {10240, 5120, "27B deltanet qkv"}, {1024, 5120, "27B attn v"},
+                          {248320, 5120, "27B output"}, {8192, 2048, "35B qkv-like"}, {1024, 2048, "35B attn v"}};
+  int failures = 0;
+  std::printf("\nQ6_K_G4\n%-18s %6s x %-6s t %8s %8s %7s %7s %9s\n", "shape", "rows", "k", "q8 us", "mma us", "q8 %",
+              "mma %", "rel diff");
+  const char* shape_env = std::getenv("MATVEC_MMA_Q6_SHAPES");
+  for (const Shape& sh : shapes) {
+    const char idx = static_cast<char>('0' + (&sh - shapes));
+    if (shape_env != nullptr && std::strchr(shape_env, idx) == nullptr) continue;
+    const int64_t rb = sh.k / 1024 * 848, bytes = rb * sh.rows;
+    const int copies = static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1));
+    const std::vector<uint8_t> hw = q6g4_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 5 + sh.k));
+    uint8_t* dw;
+    CK(cudaMalloc(&dw, bytes * copies));
+    for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + c * bytes, hw.data(), bytes, cudaMemcpyHostToDevice));
+    std::vector<float> hx(static_cast<size_t>(8 * sh.k));
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd;
+    for (auto& v : hx) v = nd(rng);
+    float *dx, *dy_q8, *dy_mma;
+    void* act;
+    CK(cudaMalloc(&dx, 4 * hx.size()));
+    CK(cudaMalloc(&dy_q8, 4 * 8 * sh.rows));
+    CK(cudaMalloc(&dy_mma, 4 * 8 * sh.rows));
+    CK(cudaMalloc(&act, cuda::matvec_q8_act_bytes(sh.k, 8)));
+    CK(cudaMemcpy(dx, hx.data(), 4 * hx.size(), cudaMemcpyHostToDevice));
+    for (int nt : tokens) {
+      cuda::MatvecLaunch l{dw, rb, dx, sh.k, nullptr, sh.rows, sh.rows, sh.k, nt};
+      l.act = act;
+      l.act_bytes = cuda::matvec_q8_act_bytes(sh.k, nt);
+      const cuda::MatvecQ8Version v_q8 = cuda::matvec_q8_pick_version(DType::Q6_K, sh.rows, sh.k, nt);
+      CK(cuda::quantize_q8_launch(dx, sh.k, nullptr, nt, sh.k, act, nullptr, 0, s));
+      cuda::MatvecLaunch lq = l, lm = l;
+      lq.y = dy_q8;
+      lm.y = dy_mma;
+      CK(cuda::matvec_q8_product_launch_version(DType::Q6_K_G4, lq, v_q8, s));
+      CK(cuda::matvec_q8_product_launch_version(DType::Q6_K_G4, lm, cuda::MatvecQ8Version::kMma, s));
+      CK(cudaStreamSynchronize(s));
+      std::vector<float> yq(static_cast<size_t>(nt * sh.rows)), ym(yq.size());
+      CK(cudaMemcpy(yq.data(), dy_q8, 4 * yq.size(), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(ym.data(), dy_mma, 4 * ym.size(), cudaMemcpyDeviceToHost));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < yq.size(); ++i) {
+        num += (double(ym[i]) - yq[i]) * (double(ym[i]) - yq[i]);
+        den += double(yq[i]) * yq[i];
+      }
+      const double rel = std::sqrt(num / (den + 1e-30));
+      const bool ok = rel < 1e-5 && std::isfinite(rel);  // the same arithmetic but the order of F32 sums
+      failures += !ok;
+      auto chain = [&](cuda::MatvecLaunch base, cuda::MatvecQ8Version v) {
+        return [&, base, v]() {
+          for (int i = 0; i < 8; ++i) {
+            cuda::MatvecLaunch x = base;
+            x.w = dw + (i % copies) * bytes;
+            CK(cuda::matvec_q8_product_launch_version(DType::Q6_K_G4, x, v, s));
+          }
+        };
+      };
+      const float q8_ms = graph_median_ms(s, chain(lq, v_q8), 20) / 8;
+      const float mma_ms = graph_median_ms(s, chain(lm, cuda::MatvecQ8Version::kMma), 20) / 8;
+      auto pct = [&](float ms) { return 100.0 * bytes / (ms * 1e-3) / 1e9 / read_gbs; };
+      std::printf("%-18s %6lld x %-6lld %d %8.2f %8.2f %6.1f%% %6.1f%% %9.2e %s (q8 %s)\n", sh.what, (long long)sh.rows,
+                  (long long)sh.k, nt, q8_ms * 1e3, mma_ms * 1e3, pct(q8_ms), pct(mma_ms), rel, ok ? "ok" : "FAIL",
+                  cuda::matvec_q8_version_name(v_q8));
+    }
+    CK(cudaFree(dw));
+    CK(cudaFree(dx));
+    CK(cudaFree(dy_q8));
+    CK(cudaFree(dy_mma));
+    CK(cudaFree(act));
+  }
+  return failures;
 }
 
 }  // namespace
@@ -186,6 +284,7 @@ int main() {
     CK(cudaFree(act_q8));
     CK(cudaFree(act_mma));
   }
+  failures += q6_section(read_gbs, l2, tokens, s);
   std::printf("%s\n", failures == 0 ? "all outputs agree" : "SOME OUTPUTS DISAGREE");
   return failures == 0 ? 0 : 1;
 }

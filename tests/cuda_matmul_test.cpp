@@ -709,15 +709,16 @@ TEST_P(CudaMatmulTest, RealModelShapes) {
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulTest, ::testing::ValuesIn(kTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
-// ---- q8 versions v4 / v5 on the device ----
-// Every version of the q8 product on the same device-quantized activations: each against the float64
+// ---- q8 versions v4 / v5 / mma on the device ----
+// Every version of the q8 product (kMma: Q6_K_G4 on tensor cores at any token count when forced, v4 for
+// the other types) on the same device-quantized activations: each against the float64
 // product on those activations (kernel bound) and on the original ones (end to end), and against v4
 // (twice the kernel bound), through matvec_q8_product_launch_version, the forced kernels of
 // matvec_q8_product_launch / matvec_launch and the default pick. Outputs start as NaN; row padding must
 // stay NaN.
 const std::vector<cuda::MatvecQ8Version> kQ8Versions = {cuda::MatvecQ8Version::kV4, cuda::MatvecQ8Version::kV5,
                                          cuda::MatvecQ8Version::kV5Persistent, cuda::MatvecQ8Version::kV5SplitK,
-                                         cuda::MatvecQ8Version::kV4Whole};
+                                         cuda::MatvecQ8Version::kV4Whole, cuda::MatvecQ8Version::kMma};
 
 void run_q8_versions(const Weights& w, const cuda::CudaBuffer& wd, int64_t n_tokens) {
   const int dev = 0;
@@ -928,8 +929,9 @@ TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
                         Case{DType::Q6_K, 17408, 5120, 1, V::kV4}, Case{DType::Q4_K, 5120, 17408, 1, V::kV4},
                         Case{DType::Q4_K, 5120, 17408, 4, V::kV5SplitK}, Case{DType::Q6_K, 5120, 17408, 8, V::kV4},
                         Case{DType::Q8_0, 10240, 5120, 1, V::kV4}, Case{DType::Q4_K, 2048, 512, 1, V::kV4},
-                        Case{DType::Q6_K_G4, 2048, 4096, 1, V::kV4}, Case{DType::Q6_K_G4, 5120, 17408, 4, V::kV5SplitK},
-                        Case{DType::Q6_K_G4, 1024, 5120, 8, V::kV5SplitK}, Case{DType::Q6_K_G4, 5120, 17408, 8, V::kV4}}) {
+                        Case{DType::Q6_K_G4, 2048, 4096, 1, V::kV4}, Case{DType::Q6_K_G4, 5120, 17408, 3, V::kV5SplitK},
+                        Case{DType::Q6_K_G4, 5120, 17408, 4, V::kMma}, Case{DType::Q6_K_G4, 1024, 5120, 8, V::kMma},
+                        Case{DType::Q6_K_G4, 248320, 5120, 8, V::kMma}, Case{DType::Q6_K_G4, 10240, 5120, 2, V::kV4}}) {
     EXPECT_EQ(cuda::matvec_q8_pick_version(c.t, c.rows, c.k, c.nt), c.want)
         << dtype_name(c.t) << " " << c.rows << " x " << c.k << " tokens " << c.nt << ": got "
         << cuda::matvec_q8_version_name(cuda::matvec_q8_pick_version(c.t, c.rows, c.k, c.nt));

@@ -74,11 +74,36 @@ constexpr int q8v4w_warps(DType t) {
 template <DType T, int kNT>
 constexpr int q8v4_min_ctas() { return T == DType::Q6_K_G4 && kNT == 2 ? 4 : 1; }
 
+// matvec_mma_q6k over a's rows, in the CTA shape of matvec_mma_q4k's launches for the row count (the
+// workbench kernels/matvec_mma_bench.cu times both); its ring is dynamic shared memory, over the 48 KB
+// of static shared memory with 8 warps.
+template <int kWarps, int kStages>
+cudaError_t launch_mma_q6k_shape(const kern::MatvecQ8Args& a, cudaStream_t stream) {
+  constexpr int kSmem = kern::mma_q6k_smem(kWarps, kStages);
+  const cudaError_t e =
+      cudaFuncSetAttribute(kern::matvec_mma_q6k<kWarps, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return e;
+  const unsigned grid = static_cast<unsigned>((a.n_rows + kern::kMmaRows - 1) / kern::kMmaRows);
+  launch_kernel(kern::matvec_mma_q6k<kWarps, kStages>, grid, 32 * kWarps, kSmem, stream, a);
+  return cudaGetLastError();
+}
+cudaError_t launch_mma_q6k(const kern::MatvecQ8Args& a, cudaStream_t stream) {
+  return a.n_rows < 8192 ? launch_mma_q6k_shape<8, 2>(a, stream) : launch_mma_q6k_shape<4, 3>(a, stream);
+}
+
 // Runs the q8 product (version v) on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
 template <DType T>
 cudaError_t launch_q8_product(const MatvecLaunch& l, MatvecQ8Version v, cudaStream_t stream) {
   const kern::MatvecQ8Args a =
       kern::q8_args(l.w, l.w_stride, l.act, l.k, l.n_tokens, l.y, l.y_stride, l.n_rows, l.n_tokens);
+  if (v == MatvecQ8Version::kMma) {
+    if constexpr (T == DType::Q6_K_G4) {
+      if (l.k % kern::kQ8ChunkElems == 0 && l.n_tokens <= kern::kMmaTokens && l.w_stride < (int64_t{1} << 28)) {
+        return launch_mma_q6k(a, stream);
+      }
+    }
+    v = MatvecQ8Version::kV4;
+  }
   if (v == MatvecQ8Version::kV4Whole) {
     if (l.n_tokens == 1) {
       constexpr int kWarps = q8v4w_warps(T);
@@ -334,6 +359,7 @@ const char* matvec_q8_version_name(MatvecQ8Version v) {
     case MatvecQ8Version::kV5Persistent: return "v5p";
     case MatvecQ8Version::kV5SplitK: return "v5s";
     case MatvecQ8Version::kV4Whole: return "v4w";
+    case MatvecQ8Version::kMma: return "mma";
   }
   return "?";
 }
@@ -354,8 +380,13 @@ const char* matvec_q8_version_name(MatvecQ8Version v) {
 //    29.1 us vs 32.2), which has no partial last wave.
 MatvecQ8Version matvec_q8_pick_version(DType t, int64_t n_rows, int64_t k, int n_tokens) {
   // Q6_K_G4 at one token: v4, which pairs with the Q4_K products beside it (matvec_q8_pair; measured in
-  // the decode graph with the pairing, 2026-11-27); from two tokens as Q6_K.
+  // the decode graph with the pairing, 2026-11-27); on tensor cores from the tokens the Q4_K products
+  // take them (matvec_mma_min_tokens); in between as Q6_K.
   if (t == DType::Q6_K_G4 && n_tokens == 1) return MatvecQ8Version::kV4;
+  if (t == DType::Q6_K_G4 && n_tokens >= matvec_mma_min_tokens() && n_tokens <= kern::kMmaTokens &&
+      k % kern::kQ8ChunkElems == 0) {
+    return MatvecQ8Version::kMma;
+  }
   if (n_rows < 4096 && k >= 2048) {
     // v4w only where its ring fits 2 warps per CTA (the form measured).
     const bool whole = n_tokens == 1 && k <= kMatvecQ8WholeMaxK && qdec::q8_supported(t) && q8v4w_warps(t) == 2;

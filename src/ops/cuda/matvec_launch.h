@@ -53,6 +53,8 @@ enum class MatvecQ8Version : uint8_t {
   kV4Whole,       // kV4 with a ring as deep as a row of kMatvecQ8WholeMaxK elements, 2 warps per CTA (1
                   // where that ring is over 48 KB: Q6_K, Q8_0): a warp issues every weight copy of its
                   // rows before the dependency wait; one token only (more tokens run kV4)
+  kMma,           // Q6_K_G4 on int8 tensor cores (matvec_mma.cuh matvec_mma_q6k), 16 rows per CTA; the
+                  // other types run kV4
 };
 // The longest row kV4Whole holds in flight whole.
 constexpr int64_t kMatvecQ8WholeMaxK = 6144;

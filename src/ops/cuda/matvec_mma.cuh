@@ -1,5 +1,6 @@
-// The tensor-core matrix-vector product for 1..8 tokens (matvec_mma_q4k) and its activation packer
-// (mma_pack), included by ops/cuda/matvec.cu and the kernels/matvec_mma_bench.cu workbench.
+// The tensor-core matrix-vector products for 1..8 tokens: Q4_K (matvec_mma_q4k, on activations packed by
+// mma_pack) and Q6_K_G4 (matvec_mma_q6k, on quantize_q8's; its section below), included by
+// ops/cuda/matvec.cu and the kernels/matvec_mma_bench.cu workbench.
 //
 // What it computes: the int8 kernels' product (matvec_q8.cuh) for Q4_K weights, with the integer dots
 // of codes taken by mma.sync m16n8k16 (FP16 operands holding small integers exactly, F32
@@ -298,6 +299,193 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMm
     const int t = 2 * tig + (q & 1);
     const int64_t r = r0 + g + 8 * (q >> 1);
     if (t < a.n_tokens && r < a.n_rows) a.y[t * a.y_stride + r] = s[q];
+  }
+}
+
+// ---- Q6_K_G4 on int8 tensor cores: matvec_mma_q6k ----
+// What it computes: the int8 kernels' product for Q6_K_G4 weights (matvec_q8<Q6_K_G4>) on the same
+// activations (quantize_q8's int8 codes and d, MatvecQ8Args), with each 16-element integer dot (one
+// Q6_K scale's elements) taken by an int8 m16n8k16 mma.sync with exact int32 sums: 16 weight rows by 8
+// token slots. The weight codes become q - 32 as int8 (two masks, an add and an xor per 4 codes); the
+// B fragment of a step is 4 activation codes of one token, read straight from quantize_q8's rows (the
+// mma's k order is the bytes' order, as ldmatrix hands them out). Per 32-element unit and (row, token)
+// the kernel then takes q8_unit_dot's arithmetic on those exact dots: isum = sc0 * dot0 + sc1 * dot1
+// (exact in int32 and in F32: |isum| < 2^24), acc = fma(d, d_x * isum, acc). So a product equals the
+// int8 kernels' up to the order of the F32 sums over units, as matvec_mma_q4k's does.
+// Layout as matvec_mma_q4k's: a CTA owns 16 rows; warp w of W takes the rows' 256-element blocks w,
+// w + W, ..., staging each block's parts of the 16 rows (ql 128 bytes, qh 64, scales 16, and the 16
+// bytes of its group that hold the four blocks' d) through its own cp.async ring in dynamic shared
+// memory (mma_q6k_smem).
+constexpr int kMmaQ6Pieces = 14;     // 16-byte pieces of a row a block stages: ql 8, qh 4, scales, d
+constexpr int kMmaQ6RowBytes = 240;  // a staged row: the 224 bytes of its pieces and 16 of padding, so
+                                     // ldmatrix's 8 rows (60 words apart) fall in distinct banks
+constexpr int kMmaQ6Scales = 192, kMmaQ6D = 208;  // where a staged row's scales and d piece start
+
+__host__ __device__ constexpr int mma_q6k_smem(int warps, int stages) {
+  return warps * stages * kMmaRows * kMmaQ6RowBytes;
+}
+
+// A lane's share of the copies of one block of the CTA's 16 rows: 224 pieces, lane l the pieces l + 32 i
+// (row p / 14, piece p % 14). src holds the offsets of block 0 of group 0 from the CTA's first row
+// (`w0`); block b of group G adds G times the group's 848 bytes and b times the part's bytes per block
+// (mma_q6k_step: 0 for the d piece, which holds all four). The pieces' stage offsets and steps are
+// recomputed from the lane at each issue, which keeps the registers for the products.
+struct MmaQ6Copies {
+  uintptr_t w0;     // the CTA's first row
+  uint32_t src[7];  // bytes from w0 (kMmaQ6NoCopy: a row past n_rows)
+};
+constexpr uint32_t kMmaQ6NoCopy = 0xFFFFFFFFu;
+__device__ __forceinline__ uint32_t mma_q6k_step(int seg) { return seg < 8 ? 128u : seg < 12 ? 64u : seg == 12 ? 16u : 0u; }
+__device__ __forceinline__ MmaQ6Copies mma_q6k_copies(const MatvecQ8Args& a, int64_t r0, int lane) {
+  MmaQ6Copies c;
+  c.w0 = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(r0 * a.w_stride);
+#pragma unroll
+  for (int i = 0; i < 7; ++i) {
+    const int p = lane + 32 * i, row = p / kMmaQ6Pieces, seg = p % kMmaQ6Pieces;
+    const int off = seg < 8    ? 16 * seg
+                    : seg < 12 ? quant::kGroupQ6K4Qh + 16 * (seg - 8)
+                    : seg == 12 ? quant::kGroupQ6K4Scales
+                                : quant::kGroupQ6K4D;
+    c.src[i] = r0 + row < a.n_rows ? static_cast<uint32_t>(row * a.w_stride + off) : kMmaQ6NoCopy;
+  }
+  return c;
+}
+__device__ __forceinline__ void mma_q6k_issue(uint8_t* stage, const MmaQ6Copies& c, int64_t j, int lane) {
+  const uint32_t s0 = smem_addr(stage);
+  const uintptr_t gj = c.w0 + static_cast<uintptr_t>((j >> 2) * quant::kGroupQ6K4Bytes);
+  const uint32_t b = static_cast<uint32_t>(j & 3);
+#pragma unroll
+  for (int i = 0; i < 7; ++i) {
+    const int p = lane + 32 * i, row = p / kMmaQ6Pieces, seg = p - kMmaQ6Pieces * row;
+    const uint32_t dst = static_cast<uint32_t>(row * kMmaQ6RowBytes + 16 * seg);
+    if (c.src[i] != kMmaQ6NoCopy) cp_async16_full(s0 + dst, gj + (c.src[i] + b * mma_q6k_step(seg)));
+  }
+}
+
+// Byte m of v as a signed int (a Q6_K scale), by one byte permute that replicates its sign.
+__device__ __forceinline__ int mma_q6k_scale(const uint4& v, int m) {
+  const uint32_t w = m < 4 ? v.x : m < 8 ? v.y : m < 12 ? v.z : v.w;
+  const uint32_t j = static_cast<uint32_t>(m & 3);
+  return static_cast<int>(__byte_perm(w, 0u, j | ((8u | j) * 0x1110u)));
+}
+
+// Block b (of its group) of the warp's 16 rows, staged at `stage`, into acc (rows g, g + 8 by tokens
+// 2 tig, 2 tig + 1); xb[s]: the B fragment of the block's 16-element step s; xd[u]: the activation d of
+// unit u for tokens 2 tig (.x) and 2 tig + 1 (.y).
+__device__ __forceinline__ void mma_q6k_block(const uint8_t* stage, int b, const uint32_t* xcodes, bool codes_live,
+                                              const float2 (&xd)[8], int lane, float (&acc)[4]) {
+  const int g = lane / 4;
+  const uint8_t* ra = stage + g * kMmaQ6RowBytes;
+  const uint8_t* rb = ra + 8 * kMmaQ6RowBytes;
+  const uint4 sca = *reinterpret_cast<const uint4*>(ra + kMmaQ6Scales);
+  const uint4 scb = *reinterpret_cast<const uint4*>(rb + kMmaQ6Scales);
+  const float dw[2] = {qdec::h2f(*reinterpret_cast<const uint16_t*>(ra + kMmaQ6D + 2 * b)),
+                       qdec::h2f(*reinterpret_cast<const uint16_t*>(rb + kMmaQ6D + 2 * b))};
+  // ldmatrix rows: lanes 0-7 rows 0-7 of the first 16 bytes, 8-15 rows 8-15, 16-31 the same of the next 16.
+  const uint32_t base = smem_addr(stage) +
+                        static_cast<uint32_t>(((lane & 7) + 8 * ((lane >> 3) & 1)) * kMmaQ6RowBytes + 16 * (lane >> 4));
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {  // elements 128 hh .. + 127: ql bytes 64 hh .., qh bytes 32 hh ..
+    uint32_t xb[8];  // the B fragments of the half's 8 steps (zeros for token slots past n_tokens)
+#pragma unroll
+    for (int s = 0; s < 8; ++s) xb[s] = codes_live ? __ldg(xcodes + 32 * hh + 4 * s) : 0u;
+    uint32_t l0[4], l1[4], h[4];  // [2 s + r]: bytes 16 s + 4 tig .. + 3 of row g (r = 0) or g + 8 (r = 1)
+    ldsm_x4(l0, base + 64u * hh);
+    ldsm_x4(l1, base + 64u * hh + 32u);
+    ldsm_x4(h, base + 128u + 32u * hh);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // unit 4 hh + q: element 32 q + l of the half is ql byte 32 (q & 1) + l's
+                                   // nibble q >> 1 and bits 2q, 2q + 1 of qh byte l
+      const uint32_t* lo = (q & 1) ? l1 : l0;
+      int dot[2][4];
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        uint32_t w[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t ql = (q >> 1) ? lo[2 * s + r] >> 4 : lo[2 * s + r];
+          const uint32_t qh = q == 0 ? h[2 * s + r] << 4 : q == 1 ? h[2 * s + r] << 2 : q == 2 ? h[2 * s + r] : h[2 * s + r] >> 2;
+          const uint32_t code = (ql & 0x0F0F0F0Fu) | (qh & 0x30303030u);  // 4 codes 0..63
+          w[r] = (code + 0x60606060u) ^ 0x80808080u;  // code - 32 as int8 (no carries: code + 96 < 256)
+        }
+        mma_16816_s8(dot[s], w[0], w[1], xb[2 * q + s]);
+      }
+      const int u = 4 * hh + q;
+      const int sc0[2] = {mma_q6k_scale(sca, 2 * u), mma_q6k_scale(scb, 2 * u)};
+      const int sc1[2] = {mma_q6k_scale(sca, 2 * u + 1), mma_q6k_scale(scb, 2 * u + 1)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = i >> 1;
+        const int isum = sc0[row] * dot[0][i] + sc1[row] * dot[1][i];
+        acc[i] = fmaf(dw[row], ((i & 1) ? xd[u].y : xd[u].x) * static_cast<float>(isum), acc[i]);
+      }
+    }
+  }
+}
+
+// Needs (host-checked: matvec_q8_ok and launch_q8_product's kMma case): w and w_stride 16-byte aligned,
+// 16 rows of w_stride under 4 GB, k % 1024 == 0, the activations of quantize_q8 for n_tokens <= 8 rows
+// of k, and mma_q6k_smem(kWarps, kStages) bytes of dynamic shared memory.
+template <int kWarps, int kStages, int kMinCtas = 16 / kWarps>
+__global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q6k(MatvecQ8Args a) {
+  extern __shared__ __align__(16) uint8_t mma_q6k_ring[];
+  __shared__ float part[kWarps][32][4];
+  constexpr int kStageBytes = kMmaRows * kMmaQ6RowBytes;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint8_t* ring = mma_q6k_ring + warp * kStages * kStageBytes;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const int64_t n_blocks = a.k / kMmaBlock;
+  const int n_mine = static_cast<int>((n_blocks - warp + kWarps - 1) / kWarps);  // blocks warp + kWarps i
+  const MmaQ6Copies copies = mma_q6k_copies(a, r0, lane);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_mine) mma_q6k_issue(ring + i * kStageBytes, copies, warp + static_cast<int64_t>(i) * kWarps, lane);
+    cp_async_commit();
+  }
+  // The first blocks' weight copies are in flight before the wait; the activations are read after it.
+  dependency_wait();
+  allow_dependents();
+  const int g = lane / 4, t0 = 2 * (lane % 4);
+  const bool codes_live = g < a.n_tokens;
+  const uint32_t* xrow = reinterpret_cast<const uint32_t*>(a.xq + g * a.k) + (lane % 4);
+  const int64_t units = a.k / kQ8Block;
+  const float4* xd0 = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + t0 * units);
+  const float4* xd1 = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + (t0 + 1) * units);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < n_mine; ++i) {
+    const int next = i + kStages - 1;
+    if (next < n_mine) mma_q6k_issue(ring + (next % kStages) * kStageBytes, copies, warp + static_cast<int64_t>(next) * kWarps, lane);
+    cp_async_commit();
+    const int64_t j = warp + static_cast<int64_t>(i) * kWarps;
+    float2 xd[8];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {  // units 2p, 2p + 1: (d, s) pairs of two units in one 16-byte load
+      const float4 v0 = t0 < a.n_tokens ? __ldg(xd0 + j * 4 + p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 v1 = t0 + 1 < a.n_tokens ? __ldg(xd1 + j * 4 + p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      xd[2 * p] = make_float2(v0.x, v1.x);
+      xd[2 * p + 1] = make_float2(v0.z, v1.z);
+    }
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    mma_q6k_block(ring + (i % kStages) * kStageBytes, static_cast<int>(j & 3), xrow + j * 64, codes_live, xd, lane, acc);
+    __syncwarp();
+  }
+  // Sum the warps' partial products: lane (g, tig) holds rows g, g + 8 of tokens 2 tig, 2 tig + 1.
+#pragma unroll
+  for (int q = 0; q < 4; ++q) part[warp][lane][q] = acc[q];
+  __syncthreads();
+  if (warp != 0) return;
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) sum[q] += part[w][lane][q];
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int t = t0 + (q & 1);
+    const int64_t r = r0 + g + 8 * (q >> 1);
+    if (t < a.n_tokens && r < a.n_rows) a.y[t * a.y_stride + r] = sum[q];
   }
 }
 

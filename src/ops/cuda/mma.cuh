@@ -1,6 +1,7 @@
 // Tensor-core building blocks shared by the kernels that use mma.sync (sm_80+): shared-memory
-// addresses, ldmatrix fragment loads, the m16n8k16 products (F16 or BF16 in, F32 accumulate) and the
-// F32 -> BF16 packing of operands. Fragment layouts are the PTX ISA's: lane = 4 * gid + tig.
+// addresses, ldmatrix fragment loads, the m16n8k16 products (F16 or BF16 in, F32 accumulate; int8 in,
+// exact int32 sums) and the F32 -> BF16 packing of operands. Fragment layouts are the PTX ISA's:
+// lane = 4 * gid + tig.
 // Non-obvious choice: ldmatrix takes a shared-window address (smem_addr), so callers convert a tile's
 // base once and step it by byte offsets.
 #pragma once
@@ -46,6 +47,14 @@ __device__ __forceinline__ void mma_16816_f16_pure(float (&c)[4], const uint32_t
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c[16x8] = a[16x16] * b[16x8] in int8 with exact int32 sums (a fresh accumulator): a0 = row gid, a1 =
+// row gid + 8, each 4 int8 of columns 4 tig .. 4 tig + 3; b = 4 int8 of rows 4 tig .. 4 tig + 3 of
+// column gid; c as mma_16816_f16's. Not volatile, as mma_16816_f16_pure.
+__device__ __forceinline__ void mma_16816_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(a1), "r"(b), "r"(0));
 }
 __device__ __forceinline__ void mma_16816_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
