@@ -362,11 +362,11 @@ __device__ __forceinline__ void mma_q6k_issue(uint8_t* stage, const MmaQ6Copies&
   }
 }
 
-// Byte m of v as a signed int (a Q6_K scale), by one byte permute that replicates its sign.
+// Byte m of v as a signed int (a Q6_K scale). (__byte_perm takes 3 bits of a selector, so it cannot
+// replicate the sign.)
 __device__ __forceinline__ int mma_q6k_scale(const uint4& v, int m) {
   const uint32_t w = m < 4 ? v.x : m < 8 ? v.y : m < 12 ? v.z : v.w;
-  const uint32_t j = static_cast<uint32_t>(m & 3);
-  return static_cast<int>(__byte_perm(w, 0u, j | ((8u | j) * 0x1110u)));
+  return static_cast<int>(static_cast<int8_t>(w >> (8 * (m & 3))));
 }
 
 // Block b (of its group) of the warp's 16 rows, staged at `stage`, into acc (rows g, g + 8 by tokens
