@@ -301,16 +301,17 @@ bool matvec_mma_ok(DType t, const MatvecLaunch& a) {
          a.act_bytes >= kern::mma_act_bytes(a.k);
 }
 
-int matvec_mma_min_tokens() {
-  static const int min_tokens = [] {
+int matvec_mma_min_tokens(DType t) {
+  static const int from_env = [] {  // 0: not set
     const char* e = std::getenv("DELTASERVE_MATVEC_MMA");
-    if (e == nullptr) return kMatvecMmaMinTokens;
+    if (e == nullptr) return 0;
     const std::string v(e);
     if (v == "all") return 1;
     if (v.size() == 1 && v[0] >= '1' && v[0] <= '8') return v[0] - '0';
     return kern::kMmaTokens + 1;  // "0", "off" or anything else: never
   }();
-  return min_tokens;
+  if (from_env != 0) return from_env;
+  return t == DType::Q6_K_G4 ? kMatvecMmaQ6MinTokens : kMatvecMmaMinTokens;
 }
 
 bool matvec_mma_wanted(DType t, int64_t k, int n_tokens) {
@@ -380,10 +381,10 @@ const char* matvec_q8_version_name(MatvecQ8Version v) {
 //    29.1 us vs 32.2), which has no partial last wave.
 MatvecQ8Version matvec_q8_pick_version(DType t, int64_t n_rows, int64_t k, int n_tokens) {
   // Q6_K_G4 at one token: v4, which pairs with the Q4_K products beside it (matvec_q8_pair; measured in
-  // the decode graph with the pairing, 2026-11-27); on tensor cores from the tokens the Q4_K products
-  // take them (matvec_mma_min_tokens); in between as Q6_K.
+  // the decode graph with the pairing, 2026-11-27); on tensor cores from kMatvecMmaQ6MinTokens
+  // (matvec_mma_min_tokens); in between as Q6_K.
   if (t == DType::Q6_K_G4 && n_tokens == 1) return MatvecQ8Version::kV4;
-  if (t == DType::Q6_K_G4 && n_tokens >= matvec_mma_min_tokens() && n_tokens <= kern::kMmaTokens &&
+  if (t == DType::Q6_K_G4 && n_tokens >= matvec_mma_min_tokens(t) && n_tokens <= kern::kMmaTokens &&
       k % kern::kQ8ChunkElems == 0) {
     return MatvecQ8Version::kMma;
   }

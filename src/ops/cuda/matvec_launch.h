@@ -101,7 +101,8 @@ bool matvec_q8_pair_applies(DType t1, const MatvecLaunch& a1, DType t2, const Ma
 cudaError_t matvec_q8_pair_launch(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2,
                                   cudaStream_t stream);
 
-// ---- the tensor-core product (matvec_mma.cuh): Q4_K weights, 1..8 tokens, FP16 activations ----
+// ---- the tensor-core products (matvec_mma.cuh): Q4_K weights, 1..8 tokens, FP16 activations (the
+// Q6_K_G4 one runs as a q8 version, MatvecQ8Version::kMma) ----
 // Bytes of the packed activations of k elements (mma_pack_launch), for any 1..8 tokens.
 int64_t matvec_mma_act_bytes(int64_t k);
 // True when the tensor-core product applies to `a` with a.act holding packed activations: Q4_K, k % 256,
@@ -115,7 +116,15 @@ bool matvec_mma_ok(DType t, const MatvecLaunch& a);
 // 15.0); at 4 tokens it is ahead or level (a 27B verify of 4 tokens 13.10 against 13.86 ms a round,
 // 35B-A3B 4.96 against 5.17); at 3 the int8 kernels were ahead on the 27B (12.47 against 12.60).
 constexpr int kMatvecMmaMinTokens = 4;
-int matvec_mma_min_tokens();
+// Q6_K_G4 (matvec_mma_q6k, on quantize_q8's activations: MatvecQ8Version::kMma) from one token more:
+// at 4 tokens the workbench had it behind the int8 kernels on the 27B's Q6_K shapes (5120 x 17408
+// 47.1 against 43.9 us; the output, 248320 x 5120, 414 against 374) and a 27B verify of 4 tokens was
+// level (13.10 against 13.05 ms a round); at 5 it is ahead (13.40 against 13.87; at 8 14.45 against
+// 15.63).
+constexpr int kMatvecMmaQ6MinTokens = 5;
+// The fewest tokens at which type t's products take the tensor cores: the constants above, or
+// DELTASERVE_MATVEC_MMA's count for both types.
+int matvec_mma_min_tokens(DType t = DType::Q4_K);
 bool matvec_mma_wanted(DType t, int64_t k, int n_tokens);
 // x [n_tokens, k] (silu(x) * up with `up`), row stride x_stride elements, packed into `act`.
 cudaError_t mma_pack_launch(const float* x, int64_t x_stride, const float* up, int n_tokens, int64_t k, void* act,
