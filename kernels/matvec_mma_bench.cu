@@ -62,6 +62,35 @@ std::vector<uint8_t> q4k_rows(int64_t n_rows, int64_t k, uint32_t seed) {
   return w;
 }
 
+// The relative L2 difference of b from a.
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(b[i]) - a[i]) * (double(b[i]) - a[i]);
+    den += double(a[i]) * a[i];
+  }
+  return std::sqrt(num / (den + 1e-30));
+}
+
+// `copies` device copies of the weight bytes hw, one after the other (each product of a timed chain
+// reads the next, so the chain reads more than 4x the L2), and 8 rows of k normal activations.
+uint8_t* upload_copies(const std::vector<uint8_t>& hw, int copies) {
+  uint8_t* dw;
+  CK(cudaMalloc(&dw, hw.size() * copies));
+  for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + c * hw.size(), hw.data(), hw.size(), cudaMemcpyHostToDevice));
+  return dw;
+}
+float* upload_x(int64_t k, uint32_t seed) {
+  std::vector<float> hx(static_cast<size_t>(8 * k));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  for (auto& v : hx) v = nd(rng);
+  float* dx;
+  CK(cudaMalloc(&dx, 4 * hx.size()));
+  CK(cudaMemcpy(dx, hx.data(), 4 * hx.size(), cudaMemcpyHostToDevice));
+  return dx;
+}
+
 // Random Q6_K_G4 rows: random code and scale bytes, each block's d in [0.002, 0.02), zero padding.
 std::vector<uint8_t> q6g4_rows(int64_t n_rows, int64_t k, uint32_t seed) {
   const int64_t rb = k / 1024 * 848;
@@ -97,21 +126,13 @@ int q6_section(double read_gbs, int l2, const std::vector<int>& tokens, cudaStre
     if (shape_env != nullptr && std::strchr(shape_env, idx) == nullptr) continue;
     const int64_t rb = sh.k / 1024 * 848, bytes = rb * sh.rows;
     const int copies = static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1));
-    const std::vector<uint8_t> hw = q6g4_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 5 + sh.k));
-    uint8_t* dw;
-    CK(cudaMalloc(&dw, bytes * copies));
-    for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + c * bytes, hw.data(), bytes, cudaMemcpyHostToDevice));
-    std::vector<float> hx(static_cast<size_t>(8 * sh.k));
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd;
-    for (auto& v : hx) v = nd(rng);
-    float *dx, *dy_q8, *dy_mma;
+    uint8_t* dw = upload_copies(q6g4_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 5 + sh.k)), copies);
+    float* dx = upload_x(sh.k, 7);
+    float *dy_q8, *dy_mma;
     void* act;
-    CK(cudaMalloc(&dx, 4 * hx.size()));
     CK(cudaMalloc(&dy_q8, 4 * 8 * sh.rows));
     CK(cudaMalloc(&dy_mma, 4 * 8 * sh.rows));
     CK(cudaMalloc(&act, cuda::matvec_q8_act_bytes(sh.k, 8)));
-    CK(cudaMemcpy(dx, hx.data(), 4 * hx.size(), cudaMemcpyHostToDevice));
     for (int nt : tokens) {
       cuda::MatvecLaunch l{dw, rb, dx, sh.k, nullptr, sh.rows, sh.rows, sh.k, nt};
       l.act = act;
@@ -127,12 +148,7 @@ int q6_section(double read_gbs, int l2, const std::vector<int>& tokens, cudaStre
       std::vector<float> yq(static_cast<size_t>(nt * sh.rows)), ym(yq.size());
       CK(cudaMemcpy(yq.data(), dy_q8, 4 * yq.size(), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(ym.data(), dy_mma, 4 * ym.size(), cudaMemcpyDeviceToHost));
-      double num = 0, den = 0;
-      for (size_t i = 0; i < yq.size(); ++i) {
-        num += (double(ym[i]) - yq[i]) * (double(ym[i]) - yq[i]);
-        den += double(yq[i]) * yq[i];
-      }
-      const double rel = std::sqrt(num / (den + 1e-30));
+      const double rel = rel_l2(yq, ym);
       const bool ok = rel < 1e-5 && std::isfinite(rel);  // the same arithmetic but the order of F32 sums
       failures += !ok;
       auto chain = [&](cuda::MatvecLaunch base, cuda::MatvecQ8Version v) {
@@ -188,22 +204,14 @@ int main() {
     if (shape_env != nullptr && std::strchr(shape_env, idx) == nullptr) continue;
     const int64_t rb = sh.k / 256 * 144, bytes = rb * sh.rows;
     const int copies = static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1));
-    const std::vector<uint8_t> hw = q4k_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 7 + sh.k));
-    uint8_t* dw;
-    CK(cudaMalloc(&dw, bytes * copies));
-    for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + c * bytes, hw.data(), bytes, cudaMemcpyHostToDevice));
-    std::vector<float> hx(static_cast<size_t>(8 * sh.k));
-    std::mt19937 rng(5);
-    std::normal_distribution<float> nd;
-    for (auto& v : hx) v = nd(rng);
-    float *dx, *dy_q8, *dy_mma;
+    uint8_t* dw = upload_copies(q4k_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 7 + sh.k)), copies);
+    float* dx = upload_x(sh.k, 5);
+    float *dy_q8, *dy_mma;
     void *act_q8, *act_mma;
-    CK(cudaMalloc(&dx, 4 * hx.size()));
     CK(cudaMalloc(&dy_q8, 4 * 8 * sh.rows));
     CK(cudaMalloc(&dy_mma, 4 * 8 * sh.rows));
     CK(cudaMalloc(&act_q8, cuda::matvec_q8_act_bytes(sh.k, 8)));
     CK(cudaMalloc(&act_mma, cuda::matvec_mma_act_bytes(sh.k)));
-    CK(cudaMemcpy(dx, hx.data(), 4 * hx.size(), cudaMemcpyHostToDevice));
     for (int nt : tokens) {
       cuda::MatvecLaunch l{dw, rb, dx, sh.k, nullptr, sh.rows, sh.rows, sh.k, nt};
       cuda::MatvecLaunch lq = l, lm = l;
@@ -221,12 +229,7 @@ int main() {
       std::vector<float> yq(static_cast<size_t>(nt * sh.rows)), ym(yq.size());
       CK(cudaMemcpy(yq.data(), dy_q8, 4 * yq.size(), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(ym.data(), dy_mma, 4 * ym.size(), cudaMemcpyDeviceToHost));
-      double num = 0, den = 0;
-      for (size_t i = 0; i < yq.size(); ++i) {
-        num += (double(ym[i]) - yq[i]) * (double(ym[i]) - yq[i]);
-        den += double(yq[i]) * yq[i];
-      }
-      const double rel = std::sqrt(num / (den + 1e-30));
+      const double rel = rel_l2(yq, ym);
       const bool ok = rel < 1e-5 && std::isfinite(rel);  // the same arithmetic but the order of F32 sums
       failures += !ok;
       auto chain = [&](cuda::MatvecLaunch base, bool mma) {
@@ -259,12 +262,7 @@ int main() {
         std::vector<float> yv(ym.size());
         CK(cudaMemcpy(yv.data(), dy_mma, 4 * yv.size(), cudaMemcpyDeviceToHost));
         // Another k split sums in another order: the same up to F32 rounding (relative L2 difference).
-        double dn = 0, dd = 0;
-        for (size_t i = 0; i < yv.size(); ++i) {
-          dn += (double(yv[i]) - ym[i]) * (double(yv[i]) - ym[i]);
-          dd += double(ym[i]) * ym[i];
-        }
-        const bool same = std::sqrt(dn / (dd + 1e-30)) < 1e-5;
+        const bool same = rel_l2(ym, yv) < 1e-5;
         failures += !same;
         const float ms = graph_median_ms(s, [&] {
           for (int i = 0; i < 8; ++i) {

@@ -236,6 +236,30 @@ __device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaA
   }
 }
 
+// The CTA's 16 rows: each warp's acc (lane (g, tig): rows g, g + 8 of tokens 2 tig, 2 tig + 1) summed
+// over the warps in warp order through `part`, and written by warp 0 where row and token are live.
+template <int kWarps>
+__device__ __forceinline__ void mma_store_rows(float (&part)[kWarps][32][4], const float (&acc)[4], int warp, int lane,
+                                               int64_t r0, float* y, int64_t y_stride, int64_t n_rows, int n_tokens) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) part[warp][lane][q] = acc[q];
+  __syncthreads();
+  if (warp != 0) return;
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) s[q] += part[w][lane][q];
+  }
+  const int g = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int t = 2 * tig + (q & 1);
+    const int64_t r = r0 + g + 8 * (q >> 1);
+    if (t < n_tokens && r < n_rows) y[t * y_stride + r] = s[q];
+  }
+}
+
 // Needs (host-checked, matvec_mma_ok): w and w_stride 16-byte aligned, k % 256 == 0, act from mma_pack.
 // kWarps (the k split of a CTA), kStages (ring depth) and kMinCtas (CTAs per SM the registers must
 // allow) are the knobs the workbench times; production runs <4, 3> and <8, 2> (matvec.cu).
@@ -282,24 +306,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMm
     mma_q4k_block(ring[warp][i % kStages], xf, xscale + j * 8 * kMmaTokens, scales_live, lane, acc);
     __syncwarp();
   }
-  // Sum the warps' partial products: lane (g, tig) holds rows g, g + 8 of tokens 2 tig, 2 tig + 1.
-#pragma unroll
-  for (int q = 0; q < 4; ++q) part[warp][lane][q] = acc[q];
-  __syncthreads();
-  if (warp != 0) return;
-  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) s[q] += part[w][lane][q];
-  }
-  const int g = lane / 4, tig = lane % 4;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int t = 2 * tig + (q & 1);
-    const int64_t r = r0 + g + 8 * (q >> 1);
-    if (t < a.n_tokens && r < a.n_rows) a.y[t * a.y_stride + r] = s[q];
-  }
+  mma_store_rows<kWarps>(part, acc, warp, lane, r0, a.y, a.y_stride, a.n_rows, a.n_tokens);
 }
 
 // ---- Q6_K_G4 on int8 tensor cores: matvec_mma_q6k ----
@@ -470,23 +477,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q6k(MatvecQ8
     mma_q6k_block(ring + (i % kStages) * kStageBytes, static_cast<int>(j & 3), xrow + j * 64, codes_live, xd, lane, acc);
     __syncwarp();
   }
-  // Sum the warps' partial products: lane (g, tig) holds rows g, g + 8 of tokens 2 tig, 2 tig + 1.
-#pragma unroll
-  for (int q = 0; q < 4; ++q) part[warp][lane][q] = acc[q];
-  __syncthreads();
-  if (warp != 0) return;
-  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) sum[q] += part[w][lane][q];
-  }
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int t = t0 + (q & 1);
-    const int64_t r = r0 + g + 8 * (q >> 1);
-    if (t < a.n_tokens && r < a.n_rows) a.y[t * a.y_stride + r] = sum[q];
-  }
+  mma_store_rows<kWarps>(part, acc, warp, lane, r0, a.y, a.y_stride, a.n_rows, a.n_tokens);
 }
 
 }  // namespace ds::cuda::kern
