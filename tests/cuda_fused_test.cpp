@@ -259,6 +259,54 @@ TEST_F(CudaFusedMatmulTest, ManyAdjacentProductsRunAsOne) {
   }
 }
 
+// At 4-8 tokens the tensor-core Q4_K products whose weights follow each other run as one launch with an
+// output per product (matvec_mma_product_launch's parts): each output must be bit for bit what its own
+// launch gives, and match the CPU reference. Part sizes off the 16-row tiles end a launch (the next
+// product starts another), as do neighbours of the other CTA shape (under / from 8192 rows).
+TEST_F(CudaFusedMatmulTest, ManyAdjacentProductsSeveralTokens) {
+  const std::vector<std::pair<int64_t, std::vector<int64_t>>> cases = {
+      {512, {48, 32, 19}}, {512, {16, 40, 48, 64, 32}}, {512, {16, 32, 48, 64, 16}}, {256, {8192, 48}},
+      {256, {8320, 8192}}};
+  for (const auto& [k, rows] : cases) {
+    std::vector<QWeight> ws;
+    for (int64_t r : rows) ws.push_back(weight(DType::Q4_K, k, r));
+    std::vector<uint8_t> blob;
+    for (const QWeight& w : ws) blob.insert(blob.end(), w.bytes.begin(), w.bytes.end());
+    const TensorView all =
+        up(TensorView::contiguous(blob.data(), DType::Q4_K, {k, static_cast<int64_t>(blob.size()) / dtype_row_bytes(DType::Q4_K, k)}),
+           static_cast<int64_t>(blob.size()));
+    for (int64_t n : {4, 5, 8}) {
+      SCOPED_TRACE(::testing::Message() << "k " << k << ", " << rows.size() << " products, " << n << " tokens");
+      Host x({k, n});
+      x.random(rng_, -2, 2);
+      const TensorView dx = up(x);
+      std::vector<TensorView> dws, dys, singles;
+      int64_t r0 = 0;
+      for (const QWeight& w : ws) {
+        dws.push_back(TensorView::contiguous(all.as<uint8_t>() + r0 * dtype_row_bytes(DType::Q4_K, k), DType::Q4_K,
+                                             {k, w.rows}, all.device));
+        Host out({w.rows, n});
+        dys.push_back(up(out));
+        singles.push_back(up(out));
+        r0 += w.rows;
+      }
+      const Status s = matmul_many(ctx_, dws, dx, dys);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      for (size_t i = 0; i < ws.size(); ++i) {
+        if (cuda::matvec_mma_min_tokens() == cuda::kMatvecMmaMinTokens) {
+          EXPECT_EQ(cuda::matmul_kernel(dws[i], dx, dys[i]), cuda::MatmulKernel::kMatvecMma) << "product " << i;
+        }
+        ASSERT_TRUE(matmul(ctx_, dws[i], dx, singles[i]).is_ok());
+        const std::vector<float> got = down(dys[i], ws[i].rows * n), single = down(singles[i], ws[i].rows * n);
+        EXPECT_TRUE(identical(got, single, ws[i].rows)) << "product " << i << " (" << ws[i].rows
+                                                        << " rows) vs its own launch";
+        EXPECT_TRUE(matches(got, reference_product(ws[i], x.v, n), kTolQ8, ws[i].rows))
+            << "product " << i << " vs CPU reference";
+      }
+    }
+  }
+}
+
 TEST_F(CudaFusedMatmulTest, ManyRealShapes) {
   // 27B DeltaNet: qkv [5120 -> 10240], z [5120 -> 6144], beta / alpha [5120 -> 48]; attention
   // q+gate [5120 -> 12288], k / v [5120 -> 1024].

@@ -941,6 +941,39 @@ TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
   }
 }
 
+// Host logic only (runs without a device): the parts of one tensor-core launch must start at
+// multiples of 16 rows, in order, inside the rows, at most 4 in all, with outputs, and be all under or
+// all at least kMatvecMmaWideRows rows; anything else is refused before a launch.
+TEST(CudaMatvecMma, PartsAreChecked) {
+  alignas(16) static uint8_t fake[16];
+  const int64_t k = 256, rows = 96;
+  cuda::MatvecLaunch l{fake, dtype_row_bytes(DType::Q4_K, k), reinterpret_cast<const float*>(fake), k,
+                       reinterpret_cast<float*>(fake), rows, rows, k, 4};
+  l.act = fake;
+  l.act_bytes = cuda::matvec_mma_act_bytes(k);
+  float* y = reinterpret_cast<float*>(fake);
+  using P = cuda::MatvecMmaPart;
+  const std::vector<std::vector<P>> bad = {
+      {P{8, y, 8}},                              // not a multiple of 16
+      {P{32, y, 8}, P{16, y, 8}},                // out of order
+      {P{32, y, 8}, P{32, y, 8}},                // an empty part
+      {P{96, y, 8}},                             // past the rows
+      {P{0, y, 8}},                              // an empty first part
+      {P{16, nullptr, 8}},                       // no output
+      {P{16, y, 8}, P{32, y, 8}, P{48, y, 8}, P{64, y, 8}},  // 5 parts
+  };
+  for (size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_EQ(cuda::matvec_mma_product_launch(DType::Q4_K, l, nullptr, bad[i].data(), static_cast<int>(bad[i].size())),
+              cudaErrorInvalidValue)
+        << "case " << i;
+  }
+  cuda::MatvecLaunch wide = l;
+  wide.n_rows = cuda::kMatvecMmaWideRows + 64;
+  const P mixed[] = {P{cuda::kMatvecMmaWideRows, y, 8}};  // 8192 rows, then 64
+  EXPECT_EQ(cuda::matvec_mma_product_launch(DType::Q4_K, wide, nullptr, mixed, 1), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::matvec_mma_product_launch(DType::Q6_K, l, nullptr, nullptr, 0), cudaErrorInvalidValue);
+}
+
 // Which kernel runs where: the q8 kernel for quantized weights at 1..8 tokens on aligned rows; the
 // F32-activation kernels for float weights, 9..16 tokens, and the F32 path. Host logic only: runs
 // without a device.

@@ -291,14 +291,18 @@ Result<CudaBuffer> packed_input(const TensorView& x, const TensorView* up, int d
   return act;
 }
 
-// True for one token when weight b's rows start where weight a's end (same type and row bytes) and so
-// does b's output vector: the two products are one over the rows of both. (Outputs are contiguous, so
-// for more tokens they cannot follow each other row by row.)
+// True when weight b's rows start where weight a's end (same type and row bytes).
+bool weights_follow(const TensorView& wa, const TensorView& wb) {
+  return wb.ne[1] > 0 && wb.dtype == wa.dtype && wb.nb[1] == wa.nb[1] &&
+         static_cast<const uint8_t*>(wb.data) == static_cast<const uint8_t*>(wa.data) + wa.ne[1] * wa.nb[1];
+}
+
+// True for one token when the weights follow each other and so does b's output vector: the two
+// products are one over the rows of both. (Outputs are contiguous, so for more tokens they cannot
+// follow each other row by row.)
 bool rows_follow(const TensorView& wa, const TensorView& ya, const TensorView& wb, const TensorView& yb,
                  int64_t n_tokens) {
-  return n_tokens == 1 && wb.ne[1] > 0 && wb.dtype == wa.dtype && wb.nb[1] == wa.nb[1] &&
-         static_cast<const uint8_t*>(wb.data) == static_cast<const uint8_t*>(wa.data) + wa.ne[1] * wa.nb[1] &&
-         yb.as<float>() == ya.as<float>() + ya.ne[0];
+  return n_tokens == 1 && weights_follow(wa, wb) && yb.as<float>() == ya.as<float>() + ya.ne[0];
 }
 
 }  // namespace
@@ -393,10 +397,22 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
       if (packed.data() == nullptr) {
         DS_ASSIGN_OR_RETURN(packed, packed_input(x, nullptr, device, cs));
       }
-      const MatvecLaunch l = matvec_args(ws[i], x, ys[i], packed.data(), packed.bytes());
-      DS_CUDA_TRY(matvec_mma_product_launch(ws[i].dtype, l, cs), "matmul_many product {}: {} (matvec_mma)", i,
-                  shapes(ws[i], x, ys[i]));
-      ++i;
+      // The tensor-core products whose weights follow in memory run as one launch with an output per
+      // product (each as its own launch gives it: matvec_mma_product_launch's conditions).
+      MatvecLaunch l = matvec_args(ws[i], x, ys[i], packed.data(), packed.bytes());
+      MatvecMmaPart more[kMatvecMmaMaxParts - 1];
+      int n_more = 0;
+      const bool wide = ws[i].ne[1] >= kMatvecMmaWideRows;
+      size_t j = i + 1;
+      for (; j < ws.size() && n_more + 1 < kMatvecMmaMaxParts && l.n_rows % kMatvecMmaPartRows == 0 && mma(j) &&
+             weights_follow(ws[j - 1], ws[j]) && (ws[j].ne[1] >= kMatvecMmaWideRows) == wide;
+           ++j) {
+        more[n_more++] = MatvecMmaPart{l.n_rows, ys[j].as<float>(), ys[j].nb[1] / 4};
+        l.n_rows += ws[j].ne[1];
+      }
+      DS_CUDA_TRY(matvec_mma_product_launch(ws[i].dtype, l, cs, more, n_more),
+                  "matmul_many products {}..{}: {} (matvec_mma)", i, j - 1, shapes(ws[i], x, ys[i]));
+      i = j;
       continue;
     }
     if (!q8(i)) {

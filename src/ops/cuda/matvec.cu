@@ -6,6 +6,7 @@
 // columns (predicated), which bounds the instantiations per type and keeps CI compile time small; v5
 // is instantiated in one configuration per type (rows per warp, prefetch depth) and takes its split
 // and grid at run time.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -88,7 +89,7 @@ cudaError_t launch_mma_q6k_shape(const kern::MatvecQ8Args& a, cudaStream_t strea
   return cudaGetLastError();
 }
 cudaError_t launch_mma_q6k(const kern::MatvecQ8Args& a, cudaStream_t stream) {
-  return a.n_rows < 8192 ? launch_mma_q6k_shape<8, 2>(a, stream) : launch_mma_q6k_shape<4, 3>(a, stream);
+  return a.n_rows < kMatvecMmaWideRows ? launch_mma_q6k_shape<8, 2>(a, stream) : launch_mma_q6k_shape<4, 3>(a, stream);
 }
 
 // Runs the q8 product (version v) on activations already quantized into l.act; matvec_q8_ok(T, l) holds.
@@ -335,17 +336,39 @@ cudaError_t mma_pack_launch(const float* x, int64_t x_stride, const float* up, i
   return cudaGetLastError();
 }
 
-cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream) {
+cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream, const MatvecMmaPart* more,
+                                      int n_more) {
   if (a.n_rows <= 0 || a.n_tokens <= 0) return cudaSuccess;
-  if (!matvec_mma_ok(t, a)) return cudaErrorInvalidValue;
+  if (!matvec_mma_ok(t, a) || n_more < 0 || n_more + 1 > kMatvecMmaMaxParts || (n_more > 0 && more == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  static_assert(kMatvecMmaMaxParts == kern::kMmaMaxParts && kMatvecMmaPartRows == kern::kMmaRows, "parts of one launch");
   kern::MatvecMmaArgs m{static_cast<const uint8_t*>(a.w), a.w_stride, static_cast<const uint8_t*>(a.act), a.y,
                         a.y_stride, a.n_rows, a.k, a.n_tokens};
+  m.n_parts = 1 + n_more;
+  int64_t prev = 0, shape_rows = 0;  // the widest part decides the CTA shape, as its own launch would
+  bool wide = false, narrow = false;
+  for (int p = 0; p < m.n_parts; ++p) {
+    const int64_t first = p == 0 ? 0 : more[p - 1].first_row;
+    const int64_t end = p + 1 < m.n_parts ? more[p].first_row : a.n_rows;
+    if (p > 0) {
+      if (first <= prev || first % kMatvecMmaPartRows != 0 || more[p - 1].y == nullptr) return cudaErrorInvalidValue;
+      m.part_row[p] = first;
+      m.part_y[p] = more[p - 1].y;
+      m.part_y_stride[p] = more[p - 1].y_stride;
+    }
+    if (end <= first) return cudaErrorInvalidValue;
+    (end - first >= kMatvecMmaWideRows ? wide : narrow) = true;
+    shape_rows = std::max(shape_rows, end - first);
+    prev = first;
+  }
+  if (wide && narrow) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>((a.n_rows + kern::kMmaRows - 1) / kern::kMmaRows);
   // Few rows: 8 warps split each CTA's k (more warps at work on fewer CTAs); the workbench at 5 and 8
   // tokens (H100, 2026-11-27): 5120 x 17408 32.3 us against 38.4 with 4 warps, 2048 x 4096 4.4 against
   // 5.5, 1024 x 5120 4.6 against 5.6; from 8192 rows 4 warps of 3 stages (34816 x 5120 47.1 against
   // 51.6, 17408 x 5120 27.6 against 29.1).
-  if (a.n_rows < 8192) {
+  if (shape_rows < kMatvecMmaWideRows) {
     launch_kernel(kern::matvec_mma_q4k<8, 2>, grid, 256, 0, stream, m);
   } else {
     launch_kernel(kern::matvec_mma_q4k<4, 3>, grid, 128, 0, stream, m);

@@ -130,8 +130,22 @@ bool matvec_mma_wanted(DType t, int64_t k, int n_tokens);
 cudaError_t mma_pack_launch(const float* x, int64_t x_stride, const float* up, int n_tokens, int64_t k, void* act,
                             cudaStream_t stream);
 // The product on activations packed by mma_pack_launch (same k and n_tokens); cudaErrorInvalidValue
-// unless matvec_mma_ok.
-cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream);
+// unless matvec_mma_ok. With n_more parts `more`, a's rows are several products' whose weights follow
+// each other in memory, each with its own output: rows from more[i].first_row on go to more[i].y (row
+// stride y_stride) up to the next part's first row, a's y taking those before more[0]. Parts start at
+// multiples of kMatvecMmaPartRows, in increasing order, at most kMatvecMmaMaxParts in all, and are all
+// under or all at least kMatvecMmaWideRows rows (the CTA shape of a product alone: so each output is
+// what its own launch gives, bit for bit); otherwise cudaErrorInvalidValue.
+struct MatvecMmaPart {
+  int64_t first_row;
+  float* y;
+  int64_t y_stride;
+};
+constexpr int kMatvecMmaMaxParts = 4;
+constexpr int64_t kMatvecMmaPartRows = 16;  // a part's first row is a multiple of this (a CTA's rows)
+constexpr int64_t kMatvecMmaWideRows = 8192;  // from here 4 warps of 3 stages a CTA, below 8 of 2
+cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream_t stream,
+                                      const MatvecMmaPart* more = nullptr, int n_more = 0);
 
 // q8 activation blocks of rows [0, n_rows) of x (k % 32 == 0, row stride x_stride elements) into `act`
 // (layout of matvec_q8_act_bytes). SwiGLU mode when `up` is set: the values are silu(x) * up (up rows at

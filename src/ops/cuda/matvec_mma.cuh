@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(kMmaPackThreads) mma_pack(MmaPackArgs a) {
   }
 }
 
+constexpr int kMmaMaxParts = 4;  // outputs of one launch
 struct MatvecMmaArgs {
   const uint8_t* w;     // [n_rows] Q4_K rows of k elements
   int64_t w_stride;     // bytes between rows, a multiple of 16
@@ -123,6 +124,13 @@ struct MatvecMmaArgs {
   int64_t n_rows;
   int64_t k;            // multiple of 256
   int n_tokens;         // 1 .. 8
+  // Further outputs (products whose weights follow each other in memory, run as one launch): rows from
+  // part_row[p] (a multiple of 16, increasing) on go to part_y[p] (row r at part_y[p][t * part_y_stride[p]
+  // + r - part_row[p]]) up to the next part's first row; rows before part_row[1] to y.
+  int n_parts = 1;
+  int64_t part_row[kMmaMaxParts] = {};
+  float* part_y[kMmaMaxParts] = {};
+  int64_t part_y_stride[kMmaMaxParts] = {};
 };
 
 // c += a * b and c = a * b (a fresh accumulator), m16n8k16 (mma.cuh's mma_16816_f16_pure).
@@ -306,7 +314,19 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMm
     mma_q4k_block(ring[warp][i % kStages], xf, xscale + j * 8 * kMmaTokens, scales_live, lane, acc);
     __syncwarp();
   }
-  mma_store_rows<kWarps>(part, acc, warp, lane, r0, a.y, a.y_stride, a.n_rows, a.n_tokens);
+  // The output part of the CTA's rows (parts start at multiples of 16: a CTA's rows are in one).
+  float* y = a.y;
+  int64_t y_stride = a.y_stride, first = 0, end = a.n_parts > 1 ? a.part_row[1] : a.n_rows;
+#pragma unroll
+  for (int p = 1; p < kMmaMaxParts; ++p) {
+    if (p < a.n_parts && r0 >= a.part_row[p]) {
+      y = a.part_y[p];
+      y_stride = a.part_y_stride[p];
+      first = a.part_row[p];
+      end = p + 1 < a.n_parts ? a.part_row[p + 1] : a.n_rows;
+    }
+  }
+  mma_store_rows<kWarps>(part, acc, warp, lane, r0 - first, y, y_stride, end - first, a.n_tokens);
 }
 
 // ---- Q6_K_G4 on int8 tensor cores: matvec_mma_q6k ----
