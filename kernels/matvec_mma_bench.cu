@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,22 +45,32 @@ const Variant kVariants[] = {{"w4s4", ds::cuda::kern::matvec_mma_q4k<4, 4>, 4},
                              {"w4s3c5", ds::cuda::kern::matvec_mma_q4k<4, 3, 5>, 4},
                              {"w8s2", ds::cuda::kern::matvec_mma_q4k<8, 2>, 8}};
 
-// Random Q4_K rows: random code and scale bytes, d and dmin in [0.002, 0.02).
-std::vector<uint8_t> q4k_rows(int64_t n_rows, int64_t k, uint32_t seed) {
-  const int64_t rb = k / 256 * 144;
+// Random weight rows of `block_bytes` per `block_elems` elements: random bytes, then each block's fp16
+// scales (at the given offsets) set in [0.002, 0.02).
+std::vector<uint8_t> random_rows(int64_t n_rows, int64_t k, int64_t block_elems, int64_t block_bytes,
+                                 std::initializer_list<int> scale_offsets, uint32_t seed) {
+  const int64_t rb = k / block_elems * block_bytes;
   std::vector<uint8_t> w(static_cast<size_t>(rb * n_rows));
   std::mt19937 rng(seed);
   for (auto& b : w) b = static_cast<uint8_t>(rng());
   std::uniform_real_distribution<float> sc(0.002f, 0.02f);
   for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t b = 0; b < k / 256; ++b) {
-      uint8_t* p = w.data() + r * rb + b * 144;
-      const uint16_t d = f32_to_fp16(sc(rng)), dm = f32_to_fp16(sc(rng));
-      std::memcpy(p, &d, 2);
-      std::memcpy(p + 2, &dm, 2);
+    for (int64_t b = 0; b < k / block_elems; ++b) {
+      uint8_t* p = w.data() + r * rb + b * block_bytes;
+      for (int off : scale_offsets) {
+        const uint16_t d = f32_to_fp16(sc(rng));
+        std::memcpy(p + off, &d, 2);
+      }
     }
   }
   return w;
+}
+// Q4_K: d and dmin; Q6_K_G4: the four blocks' d (its 8 bytes of padding stay random: no reader uses them).
+std::vector<uint8_t> q4k_rows(int64_t n_rows, int64_t k, uint32_t seed) {
+  return random_rows(n_rows, k, 256, 144, {0, 2}, seed);
+}
+std::vector<uint8_t> q6g4_rows(int64_t n_rows, int64_t k, uint32_t seed) {
+  return random_rows(n_rows, k, 1024, 848, {832, 834, 836, 838}, seed);
 }
 
 // The relative L2 difference of b from a.
@@ -91,25 +102,6 @@ float* upload_x(int64_t k, uint32_t seed) {
   return dx;
 }
 
-// Random Q6_K_G4 rows: random code and scale bytes, each block's d in [0.002, 0.02), zero padding.
-std::vector<uint8_t> q6g4_rows(int64_t n_rows, int64_t k, uint32_t seed) {
-  const int64_t rb = k / 1024 * 848;
-  std::vector<uint8_t> w(static_cast<size_t>(rb * n_rows));
-  std::mt19937 rng(seed);
-  for (auto& b : w) b = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> sc(0.002f, 0.02f);
-  for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t g = 0; g < k / 1024; ++g) {
-      uint8_t* p = w.data() + r * rb + g * 848;
-      for (int b = 0; b < 4; ++b) {
-        const uint16_t d = f32_to_fp16(sc(rng));
-        std::memcpy(p + 832 + 2 * b, &d, 2);
-      }
-      std::memset(p + 840, 0, 8);
-    }
-  }
-  return w;
-}
 
 // Q6_K_G4 (the Q4_K_M files' extra-bit tensors in the device layout): the int8 kernels Q6_K would run
 // (matvec_q8_pick_version of Q6_K) against matvec_mma_q6k, both on quantize_q8's activations.

@@ -272,9 +272,9 @@ TEST_F(CudaFusedMatmulTest, ManyAdjacentProductsSeveralTokens) {
     for (int64_t r : rows) ws.push_back(weight(DType::Q4_K, k, r));
     std::vector<uint8_t> blob;
     for (const QWeight& w : ws) blob.insert(blob.end(), w.bytes.begin(), w.bytes.end());
+    const int64_t total = static_cast<int64_t>(blob.size()) / dtype_row_bytes(DType::Q4_K, k);
     const TensorView all =
-        up(TensorView::contiguous(blob.data(), DType::Q4_K, {k, static_cast<int64_t>(blob.size()) / dtype_row_bytes(DType::Q4_K, k)}),
-           static_cast<int64_t>(blob.size()));
+        up(TensorView::contiguous(blob.data(), DType::Q4_K, {k, total}), static_cast<int64_t>(blob.size()));
     for (int64_t n : {4, 5, 8}) {
       SCOPED_TRACE(::testing::Message() << "k " << k << ", " << rows.size() << " products, " << n << " tokens");
       Host x({k, n});

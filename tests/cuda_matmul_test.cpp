@@ -930,7 +930,8 @@ TEST(CudaMatvecQ8Versions, ForcedKernelsAndPick) {
                         Case{DType::Q4_K, 5120, 17408, 4, V::kV5SplitK}, Case{DType::Q6_K, 5120, 17408, 8, V::kV4},
                         Case{DType::Q8_0, 10240, 5120, 1, V::kV4}, Case{DType::Q4_K, 2048, 512, 1, V::kV4},
                         Case{DType::Q6_K_G4, 2048, 4096, 1, V::kV4}, Case{DType::Q6_K_G4, 5120, 17408, 3, V::kV5SplitK},
-                        Case{DType::Q6_K_G4, 5120, 17408, 4, V::kV5SplitK}, Case{DType::Q6_K_G4, 5120, 17408, 5, V::kMma},
+                        Case{DType::Q6_K_G4, 5120, 17408, 4, V::kV5SplitK},
+                        Case{DType::Q6_K_G4, 5120, 17408, 5, V::kMma},
                         Case{DType::Q6_K_G4, 1024, 5120, 8, V::kMma},
                         Case{DType::Q6_K_G4, 248320, 5120, 8, V::kMma}, Case{DType::Q6_K_G4, 10240, 5120, 2, V::kV4}}) {
     // DELTASERVE_MATVEC_MMA (a measurement override) moves where Q6_K_G4 takes the tensor cores.

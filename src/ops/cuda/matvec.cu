@@ -342,7 +342,8 @@ cudaError_t matvec_mma_product_launch(DType t, const MatvecLaunch& a, cudaStream
   if (!matvec_mma_ok(t, a) || n_more < 0 || n_more + 1 > kMatvecMmaMaxParts || (n_more > 0 && more == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  static_assert(kMatvecMmaMaxParts == kern::kMmaMaxParts && kMatvecMmaPartRows == kern::kMmaRows, "parts of one launch");
+  static_assert(kMatvecMmaMaxParts == kern::kMmaMaxParts && kMatvecMmaPartRows == kern::kMmaRows,
+                "parts of one launch");
   kern::MatvecMmaArgs m{static_cast<const uint8_t*>(a.w), a.w_stride, static_cast<const uint8_t*>(a.act), a.y,
                         a.y_stride, a.n_rows, a.k, a.n_tokens};
   m.n_parts = 1 + n_more;

@@ -362,7 +362,9 @@ struct MmaQ6Copies {
   uint32_t src[7];  // bytes from w0 (kMmaQ6NoCopy: a row past n_rows)
 };
 constexpr uint32_t kMmaQ6NoCopy = 0xFFFFFFFFu;
-__device__ __forceinline__ uint32_t mma_q6k_step(int seg) { return seg < 8 ? 128u : seg < 12 ? 64u : seg == 12 ? 16u : 0u; }
+__device__ __forceinline__ uint32_t mma_q6k_step(int seg) {
+  return seg < 8 ? 128u : seg < 12 ? 64u : seg == 12 ? 16u : 0u;
+}
 __device__ __forceinline__ MmaQ6Copies mma_q6k_copies(const MatvecQ8Args& a, int64_t r0, int lane) {
   MmaQ6Copies c;
   c.w0 = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(r0 * a.w_stride);
@@ -431,7 +433,8 @@ __device__ __forceinline__ void mma_q6k_block(const uint8_t* stage, int b, const
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t ql = (q >> 1) ? lo[2 * s + r] >> 4 : lo[2 * s + r];
-          const uint32_t qh = q == 0 ? h[2 * s + r] << 4 : q == 1 ? h[2 * s + r] << 2 : q == 2 ? h[2 * s + r] : h[2 * s + r] >> 2;
+          const uint32_t hw = h[2 * s + r];
+          const uint32_t qh = q == 0 ? hw << 4 : q == 1 ? hw << 2 : q == 2 ? hw : hw >> 2;
           const uint32_t code = (ql & 0x0F0F0F0Fu) | (qh & 0x30303030u);  // 4 codes 0..63
           w[r] = (code + 0x60606060u) ^ 0x80808080u;  // code - 32 as int8 (no carries: code + 96 < 256)
         }
@@ -481,7 +484,9 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q6k(MatvecQ8
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < n_mine; ++i) {
     const int next = i + kStages - 1;
-    if (next < n_mine) mma_q6k_issue(ring + (next % kStages) * kStageBytes, copies, warp + static_cast<int64_t>(next) * kWarps, lane);
+    if (next < n_mine) {
+      mma_q6k_issue(ring + (next % kStages) * kStageBytes, copies, warp + static_cast<int64_t>(next) * kWarps, lane);
+    }
     cp_async_commit();
     const int64_t j = warp + static_cast<int64_t>(i) * kWarps;
     float2 xd[8];
@@ -494,7 +499,8 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q6k(MatvecQ8
     }
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    mma_q6k_block(ring + (i % kStages) * kStageBytes, static_cast<int>(j & 3), xrow + j * 64, codes_live, xd, lane, acc);
+    mma_q6k_block(ring + (i % kStages) * kStageBytes, static_cast<int>(j & 3), xrow + j * 64, codes_live, xd, lane,
+                  acc);
     __syncwarp();
   }
   mma_store_rows<kWarps>(part, acc, warp, lane, r0, a.y, a.y_stride, a.n_rows, a.n_tokens);
