@@ -14,6 +14,8 @@
 // Variants of the tensor-core kernel (matvec_mma_q4k<warps, stages, CTAs per SM>): production runs
 // w8s2 below 8192 rows and w4s3 from there (matvec.cu); w4s4, w4s4c5, w4s3c5 and w8s2 trade the
 // CTA's k split against ring depth, c5 caps the registers at 5 CTAs per SM (fewer CTA waves).
+// i8w4s3 / i8w8s2: Q4_K on int8 tensor cores over quantize_q8's activations (namespace i8, this file
+// only), checked against the int8 kernels' output.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -82,6 +84,111 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   }
   return std::sqrt(num / (den + 1e-30));
 }
+
+// ---- Workbench only: Q4_K on int8 tensor cores, on quantize_q8's activations ----
+// matvec_mma_q6k's form for Q4_K: one mask (or a shift and a mask) makes 4 nibbles 4 int8 operands, two
+// chained int8 m16n8k16 give a 32-element sub-block's exact dot, then q8_unit_dot's arithmetic:
+// acc = fma(d * sc, d_x * isum, acc), acc = fma(-dmin * m, s_x, acc). Against matvec_mma_q4k (FP16
+// operands from mma_pack): fewer instructions per weight and quantize_q8's activations, which the int8
+// and Q6_K_G4 products share.
+namespace i8 {
+using namespace ds::cuda::kern;
+
+__device__ __forceinline__ void mma_s8_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+template <int kWarps, int kStages, int kMinCtas = 16 / kWarps>
+__global__ void __launch_bounds__(32 * kWarps, kMinCtas) q4k(MatvecQ8Args a) {
+  __shared__ __align__(16) uint8_t ring[kWarps][kStages][kMmaRows * kMmaBlockBytes];
+  __shared__ float part[kWarps][32][4];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  const int64_t n_blocks = a.k / kMmaBlock;
+  const int n_mine = static_cast<int>((n_blocks - warp + kWarps - 1) / kWarps);
+  // Copies as matvec_mma_q4k's (9 pieces a row, lane l the pieces l + 32 i).
+  int64_t src[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    const int p = lane + 32 * i, row = p / 9, seg = p % 9;
+    src[i] = p < kMmaRows * 9 && r0 + row < a.n_rows ? (r0 + row) * a.w_stride + 16 * seg : -1;
+  }
+  auto issue = [&](uint8_t* stage, int64_t j) {
+    const uint32_t s0 = smem_addr(stage);
+    const uintptr_t wj = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(j * kMmaBlockBytes);
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+      if (src[i] >= 0) cp_async16_full(s0 + static_cast<uint32_t>(16 * (lane + 32 * i)), wj + static_cast<uintptr_t>(src[i]));
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_mine) issue(ring[warp][i], warp + static_cast<int64_t>(i) * kWarps);
+    cp_async_commit();
+  }
+  dependency_wait();
+  allow_dependents();
+  const int g = lane / 4, t0 = 2 * (lane % 4);
+  const bool codes_live = g < a.n_tokens;
+  const uint32_t* xrow = reinterpret_cast<const uint32_t*>(a.xq + g * a.k) + (lane % 4);
+  const int64_t units = a.k / kQ8Block;
+  const float4* xd0 = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + t0 * units);
+  const float4* xd1 = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + (t0 + 1) * units);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < n_mine; ++i) {
+    const int next = i + kStages - 1;
+    if (next < n_mine) issue(ring[warp][next % kStages], warp + static_cast<int64_t>(next) * kWarps);
+    cp_async_commit();
+    const int64_t j = warp + static_cast<int64_t>(i) * kWarps;
+    uint32_t xb[16];
+#pragma unroll
+    for (int s = 0; s < 16; ++s) xb[s] = codes_live ? __ldg(xrow + j * 64 + 4 * s) : 0u;
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const uint8_t* stage = ring[warp][i % kStages];
+    const uint4 ha = *reinterpret_cast<const uint4*>(stage + g * kMmaBlockBytes);
+    const uint4 hb = *reinterpret_cast<const uint4*>(stage + (g + 8) * kMmaBlockBytes);
+    auto dm = [](const uint4& h, int jj, float& dw, float& mw) {  // decode_unit_q8's d * sc and -dmin * m
+      const uint32_t sel = 0x4440u | static_cast<uint32_t>(jj & 3);
+      const uint32_t b1 = __byte_perm(h.y, 0u, sel), b2 = __byte_perm(h.z, 0u, sel), b3 = __byte_perm(h.w, 0u, sel);
+      const uint32_t sc = jj < 4 ? (b1 & 63u) : ((b3 & 0xFu) | ((b1 >> 6) << 4));
+      const uint32_t m = jj < 4 ? (b2 & 63u) : ((b3 >> 4) | ((b2 >> 6) << 4));
+      dw = ds::cuda::qdec::h2f(static_cast<uint16_t>(h.x & 0xFFFFu)) * static_cast<float>(sc);
+      mw = -ds::cuda::qdec::h2f(static_cast<uint16_t>(h.x >> 16)) * static_cast<float>(m);
+    };
+    const uint32_t base = smem_addr(stage) + static_cast<uint32_t>(((lane & 7) + 8 * ((lane >> 3) & 1)) * kMmaBlockBytes +
+                                                                   16 + 16 * (lane >> 4));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t r[4];
+      ldsm_x4(r, base + 32u * c);
+      int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+      mma_s8_acc(lo, r[0] & 0x0F0F0F0Fu, r[1] & 0x0F0F0F0Fu, xb[4 * c]);
+      mma_s8_acc(lo, r[2] & 0x0F0F0F0Fu, r[3] & 0x0F0F0F0Fu, xb[4 * c + 1]);
+      mma_s8_acc(hi, (r[0] >> 4) & 0x0F0F0F0Fu, (r[1] >> 4) & 0x0F0F0F0Fu, xb[4 * c + 2]);
+      mma_s8_acc(hi, (r[2] >> 4) & 0x0F0F0F0Fu, (r[3] >> 4) & 0x0F0F0F0Fu, xb[4 * c + 3]);
+      const float4 v0 = t0 < a.n_tokens ? __ldg(xd0 + j * 4 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 v1 = t0 + 1 < a.n_tokens ? __ldg(xd1 + j * 4 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float dwl[2], mwl[2], dwh[2], mwh[2];
+      dm(ha, 2 * c, dwl[0], mwl[0]);
+      dm(hb, 2 * c, dwl[1], mwl[1]);
+      dm(ha, 2 * c + 1, dwh[0], mwh[0]);
+      dm(hb, 2 * c + 1, dwh[1], mwh[1]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int row = q >> 1;
+        const float4 v = (q & 1) ? v1 : v0;  // (d, s) of sub-blocks 2c (.x, .y) and 2c + 1 (.z, .w)
+        acc[q] = fmaf(mwl[row], v.y, fmaf(dwl[row], v.x * static_cast<float>(lo[q]), acc[q]));
+        acc[q] = fmaf(mwh[row], v.w, fmaf(dwh[row], v.z * static_cast<float>(hi[q]), acc[q]));
+      }
+    }
+    __syncwarp();
+  }
+  mma_store_rows<kWarps>(part, acc, warp, lane, r0, a.y, a.y_stride, a.n_rows, a.n_tokens);
+}
+}  // namespace i8
 
 // `copies` device copies of the weight bytes hw, one after the other (each product of a timed chain
 // reads the next, so the chain reads more than 4x the L2), and 8 rows of k normal activations.
@@ -259,6 +366,26 @@ int main() {
         const float ms = graph_median_ms(s, [&] {
           for (int i = 0; i < 8; ++i) {
             ds::cuda::kern::MatvecMmaArgs x = ma;
+            x.w = dw + (i % copies) * bytes;
+            CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
+          }
+        }, 20) / 8;
+        std::printf(" %s %.2f%s", v.name, ms * 1e3, same ? "" : "(DIFFERS)");
+      }
+      // The int8 tensor-core form on quantize_q8's activations (against the int8 kernels' output).
+      const ds::cuda::kern::MatvecQ8Args qa = ds::cuda::kern::q8_args(dw, rb, act_q8, sh.k, nt, dy_mma, sh.rows, sh.rows, nt);
+      struct I8 { const char* name; void (*kernel)(ds::cuda::kern::MatvecQ8Args); int warps; };
+      for (const I8& v : {I8{"i8w4s3", i8::q4k<4, 3>, 4}, I8{"i8w8s2", i8::q4k<8, 2>, 8}}) {
+        CK(cudaMemset(dy_mma, 0xFF, 4 * 8 * sh.rows));
+        CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, qa));
+        CK(cudaStreamSynchronize(s));
+        std::vector<float> yv(yq.size());
+        CK(cudaMemcpy(yv.data(), dy_mma, 4 * yv.size(), cudaMemcpyDeviceToHost));
+        const bool same = rel_l2(yq, yv) < 1e-5;
+        failures += !same;
+        const float ms = graph_median_ms(s, [&] {
+          for (int i = 0; i < 8; ++i) {
+            ds::cuda::kern::MatvecQ8Args x = qa;
             x.w = dw + (i % copies) * bytes;
             CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
           }
