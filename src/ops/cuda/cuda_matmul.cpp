@@ -350,17 +350,23 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
     }
     return Status::ok();
   }
-  // The weights the q8 kernel takes share one quantized copy of x; the rest (F32 / F16 / BF16,
-  // misaligned rows) run matmul_on with F32 activations.
-  auto mma = [&](size_t i) {
-    return ws[i].ne[1] > 0 && mma_applies_with_scratch(ws[i].dtype, matvec_args(ws[i], x, ys[i], nullptr, 0));
-  };
-  auto q8 = [&](size_t i) {
-    return ws[i].ne[1] > 0 && !mma(i) && q8_applies_with_scratch(ws[i].dtype, matvec_args(ws[i], x, ys[i], nullptr, 0));
-  };
-  CudaBuffer packed;  // the tensor-core products' activations, packed at the first of them
+  // The weights the q8 kernel takes share one quantized copy of x, those the tensor-core kernel takes
+  // one packed copy; the rest (F32 / F16 / BF16, misaligned rows) run matmul_on with F32 activations.
+  // Each product's kind, decided once.
+  enum class Kind : uint8_t { kEmpty, kMma, kQ8, kOther };
+  std::vector<Kind> kinds(ws.size());
   bool any_q8 = false;
-  for (size_t i = 0; i < ws.size() && !any_q8; ++i) any_q8 = q8(i);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const MatvecLaunch li = matvec_args(ws[i], x, ys[i], nullptr, 0);
+    kinds[i] = ws[i].ne[1] == 0                             ? Kind::kEmpty
+               : mma_applies_with_scratch(ws[i].dtype, li) ? Kind::kMma
+               : q8_applies_with_scratch(ws[i].dtype, li)  ? Kind::kQ8
+                                                           : Kind::kOther;
+    any_q8 = any_q8 || kinds[i] == Kind::kQ8;
+  }
+  auto mma = [&](size_t i) { return kinds[i] == Kind::kMma; };
+  auto q8 = [&](size_t i) { return kinds[i] == Kind::kQ8; };
+  CudaBuffer packed;  // the tensor-core products' activations, packed at the first of them
   CudaBuffer act;  // back to the cache on return; later users of the block are ordered after this call
   const int64_t act_bytes = any_q8 ? matvec_q8_act_bytes(k, n_tokens) : 0;
   void* act_data = nullptr;
@@ -388,7 +394,7 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
     return Status::ok();
   };
   for (size_t i = 0; i < ws.size();) {
-    if (ws[i].ne[1] == 0) {
+    if (kinds[i] == Kind::kEmpty) {
       ++i;
       continue;
     }
