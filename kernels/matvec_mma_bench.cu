@@ -94,12 +94,6 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 namespace i8 {
 using namespace ds::cuda::kern;
 
-__device__ __forceinline__ void mma_s8_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(b));
-}
-
 template <int kWarps, int kStages, int kMinCtas = 16 / kWarps>
 __global__ void __launch_bounds__(32 * kWarps, kMinCtas) q4k(MatvecQ8Args a) {
   __shared__ __align__(16) uint8_t ring[kWarps][kStages][kMmaRows * kMmaBlockBytes];
@@ -108,74 +102,50 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) q4k(MatvecQ8Args a) {
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t n_blocks = a.k / kMmaBlock;
   const int n_mine = static_cast<int>((n_blocks - warp + kWarps - 1) / kWarps);
-  // Copies as matvec_mma_q4k's (9 pieces a row, lane l the pieces l + 32 i).
-  int64_t src[5];
-#pragma unroll
-  for (int i = 0; i < 5; ++i) {
-    const int p = lane + 32 * i, row = p / 9, seg = p % 9;
-    src[i] = p < kMmaRows * 9 && r0 + row < a.n_rows ? (r0 + row) * a.w_stride + 16 * seg : -1;
-  }
-  auto issue = [&](uint8_t* stage, int64_t j) {
-    const uint32_t s0 = smem_addr(stage);
-    const uintptr_t wj = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(j * kMmaBlockBytes);
-#pragma unroll
-    for (int i = 0; i < 5; ++i) {
-      if (src[i] >= 0) cp_async16_full(s0 + static_cast<uint32_t>(16 * (lane + 32 * i)), wj + static_cast<uintptr_t>(src[i]));
-    }
-  };
+  const MmaCopies copies = mma_copies(a, r0, lane);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_mine) issue(ring[warp][i], warp + static_cast<int64_t>(i) * kWarps);
+    if (i < n_mine) mma_issue_block(ring[warp][i], a, copies, warp + static_cast<int64_t>(i) * kWarps);
     cp_async_commit();
   }
   dependency_wait();
   allow_dependents();
-  const int g = lane / 4, t0 = 2 * (lane % 4);
-  const bool codes_live = g < a.n_tokens;
-  const uint32_t* xrow = reinterpret_cast<const uint32_t*>(a.xq + g * a.k) + (lane % 4);
-  const int64_t units = a.k / kQ8Block;
-  const float4* xd0 = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + t0 * units);
-  const float4* xd1 = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + (t0 + 1) * units);
+  const int g = lane / 4;
+  const MmaQ8Act act(a, lane);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < n_mine; ++i) {
     const int next = i + kStages - 1;
-    if (next < n_mine) issue(ring[warp][next % kStages], warp + static_cast<int64_t>(next) * kWarps);
+    if (next < n_mine) {
+      mma_issue_block(ring[warp][next % kStages], a, copies, warp + static_cast<int64_t>(next) * kWarps);
+    }
     cp_async_commit();
     const int64_t j = warp + static_cast<int64_t>(i) * kWarps;
+    const uint32_t* xcodes = act.block_codes(j);
     uint32_t xb[16];
 #pragma unroll
-    for (int s = 0; s < 16; ++s) xb[s] = codes_live ? __ldg(xrow + j * 64 + 4 * s) : 0u;
+    for (int s = 0; s < 16; ++s) xb[s] = act.codes_live ? __ldg(xcodes + 4 * s) : 0u;
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const uint8_t* stage = ring[warp][i % kStages];
     const uint4 ha = *reinterpret_cast<const uint4*>(stage + g * kMmaBlockBytes);
     const uint4 hb = *reinterpret_cast<const uint4*>(stage + (g + 8) * kMmaBlockBytes);
-    auto dm = [](const uint4& h, int jj, float& dw, float& mw) {  // decode_unit_q8's d * sc and -dmin * m
-      const uint32_t sel = 0x4440u | static_cast<uint32_t>(jj & 3);
-      const uint32_t b1 = __byte_perm(h.y, 0u, sel), b2 = __byte_perm(h.z, 0u, sel), b3 = __byte_perm(h.w, 0u, sel);
-      const uint32_t sc = jj < 4 ? (b1 & 63u) : ((b3 & 0xFu) | ((b1 >> 6) << 4));
-      const uint32_t m = jj < 4 ? (b2 & 63u) : ((b3 >> 4) | ((b2 >> 6) << 4));
-      dw = ds::cuda::qdec::h2f(static_cast<uint16_t>(h.x & 0xFFFFu)) * static_cast<float>(sc);
-      mw = -ds::cuda::qdec::h2f(static_cast<uint16_t>(h.x >> 16)) * static_cast<float>(m);
-    };
-    const uint32_t base = smem_addr(stage) + static_cast<uint32_t>(((lane & 7) + 8 * ((lane >> 3) & 1)) * kMmaBlockBytes +
-                                                                   16 + 16 * (lane >> 4));
+    const uint32_t row = (lane & 7) + 8 * ((lane >> 3) & 1);  // ldmatrix's row of this lane
+    const uint32_t base = smem_addr(stage) + row * kMmaBlockBytes + 16 + 16 * (lane >> 4);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles of 32 bytes) and 2c + 1 (high)
       uint32_t r[4];
       ldsm_x4(r, base + 32u * c);
       int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
-      mma_s8_acc(lo, r[0] & 0x0F0F0F0Fu, r[1] & 0x0F0F0F0Fu, xb[4 * c]);
-      mma_s8_acc(lo, r[2] & 0x0F0F0F0Fu, r[3] & 0x0F0F0F0Fu, xb[4 * c + 1]);
-      mma_s8_acc(hi, (r[0] >> 4) & 0x0F0F0F0Fu, (r[1] >> 4) & 0x0F0F0F0Fu, xb[4 * c + 2]);
-      mma_s8_acc(hi, (r[2] >> 4) & 0x0F0F0F0Fu, (r[3] >> 4) & 0x0F0F0F0Fu, xb[4 * c + 3]);
-      const float4 v0 = t0 < a.n_tokens ? __ldg(xd0 + j * 4 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const float4 v1 = t0 + 1 < a.n_tokens ? __ldg(xd1 + j * 4 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      mma_16816_s8_acc(lo, r[0] & 0x0F0F0F0Fu, r[1] & 0x0F0F0F0Fu, xb[4 * c]);
+      mma_16816_s8_acc(lo, r[2] & 0x0F0F0F0Fu, r[3] & 0x0F0F0F0Fu, xb[4 * c + 1]);
+      mma_16816_s8_acc(hi, (r[0] >> 4) & 0x0F0F0F0Fu, (r[1] >> 4) & 0x0F0F0F0Fu, xb[4 * c + 2]);
+      mma_16816_s8_acc(hi, (r[2] >> 4) & 0x0F0F0F0Fu, (r[3] >> 4) & 0x0F0F0F0Fu, xb[4 * c + 3]);
+      const float4 v0 = act.unit_pair(j, c, 0), v1 = act.unit_pair(j, c, 1);
       float dwl[2], mwl[2], dwh[2], mwh[2];
-      dm(ha, 2 * c, dwl[0], mwl[0]);
-      dm(hb, 2 * c, dwl[1], mwl[1]);
-      dm(ha, 2 * c + 1, dwh[0], mwh[0]);
-      dm(hb, 2 * c + 1, dwh[1], mwh[1]);
+      ds::cuda::qdec::k_unit_scales(ha, 2 * c, dwl[0], mwl[0]);
+      ds::cuda::qdec::k_unit_scales(hb, 2 * c, dwl[1], mwl[1]);
+      ds::cuda::qdec::k_unit_scales(ha, 2 * c + 1, dwh[0], mwh[0]);
+      ds::cuda::qdec::k_unit_scales(hb, 2 * c + 1, dwh[1], mwh[1]);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int row = q >> 1;
@@ -190,8 +160,16 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) q4k(MatvecQ8Args a) {
 }
 }  // namespace i8
 
+// Shape `idx` of a table unless the environment variable `env` lists others (digits of their indices).
+bool shape_wanted(const char* env, int idx) {
+  const char* e = std::getenv(env);
+  return e == nullptr || std::strchr(e, '0' + idx) != nullptr;
+}
+// Copies of a weight of `bytes` a timed chain rotates through: more bytes than 4x the L2, at least 2.
+int copies_over_l2(int64_t bytes, int l2) { return static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1)); }
+
 // `copies` device copies of the weight bytes hw, one after the other (each product of a timed chain
-// reads the next, so the chain reads more than 4x the L2), and 8 rows of k normal activations.
+// reads the next: copies_over_l2), and 8 rows of k normal activations.
 uint8_t* upload_copies(const std::vector<uint8_t>& hw, int copies) {
   uint8_t* dw;
   CK(cudaMalloc(&dw, hw.size() * copies));
@@ -219,12 +197,10 @@ int q6_section(double read_gbs, int l2, const std::vector<int>& tokens, cudaStre
   int failures = 0;
   std::printf("\nQ6_K_G4\n%-18s %6s x %-6s t %8s %8s %7s %7s %9s\n", "shape", "rows", "k", "q8 us", "mma us", "q8 %",
               "mma %", "rel diff");
-  const char* shape_env = std::getenv("MATVEC_MMA_Q6_SHAPES");
   for (const Shape& sh : shapes) {
-    const char idx = static_cast<char>('0' + (&sh - shapes));
-    if (shape_env != nullptr && std::strchr(shape_env, idx) == nullptr) continue;
+    if (!shape_wanted("MATVEC_MMA_Q6_SHAPES", static_cast<int>(&sh - shapes))) continue;
     const int64_t rb = sh.k / 1024 * 848, bytes = rb * sh.rows;
-    const int copies = static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1));
+    const int copies = copies_over_l2(bytes, l2);
     uint8_t* dw = upload_copies(q6g4_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 5 + sh.k)), copies);
     float* dx = upload_x(sh.k, 7);
     float *dy_q8, *dy_mma;
@@ -297,12 +273,10 @@ int main() {
   int failures = 0;
   std::printf("%-18s %6s x %-6s t %8s %8s %8s %8s %7s %7s %9s  variants (us)\n", "shape", "rows", "k", "q8 us", "mma us",
               "quant", "pack", "q8 %", "mma %", "rel diff");
-  const char* shape_env = std::getenv("MATVEC_MMA_SHAPES");
   for (const Shape& sh : shapes) {
-    const char idx = static_cast<char>('0' + (&sh - shapes));
-    if (shape_env != nullptr && std::strchr(shape_env, idx) == nullptr) continue;
+    if (!shape_wanted("MATVEC_MMA_SHAPES", static_cast<int>(&sh - shapes))) continue;
     const int64_t rb = sh.k / 256 * 144, bytes = rb * sh.rows;
-    const int copies = static_cast<int>(std::max<int64_t>(2, (4LL * l2) / bytes + 1));
+    const int copies = copies_over_l2(bytes, l2);
     uint8_t* dw = upload_copies(q4k_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 7 + sh.k)), copies);
     float* dx = upload_x(sh.k, 5);
     float *dy_q8, *dy_mma;
@@ -336,7 +310,8 @@ int main() {
           for (int i = 0; i < 8; ++i) {
             cuda::MatvecLaunch x = base;
             x.w = dw + (i % copies) * bytes;
-            CK(mma ? cuda::matvec_mma_product_launch(DType::Q4_K, x, s) : cuda::matvec_q8_product_launch(DType::Q4_K, x, s));
+            CK(mma ? cuda::matvec_mma_product_launch(DType::Q4_K, x, s)
+                   : cuda::matvec_q8_product_launch(DType::Q4_K, x, s));
           }
         };
       };
@@ -352,45 +327,41 @@ int main() {
       std::printf("%-18s %6lld x %-6lld %d %8.2f %8.2f %8.2f %8.2f %6.1f%% %6.1f%% %9.2e %s ", sh.what,
                   (long long)sh.rows, (long long)sh.k, nt, q8_ms * 1e3, mma_ms * 1e3, quant_ms * 1e3, pack_ms * 1e3,
                   pct(q8_ms), pct(mma_ms), rel, ok ? "ok" : "FAIL");
-      const ds::cuda::kern::MatvecMmaArgs ma{dw, rb, static_cast<const uint8_t*>(act_mma), dy_mma, sh.rows, sh.rows, sh.k, nt};
-      const unsigned grid = static_cast<unsigned>((sh.rows + 15) / 16);
-      for (const Variant& v : kVariants) {
+      // A variant: once into dy_mma against `ref` (the same arithmetic, another order of F32 sums: relative
+      // L2 difference under 1e-5), then timed as a chain of 8 over the rotating copies.
+      auto variant = [&](const char* name, auto launch, const std::vector<float>& ref) {
         CK(cudaMemset(dy_mma, 0xFF, 4 * 8 * sh.rows));
-        CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, ma));
+        launch(dw);
         CK(cudaStreamSynchronize(s));
-        std::vector<float> yv(ym.size());
+        std::vector<float> yv(ref.size());
         CK(cudaMemcpy(yv.data(), dy_mma, 4 * yv.size(), cudaMemcpyDeviceToHost));
-        // Another k split sums in another order: the same up to F32 rounding (relative L2 difference).
-        const bool same = rel_l2(ym, yv) < 1e-5;
+        const bool same = rel_l2(ref, yv) < 1e-5;
         failures += !same;
         const float ms = graph_median_ms(s, [&] {
-          for (int i = 0; i < 8; ++i) {
-            ds::cuda::kern::MatvecMmaArgs x = ma;
-            x.w = dw + (i % copies) * bytes;
-            CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
-          }
+          for (int i = 0; i < 8; ++i) launch(dw + (i % copies) * bytes);
         }, 20) / 8;
-        std::printf(" %s %.2f%s", v.name, ms * 1e3, same ? "" : "(DIFFERS)");
+        std::printf(" %s %.2f%s", name, ms * 1e3, same ? "" : "(DIFFERS)");
+      };
+      const unsigned grid = static_cast<unsigned>((sh.rows + 15) / 16);
+      const ds::cuda::kern::MatvecMmaArgs ma{
+          dw, rb, static_cast<const uint8_t*>(act_mma), dy_mma, sh.rows, sh.rows, sh.k, nt};
+      for (const Variant& v : kVariants) {  // against the production tensor-core kernel
+        variant(v.name, [&](const uint8_t* w) {
+          ds::cuda::kern::MatvecMmaArgs x = ma;
+          x.w = w;
+          CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
+        }, ym);
       }
-      // The int8 tensor-core form on quantize_q8's activations (against the int8 kernels' output).
-      const ds::cuda::kern::MatvecQ8Args qa = ds::cuda::kern::q8_args(dw, rb, act_q8, sh.k, nt, dy_mma, sh.rows, sh.rows, nt);
+      // The int8 tensor-core form on quantize_q8's activations, against the int8 kernels.
+      const ds::cuda::kern::MatvecQ8Args qa =
+          ds::cuda::kern::q8_args(dw, rb, act_q8, sh.k, nt, dy_mma, sh.rows, sh.rows, nt);
       struct I8 { const char* name; void (*kernel)(ds::cuda::kern::MatvecQ8Args); int warps; };
       for (const I8& v : {I8{"i8w4s3", i8::q4k<4, 3>, 4}, I8{"i8w8s2", i8::q4k<8, 2>, 8}}) {
-        CK(cudaMemset(dy_mma, 0xFF, 4 * 8 * sh.rows));
-        CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, qa));
-        CK(cudaStreamSynchronize(s));
-        std::vector<float> yv(yq.size());
-        CK(cudaMemcpy(yv.data(), dy_mma, 4 * yv.size(), cudaMemcpyDeviceToHost));
-        const bool same = rel_l2(yq, yv) < 1e-5;
-        failures += !same;
-        const float ms = graph_median_ms(s, [&] {
-          for (int i = 0; i < 8; ++i) {
-            ds::cuda::kern::MatvecQ8Args x = qa;
-            x.w = dw + (i % copies) * bytes;
-            CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
-          }
-        }, 20) / 8;
-        std::printf(" %s %.2f%s", v.name, ms * 1e3, same ? "" : "(DIFFERS)");
+        variant(v.name, [&](const uint8_t* w) {
+          ds::cuda::kern::MatvecQ8Args x = qa;
+          x.w = w;
+          CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
+        }, yq);
       }
       std::printf("\n");
     }

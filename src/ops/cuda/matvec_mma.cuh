@@ -224,7 +224,8 @@ struct MmaCopies {
   int64_t src[5];  // bytes from the weights to piece i of block 0 (or -1: no piece)
   uint32_t dst[5];  // bytes from the stage's start
 };
-__device__ __forceinline__ MmaCopies mma_copies(const MatvecMmaArgs& a, int64_t r0, int lane) {
+template <class Args>  // MatvecMmaArgs, or MatvecQ8Args (the workbench's int8 Q4_K form)
+__device__ __forceinline__ MmaCopies mma_copies(const Args& a, int64_t r0, int lane) {
   MmaCopies c;
 #pragma unroll
   for (int i = 0; i < 5; ++i) {
@@ -235,7 +236,8 @@ __device__ __forceinline__ MmaCopies mma_copies(const MatvecMmaArgs& a, int64_t 
   }
   return c;
 }
-__device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaArgs& a, const MmaCopies& c, int64_t j) {
+template <class Args>
+__device__ __forceinline__ void mma_issue_block(uint8_t* stage, const Args& a, const MmaCopies& c, int64_t j) {
   const uint32_t s0 = smem_addr(stage);
   const uintptr_t wj = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(j * kMmaBlockBytes);
 #pragma unroll
@@ -328,6 +330,34 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMm
   }
   mma_store_rows<kWarps>(part, acc, warp, lane, r0 - first, y, y_stride, end - first, a.n_tokens);
 }
+
+// A lane's reads of quantize_q8's activations in the int8 tensor-core kernels: the B fragment of token
+// g = lane / 4 for each 16-element step (its 4 codes from element 4 tig) and the (d, s) pairs of tokens
+// 2 tig and 2 tig + 1 (tig = lane % 4), two units per 16-byte load; for token slots past n_tokens the
+// caller skips the codes (codes_live) and unit_pair gives zeros, without a read. matvec_mma_q6k and the
+// workbench's int8 Q4_K form read through it.
+struct MmaQ8Act {
+  const uint32_t* codes;  // token g's codes, from element 4 tig
+  const float4* ds[2];    // (d, s) pairs of tokens 2 tig, 2 tig + 1
+  bool codes_live;
+  int t0, n_tokens;
+  __device__ __forceinline__ MmaQ8Act(const MatvecQ8Args& a, int lane) {
+    const int g = lane / 4;
+    const int64_t units = a.k / kQ8Block;
+    t0 = 2 * (lane % 4);
+    n_tokens = a.n_tokens;
+    codes_live = g < a.n_tokens;
+    codes = reinterpret_cast<const uint32_t*>(a.xq + g * a.k) + (lane % 4);
+    ds[0] = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + t0 * units);
+    ds[1] = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + (t0 + 1) * units);
+  }
+  // Token g's codes of 256-element block j: step s at [4 s].
+  __device__ __forceinline__ const uint32_t* block_codes(int64_t j) const { return codes + j * 64; }
+  // Units 2 p, 2 p + 1 of block j for token 2 tig + i: (d, s, d, s).
+  __device__ __forceinline__ float4 unit_pair(int64_t j, int p, int i) const {
+    return t0 + i < n_tokens ? __ldg(ds[i] + j * 4 + p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+};
 
 // ---- Q6_K_G4 on int8 tensor cores: matvec_mma_q6k ----
 // What it computes: the int8 kernels' product for Q6_K_G4 weights (matvec_q8<Q6_K_G4>) on the same
@@ -475,12 +505,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q6k(MatvecQ8
   // The first blocks' weight copies are in flight before the wait; the activations are read after it.
   dependency_wait();
   allow_dependents();
-  const int g = lane / 4, t0 = 2 * (lane % 4);
-  const bool codes_live = g < a.n_tokens;
-  const uint32_t* xrow = reinterpret_cast<const uint32_t*>(a.xq + g * a.k) + (lane % 4);
-  const int64_t units = a.k / kQ8Block;
-  const float4* xd0 = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + t0 * units);
-  const float4* xd1 = reinterpret_cast<const float4*>(static_cast<const float2*>(a.xds) + (t0 + 1) * units);
+  const MmaQ8Act act(a, lane);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < n_mine; ++i) {
     const int next = i + kStages - 1;
@@ -492,15 +517,14 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q6k(MatvecQ8
     float2 xd[8];
 #pragma unroll
     for (int p = 0; p < 4; ++p) {  // units 2p, 2p + 1: (d, s) pairs of two units in one 16-byte load
-      const float4 v0 = t0 < a.n_tokens ? __ldg(xd0 + j * 4 + p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const float4 v1 = t0 + 1 < a.n_tokens ? __ldg(xd1 + j * 4 + p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 v0 = act.unit_pair(j, p, 0), v1 = act.unit_pair(j, p, 1);
       xd[2 * p] = make_float2(v0.x, v1.x);
       xd[2 * p + 1] = make_float2(v0.z, v1.z);
     }
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    mma_q6k_block(ring + (i % kStages) * kStageBytes, static_cast<int>(j & 3), xrow + j * 64, codes_live, xd, lane,
-                  acc);
+    mma_q6k_block(ring + (i % kStages) * kStageBytes, static_cast<int>(j & 3), act.block_codes(j), act.codes_live, xd,
+                  lane, acc);
     __syncwarp();
   }
   mma_store_rows<kWarps>(part, acc, warp, lane, r0, a.y, a.y_stride, a.n_rows, a.n_tokens);

@@ -284,6 +284,18 @@ __device__ __forceinline__ void words_a2(const uint8_t* p, uint32_t (&out)[N]) {
 // Bits 0..3 of v to bit 4 of bytes 0..3 (the shifted copies of v do not overlap, so no carries).
 __device__ __forceinline__ uint32_t spread4_bit4(uint32_t v) { return (v * 0x02040810u) & 0x10101010u; }
 
+// The float scales of sub-block j of a Q4_K / Q5_K block whose first 16 bytes (d, dmin, scales[12])
+// are h: dw = d * sc and mw = -dmin * m, each rounded once. The 6-bit scale and min (see k_scale_min)
+// are bytes j % 4 of scales[0..3], [4..7], [8..11], each moved to byte 0 by one byte permute.
+__device__ __forceinline__ void k_unit_scales(const uint4& h, int j, float& dw, float& mw) {
+  const uint32_t sel = 0x4440u | static_cast<uint32_t>(j & 3);
+  const uint32_t b1 = __byte_perm(h.y, 0u, sel), b2 = __byte_perm(h.z, 0u, sel), b3 = __byte_perm(h.w, 0u, sel);
+  const uint32_t sc = j < 4 ? (b1 & 63u) : ((b3 & 0xFu) | ((b1 >> 6) << 4));
+  const uint32_t m = j < 4 ? (b2 & 63u) : ((b3 >> 4) | ((b2 >> 6) << 4));
+  dw = h2f(static_cast<uint16_t>(h.x & 0xFFFFu)) * static_cast<float>(sc);
+  mw = -h2f(static_cast<uint16_t>(h.x >> 16)) * static_cast<float>(m);
+}
+
 // Unit u (elements 32u .. 32u+31) of the row bytes at `row`. Q4_K / Q5_K need `row` 16-byte aligned
 // (16-byte loads); the other types 2-byte aligned.
 template <DType T>
@@ -296,16 +308,8 @@ __device__ __forceinline__ void decode_unit_q8(const uint8_t* row, int u, Q8Unit
     constexpr int kBytes = T == DType::Q4_K ? 144 : 176;
     constexpr int kQs = T == DType::Q4_K ? 16 : 48;
     const uint8_t* p = row + (u >> 3) * kBytes;
-    const int j = u & 7, c = j >> 1, half = j & 1, jj = j & 3;
-    const uint4 h = *reinterpret_cast<const uint4*>(p);  // d, dmin, scales[12]
-    // The 6-bit scale and min of sub-block j (see k_scale_min): bytes jj of scales[0..3], [4..7], [8..11],
-    // each moved to byte 0 by one byte permute.
-    const uint32_t sel = 0x4440u | static_cast<uint32_t>(jj);
-    const uint32_t b1 = __byte_perm(h.y, 0u, sel), b2 = __byte_perm(h.z, 0u, sel), b3 = __byte_perm(h.w, 0u, sel);
-    const uint32_t sc = j < 4 ? (b1 & 63u) : ((b3 & 0xFu) | ((b1 >> 6) << 4));
-    const uint32_t m = j < 4 ? (b2 & 63u) : ((b3 >> 4) | ((b2 >> 6) << 4));
-    o.dw = h2f(static_cast<uint16_t>(h.x & 0xFFFFu)) * static_cast<float>(sc);
-    o.mw = -h2f(static_cast<uint16_t>(h.x >> 16)) * static_cast<float>(m);
+    const int j = u & 7, c = j >> 1, half = j & 1;
+    k_unit_scales(*reinterpret_cast<const uint4*>(p), j, o.dw, o.mw);
     const uint4* qs = reinterpret_cast<const uint4*>(p + kQs + 32 * c);  // 32 bytes: sub-blocks 2c, 2c+1
     const uint4 q0 = qs[0], q1 = qs[1];
     const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
