@@ -16,7 +16,8 @@
 // Shape: Qwen3.5 27B full-attention layer: head_dim 256, 24 query heads over 4 KV heads, F16 KV in
 // chunks of 64 positions. Decode at 4K and 32K positions (also with a 32K graph bound at 4K), prefill
 // of 4096 tokens from position 0. Layer decode: attention_prep, the gated split kernel and its combine
-// (the chain) against the fused decode kernel, at 64, 1000, 4096 and 32768 positions.
+// (the chain) against the fused decode kernel, at 64 and 200 positions under a bound of 256 (one CTA per
+// query row), and at 64, 1000, 4096 and 32768 positions.
 // Non-obvious choice: timed runs rotate over enough copies of the KV to exceed 4x the L2 size, and each
 // timing replays a CUDA graph of many launches, so the numbers are device time from memory, not
 // launch overhead or L2 hits.
@@ -340,13 +341,14 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
   for (int i = 0; i < n_copies; ++i) copies.push_back(make_copy(n_kv, 2000u + i));
   const int pos0 = static_cast<int>(n_kv - 1);
   const int64_t HD = int64_t{kH} * kD, act_bytes = cuda::matvec_q8_act_bytes(HD, 1);
-  float *qg, *k_src, *k, *v, *norms, *q, *o, *o_chain;
+  float *qg, *k_src, *k, *k_out, *v, *norms, *q, *o, *o_chain;
   int8_t *act, *act_chain;
   int32_t* d_pos;
   float* scratch;
   CK(cudaMalloc(&qg, 8 * HD));
   CK(cudaMalloc(&k_src, 4 * kHkv * kD));
   CK(cudaMalloc(&k, 4 * kHkv * kD));
+  CK(cudaMalloc(&k_out, 4 * kHkv * kD));
   CK(cudaMalloc(&v, 4 * kHkv * kD));
   CK(cudaMalloc(&norms, 8 * kD));
   CK(cudaMalloc(&q, 4 * HD));
@@ -406,6 +408,7 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
     a.prep = prep_for(c);
     a.attn = gated_for(c, out, out_q8);
     a.attn.scratch = scratch;
+    a.k_out = k_out;
     CK(cuda::attention_decode_launch(a, fused_plan, st));
   };
   // Same bits (k reloaded before each: the prep normalizes it in place).
@@ -420,9 +423,16 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
   CK(cudaMemcpy(a1.data(), act_chain, act_bytes, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(a2.data(), act, act_bytes, cudaMemcpyDeviceToHost));
   const bool same = h1 == h2 && a1 == a2;
+  // One CTA per query row (one split) against the chain's splits past 64 positions: within rounding.
+  float big = 0.0f, worst = 0.0f;
+  for (size_t i = 0; i < h1.size(); ++i) {
+    big = std::max(big, std::fabs(h1[i]));
+    worst = std::max(worst, std::fabs(h1[i] - h2[i]));
+  }
+  const bool close = fused_plan.rows_per_cta == 1 && n_kv > 64 && worst <= 5e-3f * big;
   std::printf("check layer decode n_kv %6lld bound %6lld: fused %s the chain\n", static_cast<long long>(n_kv),
-              static_cast<long long>(max_kv), same ? "equals" : "DIFFERS FROM");
-  if (!same) g_fail = true;
+              static_cast<long long>(max_kv), same ? "equals" : close ? "is within rounding of" : "DIFFERS FROM");
+  if (!same && !close) g_fail = true;
   const double us_chain = time_graph([&](int i, cudaStream_t st) { chain(i, st, o, act); }, 40, s);
   const double us_fused = time_graph([&](int i, cudaStream_t st) { fused(i, st, o, act); }, 40, s);
   std::printf("layer decode n_kv %6lld bound %6lld: chain %7.1f us, fused %7.1f us (splits %d); KV %.1f MB\n",
@@ -432,7 +442,8 @@ void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
     std::fprintf(g_tsv, "layer_decode\t%lld\t%lld\t%.2f\t%.2f\n", static_cast<long long>(n_kv),
                  static_cast<long long>(max_kv), us_chain, us_fused);
   }
-  for (void* ptr : {static_cast<void*>(qg), static_cast<void*>(k_src), static_cast<void*>(k), static_cast<void*>(v),
+  for (void* ptr : {static_cast<void*>(qg), static_cast<void*>(k_src), static_cast<void*>(k), static_cast<void*>(k_out),
+                    static_cast<void*>(v),
                     static_cast<void*>(norms), static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(o_chain),
                     static_cast<void*>(act), static_cast<void*>(act_chain), static_cast<void*>(d_pos),
                     static_cast<void*>(scratch)}) {
@@ -483,7 +494,8 @@ int main(int argc, char** argv) {
   bench_decode(run, 4096, 4096, read_gbs, prop.l2CacheSize, s);
   bench_decode(run, 4096, 32768, read_gbs, prop.l2CacheSize, s);
   bench_decode(run, 32768, 32768, read_gbs, prop.l2CacheSize, s);
-  for (auto [n_kv, bound] : {std::pair<int64_t, int64_t>{64, 1024}, {1000, 1024}, {4096, 5120}, {32768, 32768}}) {
+  for (auto [n_kv, bound] : {std::pair<int64_t, int64_t>{64, 256}, {200, 256}, {64, 1024}, {1000, 1024}, {4096, 5120},
+                             {32768, 32768}}) {
     bench_decode_layer(n_kv, bound, s);
   }
   bench_prefill(run, 4096, s);

@@ -481,6 +481,30 @@ TEST_P(CudaModelArch, GraphsOnAndOffAreBitwiseIdentical) {
   EXPECT_EQ(g->cuda_graph_stats().captures, 3);
 }
 
+// A decode crossing the short launch bound (cuda::attention_launch_bound: 256 positions, where the
+// attention decode takes one CTA per query row) is recaptured once, and stays bitwise the decode
+// without graphs on both sides of it.
+TEST_P(CudaModelArch, GraphsRecaptureAtTheShortBound) {
+  DS_REQUIRE_GPU();
+  ModelOptions on, off;
+  off.cuda_graphs = false;
+  auto g = load(tiny(), kGpu, on);
+  auto p = load(tiny(), kGpu, off);
+  ASSERT_TRUE(g && p);
+  const auto prompt = random_tokens(240, g->n_vocab(), 11);
+  auto a = std::move(g->new_state()).value();
+  auto b = std::move(p->new_state()).value();
+  ASSERT_TRUE(g->prefill(*a, prompt).is_ok());
+  ASSERT_TRUE(p->prefill(*b, prompt).is_ok());
+  for (int step = 0; step < 32; ++step) {  // positions 240 to 271
+    const int32_t t = argmax(g->logits(*a));
+    ASSERT_TRUE(g->decode(*a, t).is_ok()) << "step " << step;
+    ASSERT_TRUE(p->decode(*b, t).is_ok());
+    ASSERT_TRUE(bitwise_equal(g->logits(*a), p->logits(*b))) << "decode step " << step;
+  }
+  EXPECT_EQ(g->cuda_graph_stats().captures, 2);
+}
+
 // Sequences created and destroyed one after another usually get the same addresses (state, recurrent
 // state, logits), so the decode graph of one is replayed for the next: its copy of the logits goes to
 // the next sequence's page-locked buffer at the same address. Each sequence must decode as a fresh

@@ -84,9 +84,11 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
     if (q8_out) {
       DS_ASSIGN_OR_RETURN(o_q8, S.f32({(cuda::norm_q8_act_bytes(HD, n) + 3) / 4}));
     }
+    TensorView k_out = k;  // the normalized, rotated k: in place, or from the fused kernel
     if (q8_out && cuda::attention_decode_q8_applies(kv.dtype, D, H, Hkv, n)) {
+      DS_ASSIGN_OR_RETURN(k_out, S.f32({D, Hkv, n}));
       DS_TRY(cuda::attention_decode_q8(ctx, q_heads, w.q_norm, k, w.k_norm, v, c.rms_eps, c.n_rot, c.rope_base, kv,
-                                       call.d_pos, call.max_kv, scale, gate, q, o, o_q8));
+                                       call.d_pos, call.max_kv, scale, gate, q, k_out, o, o_q8));
     } else {
       if (cuda::attention_prep_applies(D)) {
         // q/k norms, RoPE at the device position and the KV append in one kernel (same bits as below).
@@ -106,7 +108,7 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
       }
     }
     call.dump("attn.q", q);
-    call.dump("attn.k", k);
+    call.dump("attn.k", k_out);
     call.dump("attn.v", v);
     if (q8_out) {
       call.dump("attn.gated", o);

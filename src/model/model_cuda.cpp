@@ -553,7 +553,7 @@ Status Model::cuda_decode_graph(SequenceState& state, int32_t token) {
     return GraphKey{&state,
                     state.recurrent_data(),
                     state.device_slot_table(),
-                    std::min(n_ctx_, (pos + 1 + 1023) / 1024 * 1024),
+                    cuda::attention_launch_bound(pos + 1, n_ctx_),
                     scratch_->generation,
                     hidden_buf_.data(),
                     direct,
@@ -620,7 +620,7 @@ Status Model::cuda_verify_step(SequenceState& state, std::span<const int32_t> to
   };
   const auto key_now = [&] {
     return GraphKey{&state,          state.recurrent_data(), state.device_slot_table(),
-                    std::min(n_ctx_, (pos0 + n + 1023) / 1024 * 1024), scratch_->generation, hidden_buf_.data(),
+                    cuda::attention_launch_bound(pos0 + n, n_ctx_), scratch_->generation, hidden_buf_.data(),
                     logits.as<float>(), best};
   };
   if (options_.cuda_graphs && !debug_hook_ && select) {

@@ -79,17 +79,18 @@ constexpr size_t tc_smem_bytes(int D, int RW) {
 }
 
 // Loads positions [j0, j0 + kBN) of KV head g into one stage; rows at or past kv_end become zeros.
-// A tile inside one KV chunk and before kv_end (every tile of a long split with chunks of a multiple
-// of kBN) takes the short path: thread i copies 16-byte piece i % (D / 8) of rows i / (D / 8) +
-// k kThreads / (D / 8), its source and destination advancing by fixed strides. The general path
+// A tile inside one KV chunk (every tile with chunks of a multiple of kBN) takes the short path: thread
+// i copies 16-byte piece i % (D / 8) of rows i / (D / 8) + k kThreads / (D / 8), its source and
+// destination advancing by fixed strides, rows past kv_end zero-filled instead. The general path
 // locates every piece on its own (chunk, row, zero fill), several times the instructions, which the
-// CTA's 4 warps issue between their tiles' products.
+// CTA's 4 warps issue between their tiles' products (or, for the one tile of a short context, on the
+// step's critical path).
 template <int D>
 __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __half* sV, int j0, int kv_end, int g) {
   constexpr int kPieces = D / 8;  // 16-byte pieces per row
   constexpr int SK = D + 8;
   const int c0 = j0 / p.C, r0 = j0 - c0 * p.C;
-  if (j0 + kBN <= kv_end && r0 + kBN <= p.C) {
+  if (r0 + kBN <= p.C) {
     constexpr int kRowStep = kThreads / kPieces;
     static_assert(kThreads % kPieces == 0 && kBN % kRowStep == 0, "pieces tile the CTA");
     const int pc = static_cast<int>(threadIdx.x) % kPieces, rr = static_cast<int>(threadIdx.x) / kPieces;
@@ -99,10 +100,24 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
     const uint8_t* vs = p.v_base[c0] + p.v_off + off;
     __half* dk = sK + rr * SK + pc * 8;
     __half* dv = sV + rr * SK + pc * 8;
+    if (j0 + kBN <= kv_end) {
 #pragma unroll
-    for (int i = 0; i < kBN / kRowStep; ++i) {
-      cp_async16(dk + i * kRowStep * SK, ks + i * kRowStep * row_bytes);
-      cp_async16(dv + i * kRowStep * SK, vs + i * kRowStep * row_bytes);
+      for (int i = 0; i < kBN / kRowStep; ++i) {
+        cp_async16(dk + i * kRowStep * SK, ks + i * kRowStep * row_bytes);
+        cp_async16(dv + i * kRowStep * SK, vs + i * kRowStep * row_bytes);
+      }
+    } else {  // the range ends inside the tile: rows past it become zeros (P V sees 0 * 0)
+      const int n_rows = kv_end - j0;
+#pragma unroll
+      for (int i = 0; i < kBN / kRowStep; ++i) {
+        if (rr + i * kRowStep < n_rows) {
+          cp_async16(dk + i * kRowStep * SK, ks + i * kRowStep * row_bytes);
+          cp_async16(dv + i * kRowStep * SK, vs + i * kRowStep * row_bytes);
+        } else {
+          *reinterpret_cast<uint4*>(dk + i * kRowStep * SK) = make_uint4(0, 0, 0, 0);
+          *reinterpret_cast<uint4*>(dv + i * kRowStep * SK) = make_uint4(0, 0, 0, 0);
+        }
+      }
     }
     return;
   }
@@ -363,13 +378,19 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 }
 
 // ---- fused decode: prep, attention and output gate in one launch ----
-// attn_decode_kernel<D>: one row block of at most 16 packed rows (tensor-core path, RW = 1) per KV
-// head. Each CTA (KV head g, split s) first does attention_prep's work for what it reads: the new
-// positions inside its range get k normalized and rotated (back into k_in and, as half, into the
-// cache) and v appended, each new position by exactly one CTA (the splits partition the positions);
-// its query rows are normalized and rotated straight into shared memory. Then the tensor-core
-// attention of its range: with one split the final rows, gated, with their q8 codes; with several,
-// partials that attn_combine_kernel merges and gates.
+// attn_decode_kernel<D>: the tensor-core path (RW = 1) with attention_prep's work done by its CTAs, in
+// one of two decompositions (attention_decode_plan):
+//  - row blocks: one block of at most 16 packed rows per KV head, the positions in splits; the new
+//    positions inside a CTA's range get k normalized and rotated (into k_out and, as half, into the
+//    cache) and v appended, each new position by exactly one CTA (the splits partition the positions);
+//  - rows (one token, launch bounds up to kAttnDecodeRowMaxKv): one CTA per query row and one split,
+//    so a short context's prep, attention and output rows are spread over n_head CTAs instead of
+//    n_head_kv; every CTA of a KV head appends the new k and v its tile reads (the same bytes), the
+//    one of the head's first row writes k_out.
+// Each CTA normalizes and rotates its query rows straight into shared memory, then attends over its
+// range: with one split the final rows, gated, with their q8 codes; with several, partials that
+// attn_combine_kernel merges and gates. The rotation angles of the new positions (double-precision
+// sin and cos) are computed before the dependency wait, beside the previous kernel.
 // Not taken: the last CTA of a KV head merging the splits itself (a ticket counter) instead of the
 // combine kernel: 21 us slower a launch on the H100 at one split holding positions (37 against 16),
 // for reasons not found (unconditional loads and one fence per CTA changed nothing; a compact merge
@@ -377,25 +398,27 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 
 constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
 
-// The prep of a CTA with work w (one row block: every row of its KV head); ends with a CTA barrier.
-// y: kWarps * D floats of shared memory (a warp's staging row).
+// The prep of a CTA with work w (rows [w.row0, w.row_end) of its KV head); ends with a CTA barrier.
+// y: kWarps * D floats of shared memory (a warp's staging row); cs: the rotation angles of the new
+// positions, n_rot / 2 per token.
 template <int D>
-__device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const CtaWork& w) {
+__device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const double2* cs, const CtaWork& w) {
   constexpr int SK = D + 8;
-  const int g = w.g, pos0 = w.pos0, kv_begin = w.kv_begin, kv_end = w.kv_end;
+  const int g = w.g, pos0 = w.pos0, kv_begin = w.kv_begin, kv_end = w.kv_end, half = p.n_rot / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* y = y_all + warp * D;
   const int n_kv = pos0 + p.n_tokens;
+  const bool k_out = w.row0 == 0;  // row plans: the CTA of the head's first row
   bool appended = false;
   for (int j = max(kv_begin, pos0) + warp; j < kv_end; j += kWarps) {
     const int64_t in = (static_cast<int64_t>(j - pos0) * p.Hkv + g) * D;
-    kern::prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane);
+    kern::prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane, cs + (j - pos0) * half);
     const int c = j / p.C, r = j - c * p.C;
     const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
     __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
     __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
     for (int i = lane; i < D; i += 32) {
-      p.k_in[in + i] = y[i];
+      if (k_out) p.k_out[in + i] = y[i];
       kern::store_kv(kd + i, y[i]);
       kern::store_kv(vd + i, p.v_in[in + i]);
     }
@@ -403,18 +426,19 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const Ct
     appended = true;
   }
   if (appended) __threadfence();  // the new rows are in L2 before this CTA's tile copies (cp.async.cg) read them
-  const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per KV head writes q_out
-  for (int rho = warp; rho < p.R; rho += kWarps) {
+  const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per row writes q_out
+  // The first query row on warp 1: warp 0 preps the new k row of one token.
+  for (int rho = w.row0 + (warp + kWarps - 1) % kWarps; rho < w.row_end; rho += kWarps) {
     const int t = rho / p.G, h = g * p.G + (rho - t * p.G);
     kern::prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t, p.n_rot,
-                  p.log2_base, y, lane);
+                        p.log2_base, y, lane, cs + t * half);
     for (int d = lane; d < D; d += 32) {
-      sQ[rho * SK + d] = __float2half_rn(y[d]);
+      sQ[(rho - w.row0) * SK + d] = __float2half_rn(y[d]);
       if (q_out) p.q_out[(static_cast<int64_t>(t) * p.H + h) * D + d] = y[d];
     }
     __syncwarp();
   }
-  for (int i = p.R * D + static_cast<int>(threadIdx.x); i < kFuseRows * D; i += kThreads) {
+  for (int i = (w.row_end - w.row0) * D + static_cast<int>(threadIdx.x); i < kFuseRows * D; i += kThreads) {
     sQ[(i / D) * SK + i % D] = __float2half_rn(0.0f);
   }
   __syncthreads();
@@ -422,15 +446,26 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const Ct
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
-  kern::dependency_sync();
   constexpr int SK = D + 8;
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + kFuseRows * SK;  // [2][kBN][SK]
   __half* sV = sK + 2 * kBN * SK;    // [2][kBN][SK]
-  const CtaWork w = cta_work(p, kFuseRows);  // one row block: rows [0, R)
+  // The new positions' rotation angles, in the V stages until the first tile: before the dependency
+  // wait, since the position is written by a copy ahead of the step's kernels and nothing else is read.
+  double2* cs = reinterpret_cast<double2*>(sV);
+  const int pos = read_pos(p), half = p.n_rot / 2;
+  if (pos >= 0) {
+    for (int i = static_cast<int>(threadIdx.x); i < p.n_tokens * half; i += kThreads) {
+      const int t = i / half;
+      cs[i] = kern::rope_neox_cos_sin(static_cast<int64_t>(pos) + t, i - t * half, p.n_rot, p.log2_base);
+    }
+  }
+  __syncthreads();
+  kern::dependency_sync();
+  const CtaWork w = cta_work(p, gridDim.y > 1 ? 1 : kFuseRows);  // rows: one per CTA; row blocks: [0, R)
   if (!w.live) return;
-  decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), w);
+  decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), cs, w);
   tc_attend<D, 1>(p, sQ, sK, sV, w);
 }
 
@@ -678,6 +713,13 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
   int slots = 0;
   const cudaError_t e = configure(pick_decode_kernel(a.kv.head_dim), device, &slots);
   if (e != cudaSuccess) return e;
+  const int R = a.n_tokens * (a.n_head / a.kv.n_head_kv);
+  if (a.n_tokens == 1 && R > 1 && a.max_kv <= kAttnDecodeRowMaxKv) {  // one CTA per query row, one split
+    fill_plan(a, AttnPath::kTensorCore, 1, R, slots, plan);
+    plan->n_split = 1;
+    plan->scratch_bytes = 0;
+    return cudaSuccess;
+  }
   fill_plan(a, AttnPath::kTensorCore, kFuseRows, 1, slots, plan);
   return cudaSuccess;
 }
@@ -685,10 +727,13 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
 cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& plan, cudaStream_t s) {
   const AttnPagedArgs& at = a.attn;
   const KernelPick k = pick_decode_kernel(at.kv.head_dim);
-  if (k.fn == nullptr || plan.path != AttnPath::kTensorCore || plan.rows_per_cta != kFuseRows ||
-      plan.n_row_blocks != 1 || (plan.n_split > 1 && at.scratch == nullptr) || at.gate == nullptr ||
-      at.q8 == nullptr || reinterpret_cast<uintptr_t>(at.q8) % 16 != 0 || a.prep.q == nullptr ||
-      a.prep.k == nullptr || a.prep.v == nullptr || a.prep.q_in == nullptr || a.prep.n_rot < 2 ||
+  const int64_t R = static_cast<int64_t>(at.n_tokens) * (at.n_head / std::max(at.kv.n_head_kv, 1));
+  const bool row_blocks = plan.rows_per_cta == kFuseRows && plan.n_row_blocks == 1;
+  const bool rows = plan.rows_per_cta == 1 && plan.n_row_blocks == R && plan.n_split == 1 && at.n_tokens == 1;
+  if (k.fn == nullptr || plan.path != AttnPath::kTensorCore || !(row_blocks || rows) ||
+      (plan.n_split > 1 && at.scratch == nullptr) || at.gate == nullptr || at.q8 == nullptr ||
+      reinterpret_cast<uintptr_t>(at.q8) % 16 != 0 || a.prep.q == nullptr || a.prep.k == nullptr ||
+      a.k_out == nullptr || a.k_out == a.prep.k || a.prep.v == nullptr || a.prep.q_in == nullptr || a.prep.n_rot < 2 ||
       a.prep.n_rot % 2 != 0 || a.prep.n_rot > at.kv.head_dim || at.kv.n_head_kv < 1 ||
       static_cast<int64_t>(at.n_tokens) * (at.n_head / at.kv.n_head_kv) > kFuseRows) {
     return cudaErrorInvalidValue;
@@ -703,12 +748,14 @@ cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& pla
   p.k_norm = a.prep.k_norm;
   p.q_out = a.prep.q;
   p.k_in = a.prep.k;
+  p.k_out = a.k_out;
   p.v_in = a.prep.v;
   p.n_rot = a.prep.n_rot;
   p.log2_base = a.prep.log2_base;
   p.eps = a.prep.eps;
   void* args[] = {&p};
-  const dim3 grid(static_cast<unsigned>(at.kv.n_head_kv), 1, static_cast<unsigned>(plan.n_split));
+  const dim3 grid(static_cast<unsigned>(at.kv.n_head_kv), static_cast<unsigned>(plan.n_row_blocks),
+                  static_cast<unsigned>(plan.n_split));
   cudaError_t e = launch_kernel_packed(k.fn, grid, dim3(kThreads), args, k.smem, s);
   if (e != cudaSuccess) return e;
   if (plan.n_split > 1) {

@@ -111,16 +111,21 @@ cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaS
 // The attention layer's decode in one launch: attention_prep_launch, then attention_paged_launch with
 // the output gate and q8 activations. Each CTA preps the query rows it attends with and appends the new
 // positions its split holds; with more than one split attn_combine_kernel follows (a second launch).
-// Same bits as the two in sequence for q, k, the appended KV rows, o and the activations. Fits where
+// Same bits as the two in sequence for q, k (into k_out), the appended KV rows, o and the activations. Fits where
 // attention_decode_fits: F16 KV, head_dim 32, 64, 128 or 256 within the device's shared memory, at most
 // 16 query rows per KV head (n_tokens * n_head / n_head_kv), n_head_kv <= kAttnDecodeMaxKvHeads.
+// A plan for one token under a launch bound (attn.max_kv) of at most kAttnDecodeRowMaxKv takes one CTA
+// per query row and one split (no combine launch): a short context's prep and attention spread over
+// n_head CTAs instead of one row block per KV head. The same bits as the row-block plan of one split.
 constexpr int kAttnDecodeMaxKvHeads = 256;
+constexpr int64_t kAttnDecodeRowMaxKv = 256;
 struct AttnDecodeArgs {
-  // Read from prep: q_in, q_hs, q_ts, q_norm, k_norm, q (the prepared q out), k (in place), v, n_rot,
+  // Read from prep: q_in, q_hs, q_ts, q_norm, k_norm, q (the prepared q out), k (read only), v, n_rot,
   // log2_base, eps. Everything else (KV, head counts, position) from attn, whose gate and q8 are required
   // and whose q is not read.
   AttnPrepArgs prep;
   AttnPagedArgs attn;
+  float* k_out = nullptr;  // [n_tokens, n_head_kv, head_dim]: prep.k normalized and rotated; not prep.k
 };
 bool attention_decode_fits(DType kv_dtype, int head_dim, int n_head, int n_head_kv, int n_tokens);
 // cudaErrorNotSupported where attention_decode_fits does not hold (or the K/V offsets are not 16-byte

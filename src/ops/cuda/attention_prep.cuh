@@ -22,10 +22,12 @@ constexpr int kPrepPer = kern::kWarpRowPer;
 static_assert(kAttnPrepMaxHeadDim == 32 * kPrepPer, "one warp holds a head");
 
 // One full warp: y[0, D) = RMSNorm(src[0, D)) * w (norm_kernel's bits through kern::warp_row_rms_inv),
-// then its first n_rot dims rotated (NeoX) at position pos (kern::rope_neox_pair). D <= 256; y: D floats
-// of shared memory, complete in every lane on return.
+// then its first n_rot dims rotated (NeoX) at position pos (kern::rope_neox_pair), or by the angles
+// cs[0, n_rot / 2) of that position (kern::rope_neox_cos_sin, computed ahead) where cs is given: the
+// same bits. D <= 256; y: D floats of shared memory, complete in every lane on return.
 __device__ __forceinline__ void prep_head_row(const float* src, const float* w, int D, float eps, int64_t pos,
-                                              int n_rot, double log2_base, float* y, int lane) {
+                                              int n_rot, double log2_base, float* y, int lane,
+                                              const double2* cs = nullptr) {
   float v[kPrepPer], wv[kPrepPer];
 #pragma unroll
   for (int j = 0; j < kPrepPer; ++j) {  // unconditional loads (past D: element D - 1), selected after
@@ -44,7 +46,7 @@ __device__ __forceinline__ void prep_head_row(const float* src, const float* w, 
   const int half = n_rot / 2;
   for (int d = lane; d < half; d += 32) {
     float x0 = y[d], x1 = y[d + half];
-    kern::rope_neox_pair(x0, x1, pos, d, n_rot, log2_base);
+    kern::rope_neox_rotate(x0, x1, cs != nullptr ? cs[d] : kern::rope_neox_cos_sin(pos, d, n_rot, log2_base));
     y[d] = x0;
     y[d + half] = x1;
   }

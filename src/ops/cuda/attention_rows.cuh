@@ -46,7 +46,8 @@ struct KParams {
   const float* q_norm;
   const float* k_norm;
   float* q_out;        // [n_tokens, H, D]: the normalized, rotated q
-  float* k_in;         // [n_tokens, Hkv, D]: normalized and rotated in place
+  const float* k_in;   // [n_tokens, Hkv, D]
+  float* k_out;        // [n_tokens, Hkv, D]: k normalized and rotated (not k_in)
   const float* v_in;   // [n_tokens, Hkv, D]
   int n_rot;
   double log2_base;

@@ -320,24 +320,35 @@ bool attention_decode_q8_applies(DType kv_dtype, int64_t head_dim, int64_t n_hea
                                static_cast<int>(n_head_kv), static_cast<int>(n_tokens));
 }
 
+int64_t attention_launch_bound(int64_t n_kv, int64_t n_ctx) {
+  const int64_t bound = n_kv <= kAttnDecodeRowMaxKv ? kAttnDecodeRowMaxKv : (n_kv + 1023) / 1024 * 1024;
+  return std::max(std::min(bound, n_ctx), n_kv);
+}
+
 // The split scratch as in attention_paged (see there for graphs).
 Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm,
                            const TensorView& k, const TensorView& k_norm, const TensorView& v, float eps,
                            int64_t n_rot, float base, const KvTable& kv, const int32_t* d_pos, int64_t max_kv,
-                           float scale, const TensorView& gate, const TensorView& q, const TensorView& o,
-                           const TensorView& act) {
+                           float scale, const TensorView& gate, const TensorView& q, const TensorView& k_out,
+                           const TensorView& o, const TensorView& act) {
   constexpr const char* op = "attention_decode_q8";
   AttnDecodeArgs a;
   DS_TRY(check_prep(op, ctx, q_heads, q_norm, k, k_norm, v, eps, n_rot, base, kv, d_pos, q, &a.prep));
   DS_TRY(check_gated(op, ctx, q, kv, d_pos, max_kv, scale, gate, o, act, &a.attn));
+  DS_TRY(ops::check_contig(op, "k_out", ctx, k_out, DType::F32));
+  if (k_out.ne[0] != k.ne[0] || k_out.ne[1] != k.ne[1] || k_out.ne[2] != k.ne[2] || k_out.data == k.data) {
+    return invalid_argument("{}: k_out {} must be a buffer of k's shape {} other than k", op, k_out.shape_string(),
+                            k.shape_string());
+  }
+  a.k_out = k_out.as<float>();
   const int64_t n = q.ne[2];
   if (!attention_decode_q8_applies(kv.dtype, kv.head_dim, q.ne[1], kv.n_head_kv, std::max<int64_t>(n, 1))) {
     return unsupported("{}: q {} over {} KV heads of head_dim {} ({}) does not fit the fused decode kernel", op,
                        q.shape_string(), kv.n_head_kv, kv.head_dim, dtype_name(kv.dtype));
   }
   if (n == 0) return Status::ok();
-  DS_TRY(check_device_memory(op, {q_heads.data, q_norm.data, k.data, k_norm.data, v.data, q.data, o.data, gate.data,
-                                  act.data, d_pos, kv.slot_base}));
+  DS_TRY(check_device_memory(op, {q_heads.data, q_norm.data, k.data, k_norm.data, v.data, q.data, k_out.data, o.data,
+                                  gate.data, act.data, d_pos, kv.slot_base}));
   DeviceGuard guard(ctx.device.index);
   AttnPlan plan;
   DS_CUDA_TRY(attention_decode_plan(a.attn, ctx.device.index, &plan), "{} plan q {} head_dim {} chunk {}", op,

@@ -99,7 +99,9 @@ Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const Ten
                       const TensorView& k_norm, const TensorView& v, float eps, int64_t n_rot, float base,
                       const KvTable& kv, const int32_t* d_pos, const TensorView& q);
 // attention_prep, then attention_paged_gated_q8 on its q, with one kernel launch fewer (the prep is done
-// by the attention kernel's CTAs): the same bits of q, k, the appended KV rows, o and act.
+// by the attention kernel's CTAs): the same bits of q, k (into k_out, k's shape, not k: k is read only),
+// the appended KV rows, o and act, except that one token under a bound max_kv <= 256 attends in one split
+// (one CTA per query row), where attention_paged_gated_q8 may split the positions (another order of sums).
 // Where attention_decode_q8_applies: F16 KV, head_dim 32, 64, 128 or 256, n_tokens * n_head / n_head_kv
 // <= 16 (the model's one-token decode), n_head_kv <= 256. Arguments as in the two entries.
 bool attention_decode_q8_applies(DType kv_dtype, int64_t head_dim, int64_t n_head, int64_t n_head_kv,
@@ -107,8 +109,12 @@ bool attention_decode_q8_applies(DType kv_dtype, int64_t head_dim, int64_t n_hea
 Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm,
                            const TensorView& k, const TensorView& k_norm, const TensorView& v, float eps,
                            int64_t n_rot, float base, const KvTable& kv, const int32_t* d_pos, int64_t max_kv,
-                           float scale, const TensorView& gate, const TensorView& q, const TensorView& o,
-                           const TensorView& act);
+                           float scale, const TensorView& gate, const TensorView& q, const TensorView& k_out,
+                           const TensorView& o, const TensorView& act);
+// The attention launch bound max_kv of a step whose last position is n_kv - 1 in a context of n_ctx:
+// 256 up to there (attention_decode_q8 then takes one CTA per query row), then multiples of 1024. A
+// captured decode graph is keyed on it, so a sequence is recaptured at 256 and every 1024 positions.
+int64_t attention_launch_bound(int64_t n_kv, int64_t n_ctx);
 // rope_neox with the first token's position read from device memory.
 Status rope_neox_at(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, const int32_t* d_pos);
 // The kTopKMax best values of the contiguous F32 row x (ops/top_k.h) into *out, device memory; scratch:
