@@ -79,14 +79,16 @@ constexpr size_t tc_smem_bytes(int D, int RW) {
 }
 
 // Loads positions [j0, j0 + kBN) of KV head g into one stage; rows at or past kv_end become zeros.
-// A tile inside one KV chunk (every tile with chunks of a multiple of kBN) takes the short path: thread
-// i copies 16-byte piece i % (D / 8) of rows i / (D / 8) + k kThreads / (D / 8), its source and
-// destination advancing by fixed strides, rows past kv_end zero-filled instead. The general path
+// With copy_end < kv_end (the fused decode's first tile, issued before the new rows exist) rows
+// [copy_end, kv_end) are left to the caller. A tile inside one KV chunk (every tile with chunks of a
+// multiple of kBN) takes the short path: thread i copies 16-byte piece i % (D / 8) of rows i / (D / 8)
+// + k kThreads / (D / 8), its source and destination advancing by fixed strides. The general path
 // locates every piece on its own (chunk, row, zero fill), several times the instructions, which the
 // CTA's 4 warps issue between their tiles' products (or, for the one tile of a short context, on the
 // step's critical path).
 template <int D>
-__device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __half* sV, int j0, int kv_end, int g) {
+__device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __half* sV, int j0, int kv_end, int g,
+                                             int copy_end) {
   constexpr int kPieces = D / 8;  // 16-byte pieces per row
   constexpr int SK = D + 8;
   const int c0 = j0 / p.C, r0 = j0 - c0 * p.C;
@@ -100,20 +102,21 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
     const uint8_t* vs = p.v_base[c0] + p.v_off + off;
     __half* dk = sK + rr * SK + pc * 8;
     __half* dv = sV + rr * SK + pc * 8;
-    if (j0 + kBN <= kv_end) {
+    if (j0 + kBN <= copy_end) {
 #pragma unroll
       for (int i = 0; i < kBN / kRowStep; ++i) {
         cp_async16(dk + i * kRowStep * SK, ks + i * kRowStep * row_bytes);
         cp_async16(dv + i * kRowStep * SK, vs + i * kRowStep * row_bytes);
       }
     } else {  // the range ends inside the tile: rows past it become zeros (P V sees 0 * 0)
-      const int n_rows = kv_end - j0;
+      const int n_copy = copy_end - j0, n_rows = kv_end - j0;
 #pragma unroll
       for (int i = 0; i < kBN / kRowStep; ++i) {
-        if (rr + i * kRowStep < n_rows) {
+        const int row = rr + i * kRowStep;
+        if (row < n_copy) {
           cp_async16(dk + i * kRowStep * SK, ks + i * kRowStep * row_bytes);
           cp_async16(dv + i * kRowStep * SK, vs + i * kRowStep * row_bytes);
-        } else {
+        } else if (row >= n_rows) {
           *reinterpret_cast<uint4*>(dk + i * kRowStep * SK) = make_uint4(0, 0, 0, 0);
           *reinterpret_cast<uint4*>(dv + i * kRowStep * SK) = make_uint4(0, 0, 0, 0);
         }
@@ -127,12 +130,12 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
     const int j = j0 + rr;
     __half* dk = sK + rr * SK + pc * 8;
     __half* dv = sV + rr * SK + pc * 8;
-    if (j < kv_end) {
+    if (j < copy_end) {
       const int c = j / p.C, r = j - c * p.C;
       const int64_t off = ((static_cast<int64_t>(r) * p.Hkv + g) * D + pc * 8) * 2;
       cp_async16(dk, p.k_base[c] + p.k_off + off);
       cp_async16(dv, p.v_base[c] + p.v_off + off);
-    } else {  // past the range (possibly past the cache): zeros, so P V sees 0 * 0
+    } else if (j >= kv_end) {  // past the range (possibly past the cache): zeros, so P V sees 0 * 0
       *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
     }
@@ -142,7 +145,7 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
 // The tensor-core attention of packed rows [row0, row_end) of KV head g over the positions [kv_begin,
 // kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
 // or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
-template <int D, int RW>
+template <int D, int RW, bool kTile0Issued = false>
 __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV,
                                           const CtaWork& w) {
   const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
@@ -169,13 +172,15 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
   const int v_row = kw * PW + (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
-  tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g);
-  cp_async_commit();
+  if constexpr (!kTile0Issued) {  // else the caller's group of copies holds the first tile
+    tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g, kv_end);
+    cp_async_commit();
+  }
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int stage = tile & 1;
     if (tile + 1 < n_tiles) {
       const int nx = (tile + 1) & 1;
-      tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, g);
+      tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, g, kv_end);
     }
     cp_async_commit();
     cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
@@ -389,8 +394,10 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 //    one of the head's first row writes k_out.
 // Each CTA normalizes and rotates its query rows straight into shared memory, then attends over its
 // range: with one split the final rows, gated, with their q8 codes; with several, partials that
-// attn_combine_kernel merges and gates. The rotation angles of the new positions (double-precision
-// sin and cos) are computed before the dependency wait, beside the previous kernel.
+// attn_combine_kernel merges and gates. Before the dependency wait, beside the previous kernel, it
+// computes the new positions' rotation angles (double-precision sin and cos) and issues the copies of
+// its first tile's old positions; the new rows of that tile go from the prep into shared memory as well
+// as into the cache, so only new rows of later tiles are read back (after a fence).
 // Not taken: the last CTA of a KV head merging the splits itself (a ticket counter) instead of the
 // combine kernel: 21 us slower a launch on the H100 at one split holding positions (37 against 16),
 // for reasons not found (unconditional loads and one fence per CTA changed nothing; a compact merge
@@ -400,16 +407,18 @@ constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
 
 // The prep of a CTA with work w (rows [w.row0, w.row_end) of its KV head); ends with a CTA barrier.
 // y: kWarps * D floats of shared memory (a warp's staging row); cs: the rotation angles of the new
-// positions, n_rot / 2 per token.
+// positions, n_rot / 2 per token; sK / sV: the first tile's stage, whose copies (issued before the
+// dependency wait) leave the new positions' rows to this function.
 template <int D>
-__device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const double2* cs, const CtaWork& w) {
+__device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV, float* y_all, const double2* cs,
+                            const CtaWork& w) {
   constexpr int SK = D + 8;
   const int g = w.g, pos0 = w.pos0, kv_begin = w.kv_begin, kv_end = w.kv_end, half = p.n_rot / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* y = y_all + warp * D;
   const int n_kv = pos0 + p.n_tokens;
   const bool k_out = w.row0 == 0;  // row plans: the CTA of the head's first row
-  bool appended = false;
+  bool fence = false;
   for (int j = max(kv_begin, pos0) + warp; j < kv_end; j += kWarps) {
     const int64_t in = (static_cast<int64_t>(j - pos0) * p.Hkv + g) * D;
     kern::prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane, cs + (j - pos0) * half);
@@ -417,15 +426,21 @@ __device__ void decode_prep(const KParams& p, __half* sQ, float* y_all, const do
     const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
     __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
     __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
+    const bool first_tile = j < kv_begin + kBN;  // its row goes straight into the first tile's stage
     for (int i = lane; i < D; i += 32) {
+      const float vi = p.v_in[in + i];
       if (k_out) p.k_out[in + i] = y[i];
       kern::store_kv(kd + i, y[i]);
-      kern::store_kv(vd + i, p.v_in[in + i]);
+      kern::store_kv(vd + i, vi);
+      if (first_tile) {
+        sK[(j - kv_begin) * SK + i] = __float2half_rn(y[i]);
+        sV[(j - kv_begin) * SK + i] = __float2half_rn(vi);
+      }
     }
     __syncwarp();  // y is rewritten by the next row
-    appended = true;
+    fence = fence || !first_tile;
   }
-  if (appended) __threadfence();  // the new rows are in L2 before this CTA's tile copies (cp.async.cg) read them
+  if (fence) __threadfence();  // the new rows of later tiles are in L2 before their copies (cp.async.cg) read them
   const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per row writes q_out
   // The first query row on warp 1: warp 0 preps the new k row of one token.
   for (int rho = w.row0 + (warp + kWarps - 1) % kWarps; rho < w.row_end; rho += kWarps) {
@@ -451,22 +466,28 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + kFuseRows * SK;  // [2][kBN][SK]
   __half* sV = sK + 2 * kBN * SK;    // [2][kBN][SK]
-  // The new positions' rotation angles, in the V stages until the first tile: before the dependency
-  // wait, since the position is written by a copy ahead of the step's kernels and nothing else is read.
-  double2* cs = reinterpret_cast<double2*>(sV);
-  const int pos = read_pos(p), half = p.n_rot / 2;
-  if (pos >= 0) {
+  // Before the dependency wait (the position is written by a copy ahead of the step's kernels, the KV
+  // rows before it by earlier steps): the new positions' rotation angles (in the second V stage until
+  // the prep is done) and the copies of the first tile's old positions.
+  double2* cs = reinterpret_cast<double2*>(sV + kBN * SK);
+  const CtaWork w = cta_range(p, gridDim.y > 1 ? 1 : kFuseRows);  // rows: one per CTA; row blocks: [0, R)
+  if (w.live) {
+    const int half = p.n_rot / 2;
     for (int i = static_cast<int>(threadIdx.x); i < p.n_tokens * half; i += kThreads) {
       const int t = i / half;
-      cs[i] = kern::rope_neox_cos_sin(static_cast<int64_t>(pos) + t, i - t * half, p.n_rot, p.log2_base);
+      cs[i] = kern::rope_neox_cos_sin(static_cast<int64_t>(w.pos0) + t, i - t * half, p.n_rot, p.log2_base);
     }
+    tc_load_tile<D>(p, sK, sV, w.kv_begin, w.kv_end, w.g, min(w.kv_end, w.pos0));
   }
+  cp_async_commit();
   __syncthreads();
   kern::dependency_sync();
-  const CtaWork w = cta_work(p, gridDim.y > 1 ? 1 : kFuseRows);  // rows: one per CTA; row blocks: [0, R)
-  if (!w.live) return;
-  decode_prep<D>(p, sQ, reinterpret_cast<float*>(sK), cs, w);
-  tc_attend<D, 1>(p, sQ, sK, sV, w);
+  if (!w.live) {
+    write_empty(p, w.row0, w.row_end, w.g, w.s);
+    return;
+  }
+  decode_prep<D>(p, sQ, sK, sV, reinterpret_cast<float*>(sK + kBN * SK), cs, w);
+  tc_attend<D, 1, true>(p, sQ, sK, sV, w);
 }
 
 // ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----

@@ -134,7 +134,8 @@ struct CtaWork {
   bool live;
   int g, s, row0, row_end, pos0, kv_begin, kv_end;
 };
-__device__ inline CtaWork cta_work(const KParams& p, int BM) {
+// cta_range: the same without writing anything (for use before the dependency wait).
+__device__ inline CtaWork cta_range(const KParams& p, int BM) {
   CtaWork w{};
   w.g = blockIdx.x;
   w.s = blockIdx.z;
@@ -148,6 +149,10 @@ __device__ inline CtaWork cta_work(const KParams& p, int BM) {
     w.kv_end = min(w.pos0 + t_last + 1, w.kv_begin + L);
     w.live = w.kv_begin < w.kv_end;
   }
+  return w;
+}
+__device__ inline CtaWork cta_work(const KParams& p, int BM) {
+  const CtaWork w = cta_range(p, BM);
   if (!w.live) write_empty(p, w.row0, w.row_end, w.g, w.s);
   return w;
 }
