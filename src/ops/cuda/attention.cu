@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
     const float gv = kGatedQ8 ? gate_at(p, row, d) : 0.0f;
     const float* po = p.part_o + row * D + d;
     float acc = 0.0f;
-#pragma unroll 8
+#pragma unroll 16
     for (int s = 0; s <= last; ++s) {  // a weight of 0 adds nothing, whatever the partial holds
       const float x = __ldcg(po + s * stride), ws = s_w[s];
       acc = ws > 0.0f ? fmaf(x, ws, acc) : acc;

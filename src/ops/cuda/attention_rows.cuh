@@ -159,13 +159,32 @@ __device__ inline CtaWork cta_work(const KParams& p, int BM) {
 
 // Merges the KW per-warp partials staged in shared memory (sM / sL [KW][BM], sO [KW][BM][ostride])
 // of rows [row0, row_end) and writes the final rows (one split; gated with their q8 codes where p.gate
-// is set) or this split's partial. A thread takes kBatch elements at a time, their gate values loaded
-// together.
-__device__ inline void write_rows(const KParams& p, const float* sO, const float* sM, const float* sL, int KW, int BM,
-                           int ostride, int row0, int row_end, int g, int s) {
+// is set) or this split's partial. Each row's largest warp maximum M, warp weights 2^(m_k - M) (in
+// place of sM; 0 for a warp that saw nothing) and L are computed once, then a thread takes kBatch
+// elements at a time, their gate values loaded together. Called by every thread of the CTA; BM <= 64.
+__device__ inline void write_rows(const KParams& p, const float* sO, float* sM, const float* sL, int KW, int BM,
+                                  int ostride, int row0, int row_end, int g, int s) {
   constexpr int kBatch = 4;
+  __shared__ float s_rowM[64], s_rowL[64];
   const int D = p.D;
   const int n = (row_end - row0) * D;
+  for (int r = static_cast<int>(threadIdx.x); r < row_end - row0; r += static_cast<int>(blockDim.x)) {
+    float M = -INFINITY;
+    for (int k = 0; k < KW; ++k) M = fmaxf(M, sM[k * BM + r]);
+    float L = 0.0f;
+    for (int k = 0; k < KW; ++k) {
+      const float lk = sL[k * BM + r];
+      float w = 0.0f;
+      if (lk > 0.0f) {
+        w = exp2f(sM[k * BM + r] - M);
+        L += lk * w;
+      }
+      sM[k * BM + r] = w;
+    }
+    s_rowM[r] = M;
+    s_rowL[r] = L;
+  }
+  __syncthreads();
   const bool gated = p.n_split == 1 && p.gate != nullptr;
   for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * blockDim.x) {
     float gv[kBatch] = {};
@@ -183,25 +202,18 @@ __device__ inline void write_rows(const KParams& p, const float* sO, const float
       if (i >= n) break;  // warp-uniform where gated (n % 32 == 0)
       const int r = i / D, d = i - r * D;
       const int64_t row = out_row(p, row0 + r, g);
-      float M = -INFINITY;
-      for (int k = 0; k < KW; ++k) M = fmaxf(M, sM[k * BM + r]);
-      float L = 0.0f, acc = 0.0f;
+      float acc = 0.0f;
       for (int k = 0; k < KW; ++k) {
-        const float lk = sL[k * BM + r];
-        if (lk > 0.0f) {
-          const float w = exp2f(sM[k * BM + r] - M);
-          L += lk * w;
-          acc += sO[(k * BM + r) * ostride + d] * w;
-        }
+        if (sL[k * BM + r] > 0.0f) acc += sO[(k * BM + r) * ostride + d] * sM[k * BM + r];
       }
       if (p.n_split == 1) {
-        store_final(p, row, d, acc / L, gv[u]);
+        store_final(p, row, d, acc / s_rowL[r], gv[u]);
       } else {
         const int64_t prow = static_cast<int64_t>(s) * p.RT + row;
         p.part_o[prow * D + d] = acc;
         if (d == 0) {
-          p.part_ml[2 * prow] = M;
-          p.part_ml[2 * prow + 1] = L;
+          p.part_ml[2 * prow] = s_rowM[r];
+          p.part_ml[2 * prow + 1] = s_rowL[r];
         }
       }
     }
