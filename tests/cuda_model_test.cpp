@@ -431,28 +431,44 @@ INSTANTIATE_TEST_SUITE_P(
 class CudaModelArch : public ::testing::TestWithParam<TestArch> {
  protected:
   std::string tiny(OutType t = OutType::kQ8_0) { return test_model("tiny", GetParam(), t); }
+  struct OnOff {
+    std::unique_ptr<Model> g, p;          // the tiny model with graphs on, off
+    std::unique_ptr<SequenceState> a, b;  // a sequence of each, after the same prompt
+  };
+  // *m: both models, each sequence prefilled with the same n_prompt random tokens of `seed`.
+  void on_off(int64_t n_prompt, uint32_t seed, OnOff* m) {
+    ModelOptions on, off;
+    off.cuda_graphs = false;
+    m->g = load(tiny(), kGpu, on);
+    m->p = load(tiny(), kGpu, off);
+    ASSERT_TRUE(m->g && m->p);
+    const auto prompt = random_tokens(n_prompt, m->g->n_vocab(), seed);
+    m->a = std::move(m->g->new_state()).value();
+    m->b = std::move(m->p->new_state()).value();
+    ASSERT_TRUE(m->g->prefill(*m->a, prompt).is_ok());
+    ASSERT_TRUE(m->p->prefill(*m->b, prompt).is_ok());
+  }
+  // `steps` greedy tokens decoded by g (graphs on) from a and by p (graphs off) from b, the logits
+  // bitwise equal after every step.
+  static void decode_both(Model& g, Model& p, SequenceState& a, SequenceState& b, int steps) {
+    for (int step = 0; step < steps; ++step) {
+      const int32_t t = argmax(g.logits(a));
+      const Status sa = g.decode(a, t);
+      ASSERT_TRUE(sa.is_ok()) << "step " << step << ": " << sa.to_string();
+      ASSERT_TRUE(p.decode(b, t).is_ok());
+      ASSERT_TRUE(bitwise_equal(g.logits(a), p.logits(b))) << "decode step " << step;
+    }
+  }
 };
 
 TEST_P(CudaModelArch, GraphsOnAndOffAreBitwiseIdentical) {
   DS_REQUIRE_GPU();
-  ModelOptions on, off;
-  off.cuda_graphs = false;
-  auto g = load(tiny(), kGpu, on);
-  auto p = load(tiny(), kGpu, off);
-  ASSERT_TRUE(g && p);
-  const auto prompt = random_tokens(30, g->n_vocab(), 9);
-  auto a = std::move(g->new_state()).value();
-  auto b = std::move(p->new_state()).value();
-  ASSERT_TRUE(g->prefill(*a, prompt).is_ok());
-  ASSERT_TRUE(p->prefill(*b, prompt).is_ok());
+  OnOff m;
+  ASSERT_NO_FATAL_FAILURE(on_off(30, 9, &m));
+  auto &g = m.g, &p = m.p;
+  auto &a = m.a, &b = m.b;
   ASSERT_TRUE(bitwise_equal(g->logits(*a), p->logits(*b))) << "after prefill";
-  for (int step = 0; step < 64; ++step) {
-    const int32_t t = argmax(g->logits(*a));
-    const Status sa = g->decode(*a, t);
-    ASSERT_TRUE(sa.is_ok()) << "step " << step << ": " << sa.to_string();
-    ASSERT_TRUE(p->decode(*b, t).is_ok());
-    ASSERT_TRUE(bitwise_equal(g->logits(*a), p->logits(*b))) << "decode step " << step;
-  }
+  ASSERT_NO_FATAL_FAILURE(decode_both(*g, *p, *a, *b, 64));
   CudaGraphStats s = g->cuda_graph_stats();
   std::printf("[cuda-graph] 64 steps: %lld captures, %lld replays, %lld uncaptured\n",
               static_cast<long long>(s.captures), static_cast<long long>(s.replays),
@@ -472,12 +488,7 @@ TEST_P(CudaModelArch, GraphsOnAndOffAreBitwiseIdentical) {
   ASSERT_TRUE(p->prefill(*d, random_tokens(5, g->n_vocab(), 10)).is_ok());
   for (int step = 0; step < 4; ++step) ASSERT_TRUE(p->decode(*d, argmax(p->logits(*d))).is_ok());
   EXPECT_TRUE(bitwise_equal(g->logits(*c), p->logits(*d))) << "second sequence";
-  for (int step = 0; step < 4; ++step) {
-    const int32_t t = argmax(g->logits(*a));
-    ASSERT_TRUE(g->decode(*a, t).is_ok());
-    ASSERT_TRUE(p->decode(*b, t).is_ok());
-    ASSERT_TRUE(bitwise_equal(g->logits(*a), p->logits(*b))) << "first sequence again, step " << step;
-  }
+  ASSERT_NO_FATAL_FAILURE(decode_both(*g, *p, *a, *b, 4));  // the first sequence again
   EXPECT_EQ(g->cuda_graph_stats().captures, 3);
 }
 
@@ -486,23 +497,10 @@ TEST_P(CudaModelArch, GraphsOnAndOffAreBitwiseIdentical) {
 // without graphs on both sides of it.
 TEST_P(CudaModelArch, GraphsRecaptureAtTheShortBound) {
   DS_REQUIRE_GPU();
-  ModelOptions on, off;
-  off.cuda_graphs = false;
-  auto g = load(tiny(), kGpu, on);
-  auto p = load(tiny(), kGpu, off);
-  ASSERT_TRUE(g && p);
-  const auto prompt = random_tokens(240, g->n_vocab(), 11);
-  auto a = std::move(g->new_state()).value();
-  auto b = std::move(p->new_state()).value();
-  ASSERT_TRUE(g->prefill(*a, prompt).is_ok());
-  ASSERT_TRUE(p->prefill(*b, prompt).is_ok());
-  for (int step = 0; step < 32; ++step) {  // positions 240 to 271
-    const int32_t t = argmax(g->logits(*a));
-    ASSERT_TRUE(g->decode(*a, t).is_ok()) << "step " << step;
-    ASSERT_TRUE(p->decode(*b, t).is_ok());
-    ASSERT_TRUE(bitwise_equal(g->logits(*a), p->logits(*b))) << "decode step " << step;
-  }
-  EXPECT_EQ(g->cuda_graph_stats().captures, 2);
+  OnOff m;
+  ASSERT_NO_FATAL_FAILURE(on_off(240, 11, &m));
+  ASSERT_NO_FATAL_FAILURE(decode_both(*m.g, *m.p, *m.a, *m.b, 32));  // positions 240 to 271
+  EXPECT_EQ(m.g->cuda_graph_stats().captures, 2);
 }
 
 // Sequences created and destroyed one after another usually get the same addresses (state, recurrent
