@@ -14,8 +14,6 @@
 // Variants of the tensor-core kernel (matvec_mma_q4k<warps, stages, CTAs per SM>): production runs
 // w8s2 below 8192 rows and w4s3 from there (matvec.cu); w4s4, w4s4c5, w4s3c5 and w8s2 trade the
 // CTA's k split against ring depth, c5 caps the registers at 5 CTAs per SM (fewer CTA waves).
-// i8w4s3 / i8w8s2: Q4_K on int8 tensor cores over quantize_q8's activations (namespace i8, this file
-// only), checked against the int8 kernels' output.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -25,6 +23,7 @@
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/half.h"
@@ -85,81 +84,6 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / (den + 1e-30));
 }
 
-// ---- Workbench only: Q4_K on int8 tensor cores, on quantize_q8's activations ----
-// matvec_mma_q6k's form for Q4_K: one mask (or a shift and a mask) makes 4 nibbles 4 int8 operands, two
-// chained int8 m16n8k16 give a 32-element sub-block's exact dot, then q8_unit_dot's arithmetic:
-// acc = fma(d * sc, d_x * isum, acc), acc = fma(-dmin * m, s_x, acc). Against matvec_mma_q4k (FP16
-// operands from mma_pack): fewer instructions per weight and quantize_q8's activations, which the int8
-// and Q6_K_G4 products share.
-namespace i8 {
-using namespace ds::cuda::kern;
-
-template <int kWarps, int kStages, int kMinCtas = 16 / kWarps>
-__global__ void __launch_bounds__(32 * kWarps, kMinCtas) q4k(MatvecQ8Args a) {
-  __shared__ __align__(16) uint8_t ring[kWarps][kStages][kMmaRows * kMmaBlockBytes];
-  __shared__ float part[kWarps][32][4];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
-  const int64_t n_blocks = a.k / kMmaBlock;
-  const int n_mine = static_cast<int>((n_blocks - warp + kWarps - 1) / kWarps);
-  const MmaCopies copies = mma_copies(a, r0, lane);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_mine) mma_issue_block(ring[warp][i], a, copies, warp + static_cast<int64_t>(i) * kWarps);
-    cp_async_commit();
-  }
-  dependency_wait();
-  allow_dependents();
-  const int g = lane / 4;
-  const MmaQ8Act act(a, lane);
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = 0; i < n_mine; ++i) {
-    const int next = i + kStages - 1;
-    if (next < n_mine) {
-      mma_issue_block(ring[warp][next % kStages], a, copies, warp + static_cast<int64_t>(next) * kWarps);
-    }
-    cp_async_commit();
-    const int64_t j = warp + static_cast<int64_t>(i) * kWarps;
-    const uint32_t* xcodes = act.block_codes(j);
-    uint32_t xb[16];
-#pragma unroll
-    for (int s = 0; s < 16; ++s) xb[s] = act.codes_live ? __ldg(xcodes + 4 * s) : 0u;
-    cp_async_wait<kStages - 1>();
-    __syncwarp();
-    const uint8_t* stage = ring[warp][i % kStages];
-    const uint4 ha = *reinterpret_cast<const uint4*>(stage + g * kMmaBlockBytes);
-    const uint4 hb = *reinterpret_cast<const uint4*>(stage + (g + 8) * kMmaBlockBytes);
-    const uint32_t row = (lane & 7) + 8 * ((lane >> 3) & 1);  // ldmatrix's row of this lane
-    const uint32_t base = smem_addr(stage) + row * kMmaBlockBytes + 16 + 16 * (lane >> 4);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles of 32 bytes) and 2c + 1 (high)
-      uint32_t r[4];
-      ldsm_x4(r, base + 32u * c);
-      int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
-      mma_16816_s8_acc(lo, r[0] & 0x0F0F0F0Fu, r[1] & 0x0F0F0F0Fu, xb[4 * c]);
-      mma_16816_s8_acc(lo, r[2] & 0x0F0F0F0Fu, r[3] & 0x0F0F0F0Fu, xb[4 * c + 1]);
-      mma_16816_s8_acc(hi, (r[0] >> 4) & 0x0F0F0F0Fu, (r[1] >> 4) & 0x0F0F0F0Fu, xb[4 * c + 2]);
-      mma_16816_s8_acc(hi, (r[2] >> 4) & 0x0F0F0F0Fu, (r[3] >> 4) & 0x0F0F0F0Fu, xb[4 * c + 3]);
-      const float4 v0 = act.unit_pair(j, c, 0), v1 = act.unit_pair(j, c, 1);
-      float dwl[2], mwl[2], dwh[2], mwh[2];
-      ds::cuda::qdec::k_unit_scales(ha, 2 * c, dwl[0], mwl[0]);
-      ds::cuda::qdec::k_unit_scales(hb, 2 * c, dwl[1], mwl[1]);
-      ds::cuda::qdec::k_unit_scales(ha, 2 * c + 1, dwh[0], mwh[0]);
-      ds::cuda::qdec::k_unit_scales(hb, 2 * c + 1, dwh[1], mwh[1]);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int row = q >> 1;
-        const float4 v = (q & 1) ? v1 : v0;  // (d, s) of sub-blocks 2c (.x, .y) and 2c + 1 (.z, .w)
-        acc[q] = fmaf(mwl[row], v.y, fmaf(dwl[row], v.x * static_cast<float>(lo[q]), acc[q]));
-        acc[q] = fmaf(mwh[row], v.w, fmaf(dwh[row], v.z * static_cast<float>(hi[q]), acc[q]));
-      }
-    }
-    __syncwarp();
-  }
-  mma_store_rows<kWarps>(part, acc, warp, lane, r0, a.y, a.y_stride, a.n_rows, a.n_tokens);
-}
-}  // namespace i8
-
 // Shape `idx` of a table unless the environment variable `env` lists others (digits of their indices).
 bool shape_wanted(const char* env, int idx) {
   const char* e = std::getenv(env);
@@ -188,6 +112,34 @@ float* upload_x(int64_t k, uint32_t seed) {
 }
 
 
+// One shape's device buffers: the weights' rotating copies (upload_copies), 8 rows of activations and
+// the two compared products' outputs of up to 8 tokens; freed with it.
+struct ShapeBufs {
+  uint8_t* w;
+  float* x;
+  float *y_q8, *y_mma;
+  ShapeBufs(const std::vector<uint8_t>& hw, int copies, int64_t k, int64_t rows, uint32_t x_seed)
+      : w(upload_copies(hw, copies)), x(upload_x(k, x_seed)) {
+    CK(cudaMalloc(&y_q8, 4 * 8 * rows));
+    CK(cudaMalloc(&y_mma, 4 * 8 * rows));
+  }
+  ShapeBufs(const ShapeBufs&) = delete;
+  ShapeBufs& operator=(const ShapeBufs&) = delete;
+  ~ShapeBufs() {
+    CK(cudaFree(w));
+    CK(cudaFree(x));
+    CK(cudaFree(y_q8));
+    CK(cudaFree(y_mma));
+  }
+  // The first n floats of both outputs (the stream synchronized).
+  std::pair<std::vector<float>, std::vector<float>> outputs(size_t n) const {
+    std::vector<float> q(n), m(n);
+    CK(cudaMemcpy(q.data(), y_q8, 4 * n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(m.data(), y_mma, 4 * n, cudaMemcpyDeviceToHost));
+    return {q, m};
+  }
+};
+
 // Q6_K_G4 (the Q4_K_M files' extra-bit tensors in the device layout): the int8 kernels Q6_K would run
 // (matvec_q8_pick_version of Q6_K) against matvec_mma_q6k, both on quantize_q8's activations.
 int q6_section(double read_gbs, int l2, const std::vector<int>& tokens, cudaStream_t s) {
@@ -201,12 +153,10 @@ int q6_section(double read_gbs, int l2, const std::vector<int>& tokens, cudaStre
     if (!shape_wanted("MATVEC_MMA_Q6_SHAPES", static_cast<int>(&sh - shapes))) continue;
     const int64_t rb = sh.k / 1024 * 848, bytes = rb * sh.rows;
     const int copies = copies_over_l2(bytes, l2);
-    uint8_t* dw = upload_copies(q6g4_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 5 + sh.k)), copies);
-    float* dx = upload_x(sh.k, 7);
-    float *dy_q8, *dy_mma;
+    const ShapeBufs b(q6g4_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 5 + sh.k)), copies, sh.k, sh.rows, 7);
+    uint8_t* dw = b.w;
+    float* dx = b.x;
     void* act;
-    CK(cudaMalloc(&dy_q8, 4 * 8 * sh.rows));
-    CK(cudaMalloc(&dy_mma, 4 * 8 * sh.rows));
     CK(cudaMalloc(&act, cuda::matvec_q8_act_bytes(sh.k, 8)));
     for (int nt : tokens) {
       cuda::MatvecLaunch l{dw, rb, dx, sh.k, nullptr, sh.rows, sh.rows, sh.k, nt};
@@ -215,14 +165,12 @@ int q6_section(double read_gbs, int l2, const std::vector<int>& tokens, cudaStre
       const cuda::MatvecQ8Version v_q8 = cuda::matvec_q8_pick_version(DType::Q6_K, sh.rows, sh.k, nt);
       CK(cuda::quantize_q8_launch(dx, sh.k, nullptr, nt, sh.k, act, nullptr, 0, s));
       cuda::MatvecLaunch lq = l, lm = l;
-      lq.y = dy_q8;
-      lm.y = dy_mma;
+      lq.y = b.y_q8;
+      lm.y = b.y_mma;
       CK(cuda::matvec_q8_product_launch_version(DType::Q6_K_G4, lq, v_q8, s));
       CK(cuda::matvec_q8_product_launch_version(DType::Q6_K_G4, lm, cuda::MatvecQ8Version::kMma, s));
       CK(cudaStreamSynchronize(s));
-      std::vector<float> yq(static_cast<size_t>(nt * sh.rows)), ym(yq.size());
-      CK(cudaMemcpy(yq.data(), dy_q8, 4 * yq.size(), cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(ym.data(), dy_mma, 4 * ym.size(), cudaMemcpyDeviceToHost));
+      const auto [yq, ym] = b.outputs(static_cast<size_t>(nt * sh.rows));
       const double rel = rel_l2(yq, ym);
       const bool ok = rel < 1e-5 && std::isfinite(rel);  // the same arithmetic but the order of F32 sums
       failures += !ok;
@@ -242,10 +190,6 @@ int q6_section(double read_gbs, int l2, const std::vector<int>& tokens, cudaStre
                   (long long)sh.k, nt, q8_ms * 1e3, mma_ms * 1e3, pct(q8_ms), pct(mma_ms), rel, ok ? "ok" : "FAIL",
                   cuda::matvec_q8_version_name(v_q8));
     }
-    CK(cudaFree(dw));
-    CK(cudaFree(dx));
-    CK(cudaFree(dy_q8));
-    CK(cudaFree(dy_mma));
     CK(cudaFree(act));
   }
   return failures;
@@ -277,18 +221,17 @@ int main() {
     if (!shape_wanted("MATVEC_MMA_SHAPES", static_cast<int>(&sh - shapes))) continue;
     const int64_t rb = sh.k / 256 * 144, bytes = rb * sh.rows;
     const int copies = copies_over_l2(bytes, l2);
-    uint8_t* dw = upload_copies(q4k_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 7 + sh.k)), copies);
-    float* dx = upload_x(sh.k, 5);
-    float *dy_q8, *dy_mma;
+    const ShapeBufs b(q4k_rows(sh.rows, sh.k, static_cast<uint32_t>(sh.rows * 7 + sh.k)), copies, sh.k, sh.rows, 5);
+    uint8_t* dw = b.w;
+    float* dx = b.x;
+    float* dy_mma = b.y_mma;
     void *act_q8, *act_mma;
-    CK(cudaMalloc(&dy_q8, 4 * 8 * sh.rows));
-    CK(cudaMalloc(&dy_mma, 4 * 8 * sh.rows));
     CK(cudaMalloc(&act_q8, cuda::matvec_q8_act_bytes(sh.k, 8)));
     CK(cudaMalloc(&act_mma, cuda::matvec_mma_act_bytes(sh.k)));
     for (int nt : tokens) {
       cuda::MatvecLaunch l{dw, rb, dx, sh.k, nullptr, sh.rows, sh.rows, sh.k, nt};
       cuda::MatvecLaunch lq = l, lm = l;
-      lq.y = dy_q8;
+      lq.y = b.y_q8;
       lq.act = act_q8;
       lq.act_bytes = cuda::matvec_q8_act_bytes(sh.k, nt);
       lm.y = dy_mma;
@@ -299,9 +242,7 @@ int main() {
       CK(cuda::matvec_q8_product_launch(DType::Q4_K, lq, s));
       CK(cuda::matvec_mma_product_launch(DType::Q4_K, lm, s));
       CK(cudaStreamSynchronize(s));
-      std::vector<float> yq(static_cast<size_t>(nt * sh.rows)), ym(yq.size());
-      CK(cudaMemcpy(yq.data(), dy_q8, 4 * yq.size(), cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(ym.data(), dy_mma, 4 * ym.size(), cudaMemcpyDeviceToHost));
+      const auto [yq, ym] = b.outputs(static_cast<size_t>(nt * sh.rows));
       const double rel = rel_l2(yq, ym);
       const bool ok = rel < 1e-5 && std::isfinite(rel);  // the same arithmetic but the order of F32 sums
       failures += !ok;
@@ -352,23 +293,8 @@ int main() {
           CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
         }, ym);
       }
-      // The int8 tensor-core form on quantize_q8's activations, against the int8 kernels.
-      const ds::cuda::kern::MatvecQ8Args qa =
-          ds::cuda::kern::q8_args(dw, rb, act_q8, sh.k, nt, dy_mma, sh.rows, sh.rows, nt);
-      struct I8 { const char* name; void (*kernel)(ds::cuda::kern::MatvecQ8Args); int warps; };
-      for (const I8& v : {I8{"i8w4s3", i8::q4k<4, 3>, 4}, I8{"i8w8s2", i8::q4k<8, 2>, 8}}) {
-        variant(v.name, [&](const uint8_t* w) {
-          ds::cuda::kern::MatvecQ8Args x = qa;
-          x.w = w;
-          CK(ds::cuda::launch_kernel(v.kernel, grid, 32 * v.warps, 0, s, x));
-        }, yq);
-      }
       std::printf("\n");
     }
-    CK(cudaFree(dw));
-    CK(cudaFree(dx));
-    CK(cudaFree(dy_q8));
-    CK(cudaFree(dy_mma));
     CK(cudaFree(act_q8));
     CK(cudaFree(act_mma));
   }

@@ -224,8 +224,7 @@ struct MmaCopies {
   int64_t src[5];  // bytes from the weights to piece i of block 0 (or -1: no piece)
   uint32_t dst[5];  // bytes from the stage's start
 };
-template <class Args>  // MatvecMmaArgs, or MatvecQ8Args (the workbench's int8 Q4_K form)
-__device__ __forceinline__ MmaCopies mma_copies(const Args& a, int64_t r0, int lane) {
+__device__ __forceinline__ MmaCopies mma_copies(const MatvecMmaArgs& a, int64_t r0, int lane) {
   MmaCopies c;
 #pragma unroll
   for (int i = 0; i < 5; ++i) {
@@ -236,8 +235,8 @@ __device__ __forceinline__ MmaCopies mma_copies(const Args& a, int64_t r0, int l
   }
   return c;
 }
-template <class Args>
-__device__ __forceinline__ void mma_issue_block(uint8_t* stage, const Args& a, const MmaCopies& c, int64_t j) {
+__device__ __forceinline__ void mma_issue_block(uint8_t* stage, const MatvecMmaArgs& a, const MmaCopies& c,
+                                                int64_t j) {
   const uint32_t s0 = smem_addr(stage);
   const uintptr_t wj = reinterpret_cast<uintptr_t>(a.w) + static_cast<uintptr_t>(j * kMmaBlockBytes);
 #pragma unroll
@@ -334,8 +333,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMm
 // A lane's reads of quantize_q8's activations in the int8 tensor-core kernels: the B fragment of token
 // g = lane / 4 for each 16-element step (its 4 codes from element 4 tig) and the (d, s) pairs of tokens
 // 2 tig and 2 tig + 1 (tig = lane % 4), two units per 16-byte load; for token slots past n_tokens the
-// caller skips the codes (codes_live) and unit_pair gives zeros, without a read. matvec_mma_q6k and the
-// workbench's int8 Q4_K form read through it.
+// caller skips the codes (codes_live) and unit_pair gives zeros, without a read (matvec_mma_q6k).
 struct MmaQ8Act {
   const uint32_t* codes;  // token g's codes, from element 4 tig
   const float4* ds[2];    // (d, s) pairs of tokens 2 tig, 2 tig + 1
