@@ -390,8 +390,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 //    cache) and v appended, each new position by exactly one CTA (the splits partition the positions);
 //  - rows (one token, launch bounds up to kAttnDecodeRowMaxKv): one CTA per query row and one split,
 //    so a short context's prep, attention and output rows are spread over n_head CTAs instead of
-//    n_head_kv; every CTA of a KV head appends the new k and v its tile reads (the same bytes), the
-//    one of the head's first row writes k_out.
+//    n_head_kv; the CTA of the KV head's first row appends the new k and v and writes k_out, and the
+//    others append them too (the same bytes) only where they read them back from a later tile.
 // Each CTA normalizes and rotates its query rows straight into shared memory, then attends over its
 // range: with one split the final rows, gated, with their q8 codes; with several, partials that
 // attn_combine_kernel merges and gates. Before the dependency wait, beside the previous kernel, it
@@ -427,11 +427,16 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
     __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
     __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
     const bool first_tile = j < kv_begin + kBN;  // its row goes straight into the first tile's stage
+    // Into the cache: by the k_out CTA, and by any CTA that reads the row back from a later tile (row
+    // plans: the same bytes).
+    const bool append = k_out || !first_tile;
     for (int i = lane; i < D; i += 32) {
       const float vi = p.v_in[in + i];
       if (k_out) p.k_out[in + i] = y[i];
-      kern::store_kv(kd + i, y[i]);
-      kern::store_kv(vd + i, vi);
+      if (append) {
+        kern::store_kv(kd + i, y[i]);
+        kern::store_kv(vd + i, vi);
+      }
       if (first_tile) {
         sK[(j - kv_begin) * SK + i] = __float2half_rn(y[i]);
         sV[(j - kv_begin) * SK + i] = __float2half_rn(vi);
