@@ -24,6 +24,7 @@
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_matmul.h"
 #include "ops/cuda/matvec_launch.h"
+#include "ops/cuda/ops_launch.h"
 #endif
 
 namespace ds {
@@ -1110,6 +1111,139 @@ TEST(CudaMatmulPair, TwoTypesInOneLaunchEqualTwoLaunches) {
     // A Q4_K product of few rows runs v4w, not v4: apart.
     EXPECT_FALSE(cuda::matvec_q8_pair_applies(DType::Q6_K_G4, launch(wa, 1000, 1), DType::Q4_K, launch(wb, 2048, 1)));
   }
+}
+
+// The layer's input norm inside the one-token int8 products (matmul_many_norm_on): every output bit for
+// bit what the norm launch with int8 activations (rms_norm_q8's kernel) and then each product on v4
+// give (v4w, which the pick gives few rows of a long row, sums as v4 does). The weights of a case lie
+// back to back in one buffer, as the model uploads them, and so do the outputs: products of one type
+// run as one launch, a Q6_K_G4 run beside a Q4_K one as a pair. Outputs start as NaN.
+TEST(CudaMatmulNormIn, OutputsEqualTheNormThenTheProducts) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Device d{DeviceKind::kCuda, 0};
+  auto stream = cuda::Stream::create(0);
+  ASSERT_TRUE(stream.is_ok());
+  const auto cs = static_cast<cudaStream_t>(stream->handle());
+  struct Case {
+    int64_t k;
+    std::vector<std::pair<DType, int64_t>> products;
+  };
+  const Case cases[] = {
+      // A 35B-A3B DeltaNet layer's input products, fewer rows: qkv + z as one v4 run, beta + alpha on v4w.
+      {2048, {{DType::Q4_K, 1024}, {DType::Q4_K, 512}, {DType::Q4_K, 32}, {DType::Q4_K, 32}}},
+      // attn_qkv in Q6_K_G4 beside the Q4_K rest (a pair), and an attention layer's q, k and a Q6_K_G4 v.
+      {2048, {{DType::Q6_K_G4, 1000}, {DType::Q4_K, 4160}}},
+      {2048, {{DType::Q4_K, 2048}, {DType::Q4_K, 512}, {DType::Q6_K_G4, 512}}},
+      // Every type, partial CTAs, rows not a multiple of the warp's 4.
+      {1024, {{DType::Q5_K, 40}, {DType::Q8_0, 17}, {DType::Q4_0, 3}, {DType::Q5_0, 33}, {DType::Q6_K, 64}}},
+      {4096, {{DType::Q4_K, 100}, {DType::Q5_K, 48}, {DType::Q8_0, 8}}},
+  };
+  for (const Case& c : cases) {
+    const int64_t k = c.k;
+    std::vector<Weights> ws;
+    std::vector<uint8_t> blob;
+    int64_t total_rows = 0;
+    for (const auto& [t, rows] : c.products) {
+      ws.push_back(make_weights(t, k, rows));
+      blob.insert(blob.end(), ws.back().bytes.begin(), ws.back().bytes.end());
+      total_rows += rows;
+    }
+    auto wd = cuda::CudaBuffer::allocate(0, static_cast<int64_t>(blob.size()));
+    const int64_t act_bytes = cuda::matvec_q8_act_bytes(k, 1);
+    // x | norm weight | normalized x | outputs (norm in the products) | outputs (the chain) | activations
+    auto fd = cuda::CudaBuffer::allocate(0, 4 * (3 * k + 2 * total_rows) + act_bytes + 16);
+    ASSERT_TRUE(wd.is_ok() && fd.is_ok());
+    ASSERT_TRUE(cuda::copy_to_device(wd->data(), blob.data(), static_cast<int64_t>(blob.size()), *stream).is_ok());
+    float* x = static_cast<float*>(fd->data());
+    float* nw = x + k;
+    float* xn = nw + k;
+    float* y_in = xn + k;
+    float* y_chain = y_in + total_rows;
+    uint8_t* act = reinterpret_cast<uint8_t*>(y_chain + total_rows);
+    act += (16 - reinterpret_cast<uintptr_t>(act) % 16) % 16;
+    std::vector<float> xh = random_floats(k, static_cast<uint32_t>(k + total_rows)), nwh = random_floats(k, 5);
+    for (float& v : xh) v *= 3.0f;
+    for (float& v : nwh) v = 1.0f + 0.25f * v;
+    ASSERT_TRUE(cuda::copy_to_device(x, xh.data(), 4 * k, *stream).is_ok());
+    ASSERT_TRUE(cuda::copy_to_device(nw, nwh.data(), 4 * k, *stream).is_ok());
+    ASSERT_TRUE(cuda::fill_bytes(y_in, 0xFF, 8 * total_rows, *stream).is_ok());
+
+    std::vector<TensorView> wv, yv;
+    const uint8_t* wp = static_cast<const uint8_t*>(wd->data());
+    int64_t r0 = 0;
+    for (const Weights& w : ws) {
+      wv.push_back(TensorView::contiguous(const_cast<uint8_t*>(wp), w.type, {k, w.n_rows}, d));
+      yv.push_back(TensorView::contiguous(y_in + r0, DType::F32, {w.n_rows, 1}, d));
+      wp += w.bytes.size();
+      r0 += w.n_rows;
+    }
+    const TensorView xt = TensorView::contiguous(x, DType::F32, {k, 1}, d);
+    const TensorView nwt = TensorView::contiguous(nw, DType::F32, {k}, d);
+    const std::string what = fmt::format("k {}, {} products", k, ws.size());
+    ASSERT_TRUE(cuda::matmul_many_norm_applies(wv, xt, yv)) << what;
+    const Status st = cuda::matmul_many_norm_on(wv, xt, nwt, 1e-6f, yv, 0, stream->handle());
+    ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+
+    // The chain: the norm launch writes xn and its activations, then each product alone on v4.
+    ASSERT_EQ(cuda::norm_launch(x, cuda::row_map_contiguous(k, 1), nw, nullptr, xn, k, 1, 1e-6f, false, cs, nullptr,
+                                act),
+              cudaSuccess);
+    r0 = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      cuda::MatvecLaunch l{wv[i].data, dtype_row_bytes(ws[i].type, k), xn, k, y_chain + r0, ws[i].n_rows,
+                           ws[i].n_rows, k, 1};
+      l.act = act;
+      l.act_bytes = act_bytes;
+      ASSERT_EQ(cuda::matvec_q8_product_launch_version(ws[i].type, l, cuda::MatvecQ8Version::kV4, cs), cudaSuccess)
+          << what << ", product " << i;
+      r0 += ws[i].n_rows;
+    }
+    std::vector<float> got(static_cast<size_t>(2 * total_rows)), xback(static_cast<size_t>(k));
+    ASSERT_TRUE(cuda::copy_to_host(got.data(), y_in, 8 * total_rows, *stream).is_ok());
+    ASSERT_TRUE(cuda::copy_to_host(xback.data(), x, 4 * k, *stream).is_ok());
+    ASSERT_TRUE(stream->synchronize().is_ok());
+    EXPECT_EQ(xback, xh) << what << ": x is read only";
+    r0 = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const size_t n = static_cast<size_t>(ws[i].n_rows), o = static_cast<size_t>(r0);
+      int64_t nan = 0;
+      for (size_t r = 0; r < n; ++r) nan += std::isnan(got[o + r]);
+      EXPECT_EQ(nan, 0) << what << ", product " << i << " (" << dtype_name(ws[i].type) << "): unwritten outputs";
+      EXPECT_EQ(std::memcmp(got.data() + o, got.data() + total_rows + o, 4 * n), 0)
+          << what << ", product " << i << " (" << dtype_name(ws[i].type) << " x " << n << ")";
+      r0 += ws[i].n_rows;
+    }
+  }
+
+  // Where it does not apply: a row it does not hold (5120, 1000), a weight without an int8 kernel, two
+  // tokens; the call says so.
+  const Weights q = make_weights(DType::Q4_K, 5120, 16), f = make_weights(DType::F32, 1024, 4);
+  const cuda::CudaBuffer qd = upload(q), fdev = upload(f);
+  auto xs = cuda::CudaBuffer::allocate(0, 4 * (2 * 5120 + 64));
+  ASSERT_TRUE(xs.is_ok());
+  float* x = static_cast<float*>(xs->data());
+  const TensorView x5120 = TensorView::contiguous(x, DType::F32, {5120, 1}, d);
+  const TensorView w5120 = TensorView::contiguous(x + 5120, DType::F32, {5120}, d);
+  const TensorView yq[] = {TensorView::contiguous(x + 2 * 5120, DType::F32, {16, 1}, d)};
+  const TensorView wq[] = {TensorView::contiguous(qd.data(), DType::Q4_K, {5120, 16}, d)};
+  EXPECT_FALSE(cuda::matmul_many_norm_applies(wq, x5120, yq));
+  EXPECT_FALSE(cuda::matmul_many_norm_on(wq, x5120, w5120, 1e-6f, yq, 0, stream->handle()).is_ok());
+  const TensorView x1024 = TensorView::contiguous(x, DType::F32, {1024, 1}, d);
+  const TensorView w1024 = TensorView::contiguous(x + 1024, DType::F32, {1024}, d);
+  const TensorView yf[] = {TensorView::contiguous(x + 2 * 5120, DType::F32, {4, 1}, d)};
+  const TensorView wf[] = {TensorView::contiguous(fdev.data(), DType::F32, {1024, 4}, d)};
+  EXPECT_FALSE(cuda::matmul_many_norm_applies(wf, x1024, yf));
+  EXPECT_FALSE(cuda::matmul_many_norm_on(wf, x1024, w1024, 1e-6f, yf, 0, stream->handle()).is_ok());
+  const TensorView x2 = TensorView::contiguous(x, DType::F32, {1024, 2}, d);
+  const Weights q1024 = make_weights(DType::Q4_K, 1024, 16);
+  const cuda::CudaBuffer q1024d = upload(q1024);
+  const TensorView w2[] = {TensorView::contiguous(q1024d.data(), DType::Q4_K, {1024, 16}, d)};
+  const TensorView y2[] = {TensorView::contiguous(x + 2 * 5120, DType::F32, {16, 2}, d)};
+  EXPECT_FALSE(cuda::matmul_many_norm_applies(w2, x2, y2));
+  const TensorView y1[] = {TensorView::contiguous(x + 2 * 5120, DType::F32, {16, 1}, d)};
+  EXPECT_TRUE(cuda::matmul_many_norm_applies(w2, x1024, y1));
+  EXPECT_FALSE(cuda::matmul_many_norm_on(w2, x1024, w5120, 1e-6f, y1, 0, stream->handle()).is_ok())
+      << "a norm weight of the wrong length";
 }
 
 #else  // !DS_HAVE_CUDA

@@ -449,6 +449,94 @@ Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::
   return launch_held();
 }
 
+namespace {
+
+// matmul_many_norm_on's launch of product i: its MatvecLaunch (no activation scratch).
+MatvecLaunch norm_launch_args(const TensorView& w, const TensorView& x, const TensorView& y) {
+  return matvec_args(w, x, y, nullptr, 0);
+}
+
+}  // namespace
+
+bool matmul_many_norm_applies(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys) {
+  if (ws.size() != ys.size() || x.ne[1] != 1 || x.dtype != DType::F32 || !x.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(x.data) % 4 != 0) {
+    return false;
+  }
+  bool any = false;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (ws[i].ne[1] == 0) continue;
+    const MatvecLaunch l = norm_launch_args(ws[i], x, ys[i]);
+    // A product the tensor-core kernel would take keeps that kernel (DELTASERVE_MATVEC_MMA=all).
+    if (mma_applies_with_scratch(ws[i].dtype, l) || !matvec_q8_norm_applies(ws[i].dtype, l)) return false;
+    any = true;
+  }
+  return any;
+}
+
+Status matmul_many_norm_on(std::span<const TensorView> ws, const TensorView& x, const TensorView& norm_w, float eps,
+                           std::span<const TensorView> ys, int device, void* stream) {
+  if (ws.size() != ys.size()) {
+    return invalid_argument("matmul_many_norm x {}: {} weights but {} outputs", x.shape_string(), ws.size(), ys.size());
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    DS_TRY(check_args(ws[i], x, ys[i], device).with_context(fmt::format("matmul_many_norm product {}", i)));
+  }
+  if (norm_w.dtype != DType::F32 || !norm_w.is_contiguous() || norm_w.n_elements() != x.ne[0] ||
+      norm_w.device != x.device) {
+    return invalid_argument("matmul_many_norm: norm weight {} {} on {} must be [{}] F32 contiguous on {}",
+                            dtype_name(norm_w.dtype), norm_w.shape_string(), norm_w.device.to_string(), x.ne[0],
+                            x.device.to_string());
+  }
+  if (!matmul_many_norm_applies(ws, x, ys)) {
+    return unsupported("matmul_many_norm x {}: a product the norm-taking kernels do not run", x.shape_string());
+  }
+  DeviceGuard guard(device);
+  auto cs = static_cast<cudaStream_t>(stream);
+  const MatvecNormIn norm{x.as<float>(), norm_w.as<float>(), eps};
+  // As matmul_many_on at one token: products whose weights and outputs follow each other run as one,
+  // two such runs of different types side by side in one launch.
+  struct Run {
+    size_t first, last;
+    TensorView w, y;
+    MatvecLaunch l;
+  };
+  std::optional<Run> held;
+  auto launch_held = [&]() -> Status {
+    if (held) {
+      DS_CUDA_TRY(matvec_q8_norm_launch(held->w.dtype, held->l, norm, cs), "matmul_many_norm products {}..{}: {}",
+                  held->first, held->last, shapes(held->w, x, held->y));
+      held.reset();
+    }
+    return Status::ok();
+  };
+  for (size_t i = 0; i < ws.size();) {
+    if (ws[i].ne[1] == 0) {
+      ++i;
+      continue;
+    }
+    Run r{i, i, ws[i], ys[i], {}};
+    size_t j = i + 1;
+    for (; j < ws.size() && ws[j].ne[1] > 0 && rows_follow(ws[j - 1], ys[j - 1], ws[j], ys[j], 1); ++j) {
+      r.w.ne[1] += ws[j].ne[1];
+      r.y.ne[0] += ys[j].ne[0];
+    }
+    r.last = j - 1;
+    r.l = norm_launch_args(r.w, x, r.y);
+    i = j;
+    if (held && matvec_q8_pair_norm_applies(held->w.dtype, held->l, r.w.dtype, r.l)) {
+      DS_CUDA_TRY(matvec_q8_pair_norm_launch(held->w.dtype, held->l, r.w.dtype, r.l, norm, cs),
+                  "matmul_many_norm products {}..{} and {}..{}: {} and {}", held->first, held->last, r.first, r.last,
+                  shapes(held->w, x, held->y), shapes(r.w, x, r.y));
+      held.reset();
+      continue;
+    }
+    DS_TRY(launch_held());
+    held = r;
+  }
+  return launch_held();
+}
+
 Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const TensorView& up, const TensorView& y,
                         int device, void* stream, MatmulPath path) {
   DS_TRY(check_args(w, gate, y, device).with_context("matmul_swiglu"));
