@@ -40,7 +40,6 @@
 
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_device.h"
-#include "ops/cuda/cuda_ops.h"
 #endif
 
 namespace ds {
@@ -804,43 +803,6 @@ INSTANTIATE_TEST_SUITE_P(Arch, CudaModelArch, ::testing::Values(TestArch::kQwen3
                          [](const ::testing::TestParamInfo<TestArch>& i) {
                            return std::string(testmodel::test_arch_name(i.param));
                          });
-
-// ---- the layer's input norm in its first products ----
-
-// A decode step's layer input norms taken into the layers' first products (cuda::matmul_many_norm_q8,
-// with the MoE block adding its output into the residual) against the norm launches: the same logits
-// bit for bit, the products of the small model (rows of 1024) all running the version matmul_many
-// gives them. The calls counted show the path ran (the MoE model at every layer; the dense one at the
-// first, whose residual needs no add).
-TEST(CudaModelNormIn, FirstProductsTakeTheNormBitwise) {
-  DS_REQUIRE_GPU();
-  for (const TestArch arch : {TestArch::kQwen35Moe, TestArch::kQwen35}) {
-    const std::string path = test_model("small", arch, OutType::kQ4_K_M);
-    const std::string what(testmodel::test_arch_name(arch));
-    std::vector<std::vector<float>> logits[2];
-    int64_t calls[2] = {0, 0};
-    for (const bool on : {false, true}) {
-      cuda::set_norm_in_products(on);
-      auto m = load(path, kGpu);
-      ASSERT_TRUE(m) << what;
-      auto st = std::move(m->new_state()).value();
-      ASSERT_TRUE(m->prefill(*st, random_tokens(24, m->n_vocab(), 17)).is_ok()) << what;
-      const int64_t before = cuda::norm_in_product_calls();
-      for (int step = 0; step < 12; ++step) {
-        const Status s = m->decode(*st, argmax(m->logits(*st)));
-        ASSERT_TRUE(s.is_ok()) << what << " step " << step << ": " << s.to_string();
-        logits[on].push_back(logits_of(*m, *st));
-      }
-      calls[on] = cuda::norm_in_product_calls() - before;
-    }
-    cuda::set_norm_in_products(true);
-    EXPECT_EQ(calls[0], 0) << what;
-    EXPECT_GT(calls[1], 0) << what;
-    for (size_t i = 0; i < logits[0].size(); ++i) {
-      ASSERT_TRUE(bitwise_equal(logits[1][i], logits[0][i])) << what << " decode step " << i;
-    }
-  }
-}
 
 // ---- memory ----
 

@@ -320,12 +320,6 @@ Status Model::forward(LayerRange range, SequenceState& state, const TensorView& 
 Status layer_matmul_many(const LayerCall& call, std::span<const TensorView> ws, const TensorView& x_norm,
                          std::span<const TensorView> ys) {
 #if DS_HAVE_CUDA
-  if (call.norm_x != nullptr) {
-    if (cuda::matmul_many_norm_q8_applies(ws, *call.norm_x, ys)) {
-      return cuda::matmul_many_norm_q8(call.ctx, ws, *call.norm_x, *call.norm_w, call.config.rms_eps, ys);
-    }
-    DS_TRY(cuda::rms_norm_q8(call.ctx, *call.norm_x, *call.norm_w, call.config.rms_eps, x_norm, call.x_q8));
-  }
   if (call.x_q8.data != nullptr) return cuda::matmul_many_q8(call.ctx, ws, x_norm, call.x_q8, ys);
 #endif
   return matmul_many(call.ctx, ws, x_norm, ys);
@@ -373,26 +367,12 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
 #endif
     return res ? add_rms_norm(ctx_, x, *res, w, config_.rms_eps, cur) : rms_norm(ctx_, x, w, config_.rms_eps, cur);
   };
-  // On CUDA for one token (cur_q8) a layer's input norm, once x is complete, is left to the layer's
-  // first products (LayerCall::norm_x: no norm launch where they take it). Not with a debug hook, whose
-  // "ffn_out" dumps want the MoE block's output on its own (see add_out below).
-  const bool norm_in_products = cur_q8.data != nullptr && !debug_hook_;
-  bool norm_pending = false;  // x is complete and the next layer's input norm has not run
   if (range.first < range.last) {
-    if (norm_in_products) {
-      norm_pending = true;
-    } else {
-      DS_TRY(norm_cur(nullptr, weights_.layers[static_cast<size_t>(range.first)].attn_norm));
-    }
+    DS_TRY(norm_cur(nullptr, weights_.layers[static_cast<size_t>(range.first)].attn_norm));
   }
   for (int64_t il = range.first; il < range.last; ++il) {
     const LayerWeights& L = weights_.layers[static_cast<size_t>(il)];
     LayerCall call{ctx_, config_, *scratch_, state, debug_hook_, il, pos0, n, d_pos, max_kv, cur_q8};
-    if (norm_pending) {
-      call.norm_x = &x;
-      call.norm_w = &L.attn_norm;
-      norm_pending = false;
-    }
     // h = x + Mixer(RMSNorm(x; attn_norm))
     if (L.kind == LayerKind::kAttention) {
       DS_TRY(attention_forward(call, L.attn, attn_index++, cur, mix));
@@ -400,15 +380,10 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
       if (verify_stash_ != nullptr) call.stash = verify_stash_ + (il - attn_index) * stash_floats;
       DS_TRY(deltanet_forward(call, L.deltanet, cur, mix));
     }
-    call.norm_x = call.norm_w = nullptr;  // the mixer's first products took it
     call.dump("attn_out", mix);
-    // out = h + FFN(RMSNorm(h; post_attention_norm)); a MoE block may take the residual add and norm
-    // itself, and then also add its output into x (add_out) where the next layer's norm is left to its
-    // products.
+    // out = h + FFN(RMSNorm(h; post_attention_norm)); a MoE block may take the residual add and norm itself
     if (config_.is_moe() && moe_ffn_fuses_norm(call, L.moe)) {
-      const bool add_out = norm_in_products && il + 1 < range.last;
-      DS_TRY(moe_ffn_forward_add_norm(call, L.moe, x, mix, L.post_attention_norm, mix, add_out));
-      norm_pending = add_out;
+      DS_TRY(moe_ffn_forward_add_norm(call, L.moe, x, mix, L.post_attention_norm, mix));
     } else {
       DS_TRY(norm_cur(&mix, L.post_attention_norm));
       if (config_.is_moe()) {
@@ -417,14 +392,11 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
         DS_TRY(dense_ffn_forward(call, L.ffn, cur, mix));
       }
     }
-    // With add_out x holds the FFN output already and the next layer's products take its input norm.
-    if (!norm_pending) {
-      call.dump("ffn_out", mix);
-      if (il + 1 < range.last) {
-        DS_TRY(norm_cur(&mix, weights_.layers[static_cast<size_t>(il + 1)].attn_norm));
-      } else {
-        DS_TRY(add(ctx_, x, mix, x));
-      }
+    call.dump("ffn_out", mix);
+    if (il + 1 < range.last) {
+      DS_TRY(norm_cur(&mix, weights_.layers[static_cast<size_t>(il + 1)].attn_norm));
+    } else {
+      DS_TRY(add(ctx_, x, mix, x));
     }
     call.dump("out", x);
     scratch_->rollback(layer_mark);  // release the layer's intermediates

@@ -78,12 +78,6 @@ struct LayerCall {
   // CUDA, one token: the int8 activations of the layer's normalized input, written by the norm that
   // produced it (cuda::add_rms_norm_q8); empty otherwise. layer_matmul_many reads them.
   TensorView x_q8{};
-  // CUDA, one token, where the model left the layer's input norm to its first products: the residual
-  // stream (complete) and the norm weight. layer_matmul_many takes the norm into its products
-  // (cuda::matmul_many_norm_q8), or runs it first into x_norm and x_q8 where they do not take it; the
-  // model clears these after that first call.
-  const TensorView* norm_x = nullptr;
-  const TensorView* norm_w = nullptr;
   // Speculative verify, DeltaNet layers: where the layer keeps its per-token inputs for a later
   // replay of its recurrent state (deltanet_stash_floats floats); null otherwise.
   float* stash = nullptr;
@@ -101,8 +95,7 @@ TensorView reshape(const TensorView& t, std::initializer_list<int64_t> ne);
 TensorView columns(const TensorView& t, int64_t c0, int64_t n);
 
 // matmul_many of the layer's normalized input x_norm: with call.x_q8 the int8-activation products read
-// those activations instead of quantizing x_norm again; with call.norm_x the norm itself is still to
-// run (LayerCall::norm_x).
+// those activations instead of quantizing x_norm again.
 Status layer_matmul_many(const LayerCall& call, std::span<const TensorView> ws, const TensorView& x_norm,
                          std::span<const TensorView> ys);
 
@@ -125,12 +118,9 @@ Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const Tens
                        const TensorView& out);
 // The MoE FFN on its input given as the residual add and norm before it: x += delta, then
 // moe_ffn_forward(RMSNorm(x; norm)), with no x_norm written. Only where moe_ffn_fuses_norm (CUDA decode
-// through moe_block_decode, whose router kernel computes the norm); out may alias delta. With add_out
-// the block's output goes into the residual too (x += out after it, the same bits) and out is left
-// unspecified.
+// through moe_block_decode, whose router kernel computes the norm); out may alias delta.
 bool moe_ffn_fuses_norm(const LayerCall& call, const MoeFfnWeights& w);
 Status moe_ffn_forward_add_norm(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x,
-                                const TensorView& delta, const TensorView& norm, const TensorView& out,
-                                bool add_out = false);
+                                const TensorView& delta, const TensorView& norm, const TensorView& out);
 
 }  // namespace ds

@@ -69,18 +69,6 @@ Status matmul_on(const TensorView& w, const TensorView& x, const TensorView& y, 
 Status matmul_many_on(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys,
                       int device, void* stream, MatmulPath path = MatmulPath::kAuto, const TensorView* act = nullptr);
 
-// matmul_many_on of one token's RMSNorm(x) * norm_w, the norm inside the int8 products (every CTA
-// quantizes the normalized row for itself: MatvecNormIn), so no norm launch runs before them. x [k, 1]
-// F32 contiguous, the norm's input (not written). Where matmul_many_norm_applies: every non-empty
-// product one that matvec_q8_norm_applies takes (k a multiple of 1024, at most 4096). The products run
-// as matmul_many_on groups them (one launch for rows that follow each other, a pair of types in one
-// launch), each on v4, or v4w where the pick takes it: so a product the pick gives to v5 sums in
-// another order than matmul_many_on's. Each output equals rms_norm_q8 then that v4 / v4w product bit
-// for bit.
-bool matmul_many_norm_applies(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys);
-Status matmul_many_norm_on(std::span<const TensorView> ws, const TensorView& x, const TensorView& norm_w, float eps,
-                           std::span<const TensorView> ys, int device, void* stream);
-
 // y = w (silu(gate) * up) (ops/matmul.h matmul_swiglu); gate, up [k, n_tokens] F32 contiguous. Where the q8 kernel applies, the SwiGLU happens inside the activation quantizer
 // (gate is left as it was); otherwise gate is overwritten with silu(gate) * up and matmul_on runs.
 Status matmul_swiglu_on(const TensorView& w, const TensorView& gate, const TensorView& up, const TensorView& y,

@@ -36,7 +36,6 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/moe_launch.h"
-#include "ops/cuda/ops_launch.h"
 #include "ops/op_check.h"
 
 namespace ds::cuda {
@@ -344,10 +343,6 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
       dc.res = norm->res.as<float>();
       dc.delta = norm->delta.as<float>();
     }
-    if (norm != nullptr && norm->add_out) {
-      dc.res = norm->res.as<float>();
-      dc.add_to_res = true;
-    }
     DS_CUDA_TRY(moe_down_combine_launch(p.down[0].dtype, dc, s), "{}: down + combine: {}", kOp, shapes());
     return Status::ok();
   }
@@ -365,11 +360,6 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
     DS_CUDA_TRY(moe_matvec_launch(p.down[g].dtype, m, MatvecKernel::kQ8, s), "{}: down: {}", kOp, shapes());
   }
   DS_CUDA_TRY(moe_block_combine_launch(d, r.coef, T, k, E, y.as<float>(), s), "{}: combine: {}", kOp, shapes());
-  if (norm != nullptr && norm->add_out) {
-    DS_CUDA_TRY(eltwise_launch(EltKind::kAdd, norm->res.as<float>(), y.as<float>(), norm->res.as<float>(), E * T, E,
-                               false, s),
-                "{}: res += y: {}", kOp, shapes());
-  }
   return Status::ok();
 }
 

@@ -11,11 +11,8 @@
 #include "ops/cuda/cuda_registry.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
-#include <string_view>
 #include <vector>
 
 #include "ops/cuda/cuda_check.h"
@@ -302,38 +299,6 @@ Status matmul_q8(const OpContext& ctx, const TensorView& w, const TensorView& x,
   const TensorView ws[] = {w};
   const TensorView ys[] = {y};
   return matmul_many_q8(ctx, ws, x, act, ys);
-}
-
-namespace {
-
-std::atomic<bool>& norm_in_switch() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("DELTASERVE_NORM_IN");
-    return e == nullptr || std::string_view(e) != "0";
-  }()};
-  return on;
-}
-std::atomic<int64_t> g_norm_in_calls{0};
-
-}  // namespace
-
-void set_norm_in_products(bool on) { norm_in_switch().store(on, std::memory_order_relaxed); }
-int64_t norm_in_product_calls() { return g_norm_in_calls.load(std::memory_order_relaxed); }
-
-bool matmul_many_norm_q8_applies(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys) {
-  return norm_in_switch().load(std::memory_order_relaxed) && matmul_many_norm_applies(ws, x, ys);
-}
-
-Status matmul_many_norm_q8(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
-                           const TensorView& w, float eps, std::span<const TensorView> ys) {
-  DS_TRY(device_status(ctx.device.index));
-  DS_TRY(check_device_memory("matmul_many_norm_q8", {&x, &w}));
-  for (size_t i = 0; i < ws.size() && i < ys.size(); ++i) {
-    DS_TRY(check_device_memory("matmul_many_norm_q8", {&ws[i], &ys[i]}));
-  }
-  DS_TRY(matmul_many_norm_on(ws, x, w, eps, ys, ctx.device.index, ctx.cuda_stream));
-  g_norm_in_calls.fetch_add(1, std::memory_order_relaxed);
-  return Status::ok();
 }
 
 Status rope_neox(const OpContext& ctx, const TensorView& x, int64_t n_rot, float base, int64_t pos0) {

@@ -179,17 +179,6 @@ Status matmul_many_q8(const OpContext& ctx, std::span<const TensorView> ws, cons
                       const TensorView& act, std::span<const TensorView> ys);
 Status matmul_q8(const OpContext& ctx, const TensorView& w, const TensorView& x, const TensorView& act,
                  const TensorView& y);
-// rms_norm_q8(x, w, eps) then matmul_many_q8 of its activations, for one token, with the norm inside
-// the products (cuda_matmul.h matmul_many_norm_on): no norm launch, and neither the normalized row nor
-// its activations are written. x [k, 1] F32 contiguous, read only. Where matmul_many_norm_q8_applies
-// (every product an int8 one, k a multiple of 1024 up to 4096) and the process-wide switch is on
-// (set_norm_in_products; it starts off where the environment sets DELTASERVE_NORM_IN=0, to measure
-// without it). norm_in_product_calls counts the calls that ran (for tests).
-void set_norm_in_products(bool on);
-int64_t norm_in_product_calls();
-bool matmul_many_norm_q8_applies(std::span<const TensorView> ws, const TensorView& x, std::span<const TensorView> ys);
-Status matmul_many_norm_q8(const OpContext& ctx, std::span<const TensorView> ws, const TensorView& x,
-                           const TensorView& w, float eps, std::span<const TensorView> ys);
 
 // The weights of a qwen35moe FFN block for moe_block_decode (device tensors).
 struct MoeBlockWeights {
@@ -217,9 +206,6 @@ struct MoeBlockAddNorm {
   TensorView delta;   // [n_embd, n_tokens] F32 contiguous
   TensorView norm_w;  // [n_embd] F32
   float eps = 0.0f;
-  // The block's output added into the residual as well (res += y after the block, the same bits), so
-  // the next layer's input norm has no add to do; y is left unspecified.
-  bool add_out = false;
 };
 // add_rms_norm(res, delta, norm_w, eps) into x, then moe_block_decode(x), with the same bits of res, ids,
 // weights and y, and no x to allocate: for one to a few tokens the block's router kernel computes the

@@ -149,51 +149,6 @@ cudaError_t launch_q8_pair(const MatvecLaunch& l1, const MatvecLaunch& l2, cudaS
   return cudaGetLastError();
 }
 
-// The norm in the product (matvec_q8_norm_launch): a's activations are each CTA's (norm_x set).
-kern::MatvecQ8Args norm_args(const MatvecLaunch& l, const MatvecNormIn& n) {
-  kern::MatvecQ8Args a{static_cast<const uint8_t*>(l.w), l.w_stride, nullptr, nullptr, l.y, l.y_stride,
-                       l.n_rows, l.k, 1};
-  a.norm_x = n.x;
-  a.norm_w = n.w;
-  a.norm_eps = n.eps;
-  return a;
-}
-
-template <DType T>
-cudaError_t launch_q8_norm_product(const MatvecLaunch& l, const MatvecNormIn& n, cudaStream_t stream) {
-  const kern::MatvecQ8Args a = norm_args(l, n);
-  constexpr int kWarpsW = q8v4w_warps(T);
-  if constexpr (kWarpsW == 2) {  // the only v4w the pick takes
-    if (matvec_q8_pick_version(T, l.n_rows, l.k, 1) == MatvecQ8Version::kV4Whole &&
-        kern::norm_in_fits(l.k, 32 * kWarpsW)) {
-      constexpr int kRowsPerCta = kWarpsW * kern::kQ8Rows;
-      const unsigned grid = static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta);
-      launch_kernel(kern::matvec_q8<T, 1, kern::kQ8Rows, kQ8v4wStages, 1, kWarpsW, true>, grid, 32 * kWarpsW, 0,
-                    stream, a);
-      return cudaGetLastError();
-    }
-  }
-  constexpr int kRowsPerCta = kern::kQ8Warps * kern::kQ8Rows;
-  const unsigned grid = static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta);
-  constexpr int64_t kStatic = kern::q8_ring_bytes(T, kern::kQ8Rows, kern::Q8Smem<T, kern::kQ8Rows>::kStages) +
-                              static_cast<int64_t>(sizeof(kern::NormInSmem));
-  launch_kernel(kern::matvec_q8<T, 1, kern::kQ8Rows, 0, 1, kern::kQ8Warps, true>, grid, kern::kQ8Threads,
-                q8v4_one_token_pad(kStatic), stream, a);
-  return cudaGetLastError();
-}
-
-template <DType T1, DType T2>
-cudaError_t launch_q8_pair_norm(const MatvecLaunch& l1, const MatvecLaunch& l2, const MatvecNormIn& n,
-                                cudaStream_t stream) {
-  constexpr int kRowsPerCta = kern::kQ8Warps * kern::kQ8Rows;
-  const auto ctas = [](const MatvecLaunch& l) { return static_cast<unsigned>((l.n_rows + kRowsPerCta - 1) / kRowsPerCta); };
-  const unsigned c1 = ctas(l1), c2 = ctas(l2);
-  constexpr int64_t kStatic = kern::q8_pair_smem<T1, T2>() + static_cast<int64_t>(sizeof(kern::NormInSmem));
-  launch_kernel(kern::matvec_q8_pair<T1, T2, true>, c1 + c2, kern::kQ8Threads, q8v4_one_token_pad(kStatic), stream,
-                norm_args(l1, n), norm_args(l2, n), c1);
-  return cudaGetLastError();
-}
-
 // The type pairs matvec_q8_pair is instantiated for: a product in the device layout Q6_K_G4 beside Q4_K
 // ones (the Q4_K_M layers whose attn_qkv / attn_v are Q6_K), either first.
 #define DS_Q8_PAIRS(X) X(Q6_K_G4, Q4_K) X(Q4_K, Q6_K_G4)
@@ -500,44 +455,6 @@ cudaError_t matvec_q8_pair_launch(DType t1, const MatvecLaunch& a1, DType t2, co
   if (!matvec_q8_pair_applies(t1, a1, t2, a2)) return cudaErrorInvalidValue;
 #define X(A, B) \
   if (t1 == DType::A && t2 == DType::B) return launch_q8_pair<DType::A, DType::B>(a1, a2, stream);
-  DS_Q8_PAIRS(X)
-#undef X
-  return cudaErrorInvalidValue;
-}
-
-bool matvec_q8_norm_applies(DType t, const MatvecLaunch& a) {
-  alignas(16) static uint8_t stand_in[16];
-  MatvecLaunch l = a;
-  l.act = stand_in;
-  l.act_bytes = matvec_q8_act_bytes(a.k, 1);
-  return a.n_tokens == 1 && a.n_rows > 0 && matvec_q8_ok(t, l) && kern::norm_in_fits(a.k, kern::kQ8Threads);
-}
-
-cudaError_t matvec_q8_norm_launch(DType t, const MatvecLaunch& a, const MatvecNormIn& n, cudaStream_t stream) {
-  if (!matvec_q8_norm_applies(t, a) || n.x == nullptr || n.w == nullptr) return cudaErrorInvalidValue;
-  switch (t) {
-#define X(name) \
-  case DType::name: return launch_q8_norm_product<DType::name>(a, n, stream);
-    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K) X(Q6_K_G4)
-#undef X
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-bool matvec_q8_pair_norm_applies(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2) {
-  alignas(16) static uint8_t stand_in[16];
-  MatvecLaunch l1 = a1, l2 = a2;
-  l1.act = l2.act = stand_in;
-  l1.act_bytes = l2.act_bytes = matvec_q8_act_bytes(a1.k, 1);
-  return matvec_q8_pair_applies(t1, l1, t2, l2) && matvec_q8_norm_applies(t1, a1) && matvec_q8_norm_applies(t2, a2);
-}
-
-cudaError_t matvec_q8_pair_norm_launch(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2,
-                                       const MatvecNormIn& n, cudaStream_t stream) {
-  if (!matvec_q8_pair_norm_applies(t1, a1, t2, a2) || n.x == nullptr || n.w == nullptr) return cudaErrorInvalidValue;
-#define X(A, B) \
-  if (t1 == DType::A && t2 == DType::B) return launch_q8_pair_norm<DType::A, DType::B>(a1, a2, n, stream);
   DS_Q8_PAIRS(X)
 #undef X
   return cudaErrorInvalidValue;

@@ -101,25 +101,6 @@ bool matvec_q8_pair_applies(DType t1, const MatvecLaunch& a1, DType t2, const Ma
 cudaError_t matvec_q8_pair_launch(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2,
                                   cudaStream_t stream);
 
-// The layer's input norm taken into one-token q8 products: their activations are quantize_q8 of
-// RMSNorm(x) * w (one row of k floats, the bits of rms_norm_q8's norm kernel), computed by each CTA for
-// itself after its dependency wait, so no norm launch runs before them. `act` is not read.
-struct MatvecNormIn {
-  const float* x = nullptr;  // [k], 4-byte aligned
-  const float* w = nullptr;  // [k]
-  float eps = 0.0f;
-};
-// True when matvec_q8_norm_launch takes a (one token; matvec_q8_ok but for the activation scratch; k a
-// multiple of 1024 of at most 4096, kern::norm_in_fits at v4's CTA). It runs v4w where the pick takes
-// it and its CTA fits the norm, else v4.
-bool matvec_q8_norm_applies(DType t, const MatvecLaunch& a);
-cudaError_t matvec_q8_norm_launch(DType t, const MatvecLaunch& a, const MatvecNormIn& n, cudaStream_t stream);
-// matvec_q8_pair with the norm in both products: where matvec_q8_pair_applies would hold with the
-// activations given, and matvec_q8_norm_applies holds for both.
-bool matvec_q8_pair_norm_applies(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2);
-cudaError_t matvec_q8_pair_norm_launch(DType t1, const MatvecLaunch& a1, DType t2, const MatvecLaunch& a2,
-                                       const MatvecNormIn& n, cudaStream_t stream);
-
 // ---- the tensor-core products (matvec_mma.cuh): Q4_K weights, 1..8 tokens, FP16 activations (the
 // Q6_K_G4 one runs as a q8 version, MatvecQ8Version::kMma) ----
 // Bytes of the packed activations of k elements (mma_pack_launch), for any 1..8 tokens.

@@ -26,7 +26,6 @@
 #include "ops/cuda/matvec_cp_async.cuh"
 #include "ops/cuda/matvec_q8_args.h"
 #include "ops/cuda/matvec_kernels.cuh"
-#include "ops/cuda/norm_warp.cuh"
 #include "ops/cuda/quant_decode.cuh"
 
 namespace ds::cuda::kern {
@@ -307,8 +306,7 @@ __device__ __forceinline__ float q8_unit_dot(const qdec::Q8Unit& wu, const int (
 // Adds to acc[r][t] the products of chunk c of the staged rows r0 + r with activation rows t: each lane
 // decodes its 32-element unit of every row and takes the dp4a dot with the activation block. Rows past
 // n_rows decode stale shared memory; their sums are never written.
-// kActShared: xq and xds point into shared memory (the norm in the product, norm_in_q8).
-template <DType T, int kNT, int kRows, bool kActShared = false>
+template <DType T, int kNT, int kRows>
 __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kRows>::kRowBytes], uintptr_t w_base,
                                              const MatvecQ8Args& a, const int8_t* xq, const float2* xds, int64_t r0,
                                              int c, int lane, float (&acc)[kRows][kNT]) {
@@ -325,8 +323,8 @@ __device__ __forceinline__ void q8_chunk_dot(const uint8_t (*stage)[Q8Smem<T, kR
   for (int t = 0; t < kNT; ++t) {
     if (t < a.n_tokens) {
       const int4* xp = reinterpret_cast<const int4*>(xq + t * a.k + kQ8Block * gu);
-      const int4 x0 = kActShared ? xp[0] : __ldg(xp), x1 = kActShared ? xp[1] : __ldg(xp + 1);
-      const float2 ds = kActShared ? xds[t * (a.k / kQ8Block) + gu] : __ldg(xds + t * (a.k / kQ8Block) + gu);
+      const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+      const float2 ds = __ldg(xds + t * (a.k / kQ8Block) + gu);
       const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
       const int2 xs = q8_half_sums<T>(xv);  // once for the kRows rows
 #pragma unroll
@@ -342,79 +340,6 @@ __device__ __forceinline__ uintptr_t q8_weights_end(uintptr_t w_base, const Matv
   return w_base + (a.n_rows - 1) * a.w_stride + a.k / tr.block_elems * tr.block_bytes;
 }
 
-// ---- The layer's input norm in the product (MatvecQ8Args::norm_x; kNormIn instantiations) ----
-// The CTA's copy of the row's int8 activations, and the norm's warp sums.
-struct NormInSmem {
-  __align__(16) int8_t q[kNormInMaxK];
-  float2 ds[kNormInMaxK / kQ8Block];
-  float part[32];
-};
-
-// Before the dependency wait: the norm weight is no kernel's output, and by the time a decode step
-// comes back to a layer the products have pushed it out of L2; CTA b fetches its 128-byte line b.
-__device__ __forceinline__ void norm_in_prefetch(const MatvecQ8Args& a) {
-  if (threadIdx.x == 0 && static_cast<int64_t>(blockIdx.x) < a.k / 32) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.norm_w + 32 * static_cast<int64_t>(blockIdx.x)));
-  }
-}
-
-// After the dependency wait, every thread of the CTA (kThreads of them; norm_in_fits(a.k, kThreads)):
-// s.q / s.ds = quantize_q8(RMSNorm(norm_x) * norm_w) with norm_kernel's bits (ops_kernels.cu, one row,
-// no residual): its CTA has nt = k / 8 threads, thread t holding elements t + j * nt (j < 8), summing
-// their squares by an fmaf chain, then a butterfly per warp and the warp sums in warp order. Thread i
-// here stands for its threads i, i + kThreads, ..., so each of this CTA's warps holds whole warps of it,
-// and the 32 values of one warp and j are the 32-element block that norm_kernel's store_q8_block_warp
-// quantizes. Ends with a barrier: s is complete.
-template <int kThreads>
-__device__ __forceinline__ void norm_in_q8(const MatvecQ8Args& a, NormInSmem& s) {
-  constexpr int kPer = 8;  // kern::kNormPer
-  constexpr int kMaxE = static_cast<int>(kNormInMaxPerThread) / kPer;
-  static_assert(kPer == kNormPer, "norm_kernel's elements per thread");
-  const int nt = static_cast<int>(a.k) / kPer, per = nt / kThreads, lane = threadIdx.x % 32;
-  float v[kMaxE][kPer], w[kMaxE][kPer];
-#pragma unroll
-  for (int e = 0; e < kMaxE; ++e) {
-    if (e < per) {
-      const int t = threadIdx.x + e * kThreads;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        v[e][j] = __ldg(a.norm_x + t + j * nt);
-        w[e][j] = __ldg(a.norm_w + t + j * nt);
-      }
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < kMaxE; ++e) {
-    if (e < per) {
-      float ss = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) ss = fmaf(v[e][j], v[e][j], ss);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-      if (lane == 0) s.part[(threadIdx.x + e * kThreads) / 32] = ss;
-    }
-  }
-  __syncthreads();
-  float sum = 0.0f;
-  for (int i = 0; i < nt / 32; ++i) sum += s.part[i];
-  const float inv = rsqrtf(sum / static_cast<float>(a.k) + a.norm_eps);
-#pragma unroll
-  for (int e = 0; e < kMaxE; ++e) {
-    if (e < per) {
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i0 = threadIdx.x - lane + e * kThreads + j * nt;  // the warp's block
-        int code = 0, codes = 0;
-        float d = 0.0f;
-        quantize_block_q8_warp(v[e][j] * inv * w[e][j], code, d, codes);
-        s.q[i0 + lane] = static_cast<int8_t>(code);
-        if (lane == 0) s.ds[i0 / kQ8Block] = make_float2(d, d * static_cast<float>(codes));
-      }
-    }
-  }
-  __syncthreads();
-}
-
 // The rings of matvec_q8_cta: kWarps warps of kStages chunks of kRows rows.
 template <DType T, int kRows, int kStages, int kWarps>
 using Q8Ring = uint8_t[kWarps][kStages][kRows][Q8Smem<T, kRows>::kRowBytes];
@@ -422,22 +347,18 @@ using Q8Ring = uint8_t[kWarps][kStages][kRows][Q8Smem<T, kRows>::kRowBytes];
 // CTA `cta` of the product: rows from (cta * kWarps + warp) * kRows, its rings in `smem` (16-byte
 // aligned, sizeof(Q8Ring<...>) bytes). The body of matvec_q8 and matvec_q8_pair. kSelGiven: gathered
 // with the slot's expert id `sel` found by the caller, which has waited for the previous kernel.
-// kNormIn (one token, not gathered): the CTA quantizes its activations itself (norm_in_q8 into *ns),
-// so all its warps take part until then; the other forms' warps never synchronize with each other.
-template <DType T, int kNT, int kRows, int kStages, int kWarps, bool kSelGiven = false, bool kNormIn = false>
+template <DType T, int kNT, int kRows, int kStages, int kWarps, bool kSelGiven = false>
 __device__ __forceinline__ void matvec_q8_cta(const MatvecQ8Args& a, int64_t cta, uint8_t* smem_raw,
-                                              int32_t sel = 0, NormInSmem* ns = nullptr) {
-  static_assert(!kNormIn || (kNT == 1 && !kSelGiven), "the norm in the product: one token, not gathered");
+                                              int32_t sel = 0) {
   auto& smem = *reinterpret_cast<Q8Ring<T, kRows, kStages, kWarps>*>(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = (cta * kWarps + warp) * kRows;
-  const bool gathered = !kNormIn && (kSelGiven || a.ids != nullptr);
+  const bool gathered = kSelGiven || a.ids != nullptr;
   if (gathered && !kSelGiven) dependency_wait();  // the expert ids are an earlier kernel's output
-  const bool live = r0 < a.n_rows;
-  if (!kNormIn && !live) return;
+  if (r0 >= a.n_rows) return;                     // warps never synchronize with each other
   const uint8_t* w = a.w;
-  const int8_t* xq = kNormIn ? ns->q : a.xq;
-  const float2* xds = kNormIn ? ns->ds : static_cast<const float2*>(a.xds);
+  const int8_t* xq = a.xq;
+  const float2* xds = static_cast<const float2*>(a.xds);
   float* y = a.y;
   if (gathered) {
     const int slot = blockIdx.y;
@@ -461,25 +382,20 @@ __device__ __forceinline__ void matvec_q8_cta(const MatvecQ8Args& a, int64_t cta
 
 #pragma unroll
   for (int c = 0; c < kStages - 1; ++c) {
-    if (c < n_chunks && live) q8_issue_chunk<T, kRows>(smem[warp][c], w_base, w_hi, a, r0, c, lane);
+    if (c < n_chunks) q8_issue_chunk<T, kRows>(smem[warp][c], w_base, w_hi, a, r0, c, lane);
     cp_async_commit();  // empty groups keep the count uniform
   }
-  if constexpr (kNormIn) norm_in_prefetch(a);
   // The first stages' weight copies are in flight (weights are no kernel's output) while the previous
   // kernel drains; the activations are read only after the wait (launch.cuh).
   if (!gathered) dependency_wait();
   allow_dependents();
-  if constexpr (kNormIn) {
-    norm_in_q8<32 * kWarps>(a, *ns);
-    if (!live) return;
-  }
   for (int c = 0; c < n_chunks; ++c) {
     const int next = c + kStages - 1;  // into the stage read in step c - 1
     if (next < n_chunks) q8_issue_chunk<T, kRows>(smem[warp][next % kStages], w_base, w_hi, a, r0, next, lane);
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // this lane's copies of chunk c have landed
     __syncwarp();                     // ... and every lane's
-    q8_chunk_dot<T, kNT, kRows, kNormIn>(smem[warp][c % kStages], w_base, a, xq, xds, r0, c, lane, acc);
+    q8_chunk_dot<T, kNT, kRows>(smem[warp][c % kStages], w_base, a, xq, xds, r0, c, lane, acc);
     __syncwarp();  // stage c % kStages is refilled in the next step
   }
 
@@ -499,20 +415,11 @@ __device__ __forceinline__ void matvec_q8_cta(const MatvecQ8Args& a, int64_t cta
 // kStagesWant (0: Q8Smem's choice) and kMinCtas (__launch_bounds__' CTAs per SM, i.e. the register
 // budget) are occupancy knobs the matvec_q workbench times; kWarps is the CTA's warps (each its own rows
 // and ring). Production uses the defaults, except v4w (matvec.cu): a deep ring in CTAs of 1 or 2 warps.
-// kNormIn: the layer's input norm in the product (MatvecQ8Args::norm_x; one token, norm_in_fits(k, 32 *
-// kWarps)), its NormInSmem beside the rings.
-template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1, int kWarps = kQ8Warps,
-          bool kNormIn = false>
+template <DType T, int kNT, int kRows = kQ8Rows, int kStagesWant = 0, int kMinCtas = 1, int kWarps = kQ8Warps>
 __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_q8(MatvecQ8Args a) {
   constexpr int kStages = kStagesWant > 0 ? kStagesWant : Q8Smem<T, kRows>::kStages;
   __shared__ __align__(16) Q8Ring<T, kRows, kStages, kWarps> smem;
-  if constexpr (kNormIn) {
-    static_assert(sizeof(smem) + sizeof(NormInSmem) <= kQ8StaticSmem, "static shared memory");
-    __shared__ NormInSmem ns;
-    matvec_q8_cta<T, kNT, kRows, kStages, kWarps, false, true>(a, blockIdx.x, &smem[0][0][0][0], 0, &ns);
-  } else {
-    matvec_q8_cta<T, kNT, kRows, kStages, kWarps>(a, blockIdx.x, &smem[0][0][0][0]);
-  }
+  matvec_q8_cta<T, kNT, kRows, kStages, kWarps>(a, blockIdx.x, &smem[0][0][0][0]);
 }
 
 // Static shared memory of matvec_q8_pair<T1, T2>: the larger of the two products' rings.
@@ -528,21 +435,13 @@ constexpr int q8_pair_smem() {
 // (T1, a1) and the rest (T2, a2), each exactly as matvec_q8<T, 1> runs it, so the outputs equal two
 // launches bit for bit. One launch waits for the kernel before it once, where two launches would
 // make the second product wait for the whole first (its last CTAs' tail and a ring refill).
-// kNormIn: both products take the layer's input norm (the same norm_x, norm_w and norm_eps).
-template <DType T1, DType T2, bool kNormIn = false>
+template <DType T1, DType T2>
 __global__ void __launch_bounds__(kQ8Threads) matvec_q8_pair(MatvecQ8Args a1, MatvecQ8Args a2, unsigned ctas1) {
   __shared__ __align__(16) uint8_t smem[q8_pair_smem<T1, T2>()];
-  NormInSmem* ns = nullptr;
-  if constexpr (kNormIn) {
-    static_assert(q8_pair_smem<T1, T2>() + sizeof(NormInSmem) <= kQ8StaticSmem, "static shared memory");
-    __shared__ NormInSmem norm_smem;
-    ns = &norm_smem;
-  }
   if (blockIdx.x < ctas1) {
-    matvec_q8_cta<T1, 1, kQ8Rows, Q8Smem<T1, kQ8Rows>::kStages, kQ8Warps, false, kNormIn>(a1, blockIdx.x, smem, 0, ns);
+    matvec_q8_cta<T1, 1, kQ8Rows, Q8Smem<T1, kQ8Rows>::kStages, kQ8Warps>(a1, blockIdx.x, smem);
   } else {
-    matvec_q8_cta<T2, 1, kQ8Rows, Q8Smem<T2, kQ8Rows>::kStages, kQ8Warps, false, kNormIn>(a2, blockIdx.x - ctas1, smem,
-                                                                                          0, ns);
+    matvec_q8_cta<T2, 1, kQ8Rows, Q8Smem<T2, kQ8Rows>::kStages, kQ8Warps>(a2, blockIdx.x - ctas1, smem);
   }
 }
 

@@ -22,22 +22,7 @@ struct MatvecQ8Args {
   int64_t w_expert_stride = 0;   // bytes between experts
   int n_expert = 0;
   int x_div = 1;                 // gathered: slot s multiplies activation row s / x_div, writes y row s
-  // The layer's input norm in the product (one token, not gathered, kernels instantiated with kNormIn):
-  // each CTA quantizes RMSNorm(norm_x) * norm_w ([k] floats each) itself instead of reading xq / xds.
-  const float* norm_x = nullptr;
-  const float* norm_w = nullptr;
-  float norm_eps = 0.0f;
 };
-
-// The norm in the product (MatvecQ8Args::norm_x): the longest row a CTA quantizes for itself, and the
-// row's elements one thread holds. A row of k elements takes it in CTAs of `threads` threads when each
-// thread stands for whole threads of norm_kernel's CTA (k / 8 of them, 8 elements each), so the sums
-// and codes are the norm kernel's bits.
-constexpr int64_t kNormInMaxK = 4096;
-constexpr int64_t kNormInMaxPerThread = 32;
-constexpr bool norm_in_fits(int64_t k, int threads) {
-  return k > 0 && k % 256 == 0 && k <= kNormInMaxK && (k / 8) % threads == 0 && k / threads <= kNormInMaxPerThread;
-}
 
 // Bytes from the start of an activation scratch of n_rows rows of k elements to its (d, d * sum q)
 // pairs: the int8 codes [n_rows, k] come first, rounded up to 16 bytes.

@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
   float res_v = 0.0f, delta_v = 0.0f;
   if (out_thread && a.res != nullptr) {
     res_v = __ldcg(a.res + i);
-    if (a.delta != nullptr) delta_v = __ldcg(a.delta + i);
+    delta_v = __ldcg(a.delta + i);
   }
   if (r < P) coef_s[r] = __ldcg(a.coef + static_cast<int64_t>(t) * P + r);
   const int32_t sel = __ldcg(a.sel + pair);
@@ -379,16 +379,8 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
   if (out_thread) {
     float y = 0.0f;
     for (int j = 0; j < a.k; ++j) y += coef_s[j] * part[j][r];
-    const float out = y + coef_s[a.k] * part[a.k][r];
-    // y may be delta: its value was read before. res + delta is rounded before y is added, as the
-    // residual add and the add after the block give it.
-    const float x = a.delta != nullptr ? res_v + delta_v : res_v;
-    if (a.add_to_res) {
-      a.res[i] = x + out;
-    } else {
-      if (a.res != nullptr) a.res[i] = x;
-      a.y[i] = out;
-    }
+    if (a.res != nullptr) a.res[i] = res_v + delta_v;  // y may be delta: its value was read before
+    a.y[i] = y + coef_s[a.k] * part[a.k][r];
   }
 }
 

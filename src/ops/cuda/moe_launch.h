@@ -143,9 +143,6 @@ struct MoeDownCombineLaunch {
   // res += delta, each CTA its rows ([n_tokens, n_embd]); null: none.
   float* res = nullptr;
   const float* delta = nullptr;
-  // The block's output added into the residual as well: res = (res + delta) + y (res + y without
-  // delta), the bits of that add after the launch; y is then not written.
-  bool add_to_res = false;
 };
 // The kernel reads sel, coef, res and delta before its dependency wait (and issues the weight copies
 // then), h after it: those four must be outputs of kernels two or more launches back on the stream
