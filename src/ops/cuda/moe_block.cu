@@ -339,15 +339,46 @@ __device__ void down_norm_tail(const MoeDownCombineLaunch& a, float* xs) {
   const int warps = blockDim.x / 32;
   auto* q8 = static_cast<int8_t*>(a.norm_act);
   auto* ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(a.norm_act) + kern::q8_ds_offset(a.n_embd, a.n_tokens));
+  // Loads go out kBatch at a time before their stores (as in norm_kernel): each is an L2 round trip on
+  // the launch's critical path.
+  constexpr int kBatch = 8;
+  const int nb = n / kern::kQ8Block;
   for (int t = 0; t < a.n_tokens; ++t) {
     const float* res = a.res + static_cast<int64_t>(t) * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = __ldcg(res + i);
+    for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * blockDim.x) {
+      float v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = i0 + u * blockDim.x;
+        v[u] = i < n ? __ldcg(res + i) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = i0 + u * blockDim.x;
+        if (i < n) xs[i] = v[u];
+      }
+    }
+    float wv[kBatch];  // this warp's next kBatch blocks of the weight, in flight with the sum
+    const auto load_w = [&](int b0) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int b = b0 + u * warps;
+        wv[u] = b < nb ? __ldg(a.norm_w + b * kern::kQ8Block + lane) : 0.0f;
+      }
+    };
+    load_w(warp);
     const float inv = rsqrtf(kern::cta_row_sum_squares(xs, n, part) / static_cast<float>(n) + a.norm_eps);
-    for (int b = warp; b < n / kern::kQ8Block; b += warps) {  // warp-uniform
-      const int i = b * kern::kQ8Block + lane;
-      const float o = xs[i] * inv * __ldg(a.norm_w + i);
-      a.norm_y[static_cast<int64_t>(t) * n + i] = o;
-      kern::store_q8_block_warp(o, q8, ds, static_cast<int64_t>(t) * n + b * kern::kQ8Block);
+    for (int b0 = warp; b0 < nb; b0 += kBatch * warps) {  // warp-uniform
+      if (b0 != warp) load_w(b0);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int b = b0 + u * warps;
+        if (b >= nb) break;
+        const int i = b * kern::kQ8Block + lane;
+        const float o = xs[i] * inv * wv[u];
+        a.norm_y[static_cast<int64_t>(t) * n + i] = o;
+        kern::store_q8_block_warp(o, q8, ds, static_cast<int64_t>(t) * n + b * kern::kQ8Block);
+      }
     }
     __syncthreads();  // xs is the next token's
   }
