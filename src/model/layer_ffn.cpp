@@ -52,25 +52,18 @@ bool moe_ffn_fuses_norm(const LayerCall& call, const MoeFfnWeights& w) {
 }
 
 Status moe_ffn_forward_add_norm(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x,
-                                const TensorView& delta, const TensorView& norm, const TensorView& out,
-                                const MoeNextNorm* next) {
+                                const TensorView& delta, const TensorView& norm, const TensorView& out) {
 #if DS_HAVE_CUDA
   // moe_ffn_fuses_norm held; the op checks everything again and refuses what it does not take.
   const int64_t n = call.n_tokens, k = call.config.n_expert_used;
   DS_ASSIGN_OR_RETURN(TensorView ids, call.scratch.i32({k, n}));
   DS_ASSIGN_OR_RETURN(TensorView weights, call.scratch.f32({k, n}));
-  cuda::MoeBlockAddNorm in{x, delta, norm, call.config.rms_eps};
-  if (next != nullptr) {
-    in.add_out = true;
-    in.next_norm_w = next->norm_w;
-    in.next_y = next->y;
-    in.next_act = next->act;
-  }
-  DS_TRY(cuda::moe_block_decode_add_norm(call.ctx, in, block_weights(w), k, ids, weights, out));
+  DS_TRY(cuda::moe_block_decode_add_norm(call.ctx, cuda::MoeBlockAddNorm{x, delta, norm, call.config.rms_eps},
+                                         block_weights(w), k, ids, weights, out));
   call.dump("moe.weights", weights);
   return Status::ok();
 #else
-  (void)w, (void)x, (void)delta, (void)norm, (void)out, (void)next;
+  (void)w, (void)x, (void)delta, (void)norm, (void)out;
   return internal_error("moe_ffn_forward_add_norm: layer {}: no CUDA backend", call.il);
 #endif
 }

@@ -381,18 +381,9 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
       DS_TRY(deltanet_forward(call, L.deltanet, cur, mix));
     }
     call.dump("attn_out", mix);
-    // out = h + FFN(RMSNorm(h; post_attention_norm)); a MoE block may take the residual add and norm
-    // itself, and on CUDA for one token also the residual add after it and the next layer's input norm
-    // (into cur and cur_q8; not with a debug hook, whose "ffn_out" wants the block's output alone).
-    bool next_done = false;
+    // out = h + FFN(RMSNorm(h; post_attention_norm)); a MoE block may take the residual add and norm itself
     if (config_.is_moe() && moe_ffn_fuses_norm(call, L.moe)) {
-      if (cur_q8.data != nullptr && !debug_hook_ && il + 1 < range.last) {
-        const MoeNextNorm next{weights_.layers[static_cast<size_t>(il + 1)].attn_norm, cur, cur_q8};
-        DS_TRY(moe_ffn_forward_add_norm(call, L.moe, x, mix, L.post_attention_norm, mix, &next));
-        next_done = true;
-      } else {
-        DS_TRY(moe_ffn_forward_add_norm(call, L.moe, x, mix, L.post_attention_norm, mix));
-      }
+      DS_TRY(moe_ffn_forward_add_norm(call, L.moe, x, mix, L.post_attention_norm, mix));
     } else {
       DS_TRY(norm_cur(&mix, L.post_attention_norm));
       if (config_.is_moe()) {
@@ -401,13 +392,11 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
         DS_TRY(dense_ffn_forward(call, L.ffn, cur, mix));
       }
     }
-    if (!next_done) {
-      call.dump("ffn_out", mix);
-      if (il + 1 < range.last) {
-        DS_TRY(norm_cur(&mix, weights_.layers[static_cast<size_t>(il + 1)].attn_norm));
-      } else {
-        DS_TRY(add(ctx_, x, mix, x));
-      }
+    call.dump("ffn_out", mix);
+    if (il + 1 < range.last) {
+      DS_TRY(norm_cur(&mix, weights_.layers[static_cast<size_t>(il + 1)].attn_norm));
+    } else {
+      DS_TRY(add(ctx_, x, mix, x));
     }
     call.dump("out", x);
     scratch_->rollback(layer_mark);  // release the layer's intermediates

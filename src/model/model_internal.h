@@ -118,17 +118,9 @@ Status moe_ffn_forward(const LayerCall& call, const MoeFfnWeights& w, const Tens
                        const TensorView& out);
 // The MoE FFN on its input given as the residual add and norm before it: x += delta, then
 // moe_ffn_forward(RMSNorm(x; norm)), with no x_norm written. Only where moe_ffn_fuses_norm (CUDA decode
-// through moe_block_decode, whose router kernel computes the norm); out may alias delta. With `next`
-// (CUDA, one token) the block also adds its output into x (out is then left unspecified) and writes
-// the next layer's normalized input and its int8 activations, as add_rms_norm_q8 after it would.
-struct MoeNextNorm {
-  TensorView norm_w;  // the next layer's attn_norm
-  TensorView y;       // its normalized input (the model's cur)
-  TensorView act;     // and the int8 activations of that (cur_q8)
-};
+// through moe_block_decode, whose router kernel computes the norm); out may alias delta.
 bool moe_ffn_fuses_norm(const LayerCall& call, const MoeFfnWeights& w);
 Status moe_ffn_forward_add_norm(const LayerCall& call, const MoeFfnWeights& w, const TensorView& x,
-                                const TensorView& delta, const TensorView& norm, const TensorView& out,
-                                const MoeNextNorm* next = nullptr);
+                                const TensorView& delta, const TensorView& norm, const TensorView& out);
 
 }  // namespace ds

@@ -28,18 +28,14 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_device.h"
-#include "ops/cuda/cuda_matmul.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/matvec_launch.h"
 #include "ops/cuda/moe_launch.h"
-#include "ops/cuda/ops_launch.h"
 #include "ops/op_check.h"
 
 namespace ds::cuda {
@@ -47,13 +43,6 @@ namespace {
 
 constexpr const char* kOp = "moe_block_decode";
 std::atomic<bool> g_route_in_products{true};
-// MoeBlockAddNorm::next_norm_w in the down launch where it takes it; DELTASERVE_MOE_NEXT_NORM=0 starts
-// it off (a norm launch after the block instead, to measure without it).
-std::atomic<bool> g_next_norm_in_down{[] {
-  const char* e = std::getenv("DELTASERVE_MOE_NEXT_NORM");
-  return e == nullptr || std::string_view(e) != "0";
-}()};
-std::atomic<int64_t> g_next_norms_in_down{0};  // down launches that took it (for tests)
 
 // One gathered launch: weights of one type, rows at one stride, selectors from `base`.
 struct SelGroup {
@@ -224,16 +213,6 @@ Result<Plan> check_block(const OpContext& ctx, const MoeBlockWeights& w, const T
   return p;
 }
 
-// The next layer's input norm as a launch after the block (MoeBlockAddNorm::next_norm_w), where the
-// block's last launch did not take it.
-Status next_norm(const MoeBlockAddNorm* norm, int64_t E, int64_t T, cudaStream_t s) {
-  if (norm == nullptr || !norm->add_out || norm->next_norm_w.data == nullptr) return Status::ok();
-  DS_CUDA_TRY(norm_launch(norm->res.as<float>(), row_map_contiguous(E, T), norm->next_norm_w.as<float>(), nullptr,
-                          norm->next_y.as<float>(), E, T, norm->eps, false, s, nullptr, norm->next_act.data),
-              "{}: the next input norm of res {}", kOp, norm->res.shape_string());
-  return Status::ok();
-}
-
 // The launches of both entries, after their checks: the block's input is `in`, or with norm the input
 // norm of norm->res (= in) and norm->delta.
 Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNorm* norm,
@@ -364,23 +343,7 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
       dc.res = norm->res.as<float>();
       dc.delta = norm->delta.as<float>();
     }
-    bool next_norm_done = false;
-    if (norm != nullptr && norm->add_out) {
-      dc.res = norm->res.as<float>();
-      dc.add_to_res = true;
-      if (norm->next_norm_w.data != nullptr && g_next_norm_in_down.load(std::memory_order_relaxed) &&
-          moe_down_norm_fits(p.down[0].dtype, F, static_cast<int>(k), E)) {
-        dc.norm_w = norm->next_norm_w.as<float>();
-        dc.norm_eps = norm->eps;
-        dc.norm_y = norm->next_y.as<float>();
-        dc.norm_act = norm->next_act.data;
-        dc.counter = counter;  // the router kernel's, left at 0 by it (stream order)
-        next_norm_done = true;
-      }
-    }
     DS_CUDA_TRY(moe_down_combine_launch(p.down[0].dtype, dc, s), "{}: down + combine: {}", kOp, shapes());
-    if (next_norm_done) g_next_norms_in_down.fetch_add(1, std::memory_order_relaxed);
-    if (!next_norm_done) DS_TRY(next_norm(norm, E, T, s));
     return Status::ok();
   }
   for (int g = 0; g < p.n_down; ++g) {
@@ -397,19 +360,12 @@ Status run_block(const OpContext& ctx, const TensorView& in, const MoeBlockAddNo
     DS_CUDA_TRY(moe_matvec_launch(p.down[g].dtype, m, MatvecKernel::kQ8, s), "{}: down: {}", kOp, shapes());
   }
   DS_CUDA_TRY(moe_block_combine_launch(d, r.coef, T, k, E, y.as<float>(), s), "{}: combine: {}", kOp, shapes());
-  if (norm != nullptr && norm->add_out) {
-    DS_CUDA_TRY(eltwise_launch(EltKind::kAdd, norm->res.as<float>(), y.as<float>(), norm->res.as<float>(), E * T, E,
-                               false, s),
-                "{}: res += y: {}", kOp, shapes());
-  }
-  return next_norm(norm, E, T, s);
+  return Status::ok();
 }
 
 }  // namespace
 
 void set_moe_block_route_in_products(bool on) { g_route_in_products.store(on, std::memory_order_relaxed); }
-void set_moe_block_next_norm_in_down(bool on) { g_next_norm_in_down.store(on, std::memory_order_relaxed); }
-int64_t moe_block_next_norms_in_down() { return g_next_norms_in_down.load(std::memory_order_relaxed); }
 
 Status moe_block_decode_check(const MoeBlockWeights& w, int64_t n_tokens, int64_t k) {
   return make_plan(w, n_tokens, k).status();
@@ -433,20 +389,6 @@ Status moe_block_decode_add_norm(const OpContext& ctx, const MoeBlockAddNorm& in
   DS_TRY(ops::check_contig(kOp, "norm_w", ctx, in.norm_w, DType::F32));
   if (in.norm_w.n_elements() != p.n_embd) {
     return invalid_argument("{}: norm_w {} against n_embd {}", kOp, in.norm_w.shape_string(), p.n_embd);
-  }
-  if (in.next_norm_w.data != nullptr) {
-    if (!in.add_out) return invalid_argument("{}: the next input norm needs add_out", kOp);
-    DS_TRY(ops::check_contig(kOp, "next_norm_w", ctx, in.next_norm_w, DType::F32));
-    DS_TRY(ops::check_contig(kOp, "next_y", ctx, in.next_y, DType::F32));
-    DS_TRY(ops::check_same_shape(kOp, "res", in.res, "next_y", in.next_y));
-    if (in.next_norm_w.n_elements() != p.n_embd || !norm_q8_applies(p.n_embd)) {
-      return invalid_argument("{}: next_norm_w {} against n_embd {} (a multiple of 32 up to 8192)", kOp,
-                              in.next_norm_w.shape_string(), p.n_embd);
-    }
-    DS_TRY(check_q8_act(kOp, in.next_act, p.n_embd, in.res.ne[1]));
-    if (in.next_y.data == in.res.data || in.next_y.data == in.delta.data) {
-      return invalid_argument("{}: next_y must not alias res or delta", kOp);
-    }
   }
   if (in.res.ne[1] == 0) return Status::ok();
   return run_block(ctx, in.res, &in, w, p, k, ids, weights, y);

@@ -206,16 +206,6 @@ struct MoeBlockAddNorm {
   TensorView delta;   // [n_embd, n_tokens] F32 contiguous
   TensorView norm_w;  // [n_embd] F32
   float eps = 0.0f;
-  // The block's output added into the residual as well (res += y after the block, the same bits); y is
-  // left unspecified.
-  bool add_out = false;
-  // With add_out, and next_norm_w set: the next layer's input norm of the updated res, rms_norm_q8(res,
-  // next_norm_w, eps, next_y, next_act) with its bits, at the end of the block's last launch where that
-  // launch takes it (no norm launch of its own), else as a launch after the block. next_y [n_embd,
-  // n_tokens] F32 contiguous; next_act: norm_q8_act_bytes(n_embd, n_tokens) bytes, 16-byte aligned.
-  TensorView next_norm_w{};
-  TensorView next_y{};
-  TensorView next_act{};
 };
 // add_rms_norm(res, delta, norm_w, eps) into x, then moe_block_decode(x), with the same bits of res, ids,
 // weights and y, and no x to allocate: for one to a few tokens the block's router kernel computes the
@@ -227,11 +217,5 @@ Status moe_block_decode_add_norm(const OpContext& ctx, const MoeBlockAddNorm& in
 // moe_gate_up_routed_fits and the down products run with their sum in one launch), or in the router
 // kernel's last CTA. A process-wide switch for tests.
 void set_moe_block_route_in_products(bool on);
-// Where the next layer's input norm of moe_block_decode_add_norm (MoeBlockAddNorm::next_norm_w) runs
-// (same bits either way): at the end of the down launch where it takes it (the default), or as a norm
-// launch after the block. A process-wide switch for tests; DELTASERVE_MOE_NEXT_NORM=0 starts it off.
-void set_moe_block_next_norm_in_down(bool on);
-// The down launches so far that took the next layer's input norm (for tests).
-int64_t moe_block_next_norms_in_down();
 
 }  // namespace ds::cuda

@@ -320,70 +320,6 @@ constexpr int down_combine_ring_bytes(int pairs) {
   return pairs * kern::kQ8Rows * kern::Q8Smem<T, kern::kQ8Rows>::kRowBytes;
 }
 
-// The next layer's input norm at the end of moe_down_combine (MoeDownCombineLaunch::norm_w): each CTA
-// publishes its rows of res and takes a ticket; the last one stages each token's row in `xs` (its rings,
-// free by then), sums its squares as norm_kernel does (kern::cta_row_sum_squares), and writes
-// y = (v * inv) * w and the int8 blocks of y a warp at a time (store_q8_block_warp, as the norm kernel
-// quantizes): rms_norm_q8's bits. Every thread of the CTA calls it.
-__device__ void down_norm_tail(const MoeDownCombineLaunch& a, float* xs) {
-  __shared__ unsigned int is_last;
-  __shared__ float part[1024 / 32];
-  const unsigned ctas = gridDim.x * gridDim.y;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicInc(a.counter, ctas - 1) == ctas - 1 ? 1u : 0u;
-  __syncthreads();
-  if (is_last == 0) return;
-  __threadfence();
-  const int n = static_cast<int>(a.n_embd), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warps = blockDim.x / 32;
-  auto* q8 = static_cast<int8_t*>(a.norm_act);
-  auto* ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(a.norm_act) + kern::q8_ds_offset(a.n_embd, a.n_tokens));
-  // Loads go out kBatch at a time before their stores (as in norm_kernel): each is an L2 round trip on
-  // the launch's critical path.
-  constexpr int kBatch = 8;
-  const int nb = n / kern::kQ8Block;
-  for (int t = 0; t < a.n_tokens; ++t) {
-    const float* res = a.res + static_cast<int64_t>(t) * n;
-    for (int i0 = threadIdx.x; i0 < n; i0 += kBatch * blockDim.x) {
-      float v[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int i = i0 + u * blockDim.x;
-        v[u] = i < n ? __ldcg(res + i) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int i = i0 + u * blockDim.x;
-        if (i < n) xs[i] = v[u];
-      }
-    }
-    float wv[kBatch];  // this warp's next kBatch blocks of the weight, in flight with the sum
-    const auto load_w = [&](int b0) {
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int b = b0 + u * warps;
-        wv[u] = b < nb ? __ldg(a.norm_w + b * kern::kQ8Block + lane) : 0.0f;
-      }
-    };
-    load_w(warp);
-    const float inv = rsqrtf(kern::cta_row_sum_squares(xs, n, part) / static_cast<float>(n) + a.norm_eps);
-    for (int b0 = warp; b0 < nb; b0 += kBatch * warps) {  // warp-uniform
-      if (b0 != warp) load_w(b0);
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int b = b0 + u * warps;
-        if (b >= nb) break;
-        const int i = b * kern::kQ8Block + lane;
-        const float o = xs[i] * inv * wv[u];
-        a.norm_y[static_cast<int64_t>(t) * n + i] = o;
-        kern::store_q8_block_warp(o, q8, ds, static_cast<int64_t>(t) * n + b * kern::kQ8Block);
-      }
-    }
-    __syncthreads();  // xs is the next token's
-  }
-}
-
 // Rows [r0, r0 + kQ8Rows) of token blockIdx.y: warp j takes pair j's one-step product exactly as
 // matvec_q8 takes a row group of k <= 1024 (one chunk, its copy and the dot), the sums go through shared
 // memory, and the combine's arithmetic (moe_block_combine, same order) gives y. Everything but h is read
@@ -406,7 +342,7 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
   float res_v = 0.0f, delta_v = 0.0f;
   if (out_thread && a.res != nullptr) {
     res_v = __ldcg(a.res + i);
-    if (a.delta != nullptr) delta_v = __ldcg(a.delta + i);
+    delta_v = __ldcg(a.delta + i);
   }
   if (r < P) coef_s[r] = __ldcg(a.coef + static_cast<int64_t>(t) * P + r);
   const int32_t sel = __ldcg(a.sel + pair);
@@ -419,11 +355,6 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
   if (sel >= 0) {
     kern::q8_issue_chunk<T, kRows>(ring[warp], w_base, kern::q8_weights_end<T>(w_base, m), m, r0, 0, lane);
     kern::cp_async_commit();
-  }
-  // The next layer's norm weight, for the CTA that ends up normalizing (down_norm_tail): CTA b pulls
-  // its 128-byte line b into L2.
-  if (a.norm_w != nullptr && threadIdx.x == 0 && blockIdx.y == 0 && static_cast<int64_t>(blockIdx.x) < a.n_embd / 32) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.norm_w + 32 * static_cast<int64_t>(blockIdx.x)));
   }
   kern::dependency_wait();  // h is the previous kernel's output
   kern::allow_dependents();
@@ -448,18 +379,9 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
   if (out_thread) {
     float y = 0.0f;
     for (int j = 0; j < a.k; ++j) y += coef_s[j] * part[j][r];
-    const float out = y + coef_s[a.k] * part[a.k][r];
-    // y may be delta: its value was read before. res + delta is rounded before y is added, as the
-    // residual add and the add after the block give it.
-    const float x = a.delta != nullptr ? res_v + delta_v : res_v;
-    if (a.add_to_res) {
-      a.res[i] = x + out;
-    } else {
-      if (a.res != nullptr) a.res[i] = x;
-      a.y[i] = out;
-    }
+    if (a.res != nullptr) a.res[i] = res_v + delta_v;  // y may be delta: its value was read before
+    a.y[i] = y + coef_s[a.k] * part[a.k][r];
   }
-  if (a.norm_w != nullptr) down_norm_tail(a, reinterpret_cast<float*>(ring_raw));
 }
 
 // The gathered gate/up products of moe_block_decode, routing in every CTA (moe_gate_up_routed_launch):
@@ -554,34 +476,12 @@ bool moe_down_combine_fits(DType t, int64_t n_ff, int k) {
   return bytes <= kern::kQ8StaticSmem;
 }
 
-bool moe_down_norm_fits(DType t, int64_t n_ff, int k, int64_t n_embd) {
-  if (!moe_down_combine_fits(t, n_ff, k) || n_embd <= 0 || n_embd % kern::kQ8Block != 0 ||
-      n_embd > kern::kNormPer * 1024) {
-    return false;
-  }
-  int bytes = 0;
-  switch (t) {
-#define X(name) \
-  case DType::name: bytes = down_combine_ring_bytes<DType::name>(k + 1); break;
-    X(Q4_0) X(Q5_0) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K)
-#undef X
-    default: return false;
-  }
-  return 4 * n_embd <= bytes;
-}
-
 cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cudaStream_t stream) {
   if (a.n_tokens <= 0 || a.n_embd <= 0) return cudaSuccess;
   const int64_t row_align = qdec::q8_aligned16(t) ? 16 : 2;
   if (!moe_down_combine_fits(t, a.n_ff, a.k) || a.n_tokens > 65535 || a.sel == nullptr || a.coef == nullptr ||
-      (a.y == nullptr && !a.add_to_res) || (a.add_to_res && a.res == nullptr) ||
-      reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || a.w_stride % row_align != 0 ||
+      a.y == nullptr || reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || a.w_stride % row_align != 0 ||
       reinterpret_cast<uintptr_t>(a.hq) % 16 != 0) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.norm_w != nullptr &&
-      (!a.add_to_res || !moe_down_norm_fits(t, a.n_ff, a.k, a.n_embd) || a.norm_y == nullptr ||
-       a.norm_act == nullptr || reinterpret_cast<uintptr_t>(a.norm_act) % 16 != 0 || a.counter == nullptr)) {
     return cudaErrorInvalidValue;
   }
   switch (t) {

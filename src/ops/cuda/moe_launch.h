@@ -143,18 +143,6 @@ struct MoeDownCombineLaunch {
   // res += delta, each CTA its rows ([n_tokens, n_embd]); null: none.
   float* res = nullptr;
   const float* delta = nullptr;
-  // The block's output added into the residual as well: res = (res + delta) + y (res + y without
-  // delta), the bits of that add after the launch; y is then not written.
-  bool add_to_res = false;
-  // With add_to_res, the next layer's input norm of the updated res (moe_down_norm_fits): the CTA that
-  // finishes last (a ticket on `counter`, which it leaves at 0) writes norm_y = RMSNorm(res; norm_w,
-  // norm_eps) and its int8 activations norm_act (quantize_q8's layout), the bits of rms_norm_q8 after
-  // the launch. Null norm_w: none.
-  const float* norm_w = nullptr;
-  float norm_eps = 0.0f;
-  float* norm_y = nullptr;
-  void* norm_act = nullptr;
-  unsigned int* counter = nullptr;
 };
 // The kernel reads sel, coef, res and delta before its dependency wait (and issues the weight copies
 // then), h after it: those four must be outputs of kernels two or more launches back on the stream
@@ -163,10 +151,6 @@ struct MoeDownCombineLaunch {
 // Whether the fused launch takes the shape: an int8-activation type, a row of one 1024-element step
 // (n_ff <= 1024, whole blocks), k + 1 <= 16 pairs, rings within the 48 KB of shared memory.
 bool moe_down_combine_fits(DType t, int64_t n_ff, int k);
-// Whether the fused launch of that shape also takes the next layer's input norm (MoeDownCombineLaunch::
-// norm_w): a row the norm kernel quantizes (a multiple of 32, at most 8192) that fits the launch's
-// rings, staged there once the products are done.
-bool moe_down_norm_fits(DType t, int64_t n_ff, int k, int64_t n_embd);
 cudaError_t moe_down_combine_launch(DType t, const MoeDownCombineLaunch& a, cudaStream_t stream);
 
 // ---- moe_ffn_grouped (ops/cuda/moe_grouped.cu): many pairs, grouped per expert on the device ----
