@@ -97,53 +97,22 @@ __device__ void quantize_x(const MoeRouteFusedLaunch& a, const float* x, bool ve
   }
 }
 
-// The weight row of warp row `row` (< n_expert: router row; == n_expert: shexp_gate).
-__device__ __forceinline__ const float* router_w(const MoeRouteFusedLaunch& a, int row) {
-  return row < a.n_expert ? a.router + static_cast<int64_t>(row) * a.router_stride : a.shexp_gate;
-}
-
-// What a lane of the vec4 path holds of its row before the dependency wait (weights are no kernel's
-// output): the first kRoutePreSteps steps of kRouteUnroll float4 (rows of up to 2048 floats whole).
-constexpr int kRoutePreSteps = 2;
-static_assert(kRoutePreSteps == 2, "router_row picks a preloaded step by a select, not a register index");
-struct RouterRowPre {
-  float4 v[kRoutePreSteps][kRouteUnroll];
-};
-__device__ __forceinline__ void router_row_preload(const MoeRouteFusedLaunch& a, int row, RouterRowPre& pre) {
-  const int lane = threadIdx.x % 32;
-  const float* w = router_w(a, row);
-#pragma unroll
-  for (int s = 0; s < kRoutePreSteps; ++s) {
-#pragma unroll
-    for (int u = 0; u < kRouteUnroll; ++u) {
-      const int64_t i = 4 * lane + 128 * (static_cast<int64_t>(s) * kRouteUnroll + u);
-      pre.v[s][u] = i < a.n_embd ? __ldg(reinterpret_cast<const float4*>(w + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
-}
-
-// Row `row` times every token of x; lane 0 writes. vec4: `pre` holds the row's first steps
-// (router_row_preload), the rest is loaded here.
+// Row `row` (< n_expert: router row; == n_expert: shexp_gate) times every token of x; lane 0 writes.
 template <bool kShared>
-__device__ void router_row(const MoeRouteFusedLaunch& a, const float* x, int row, bool vec4, const RouterRowPre& pre) {
+__device__ void router_row(const MoeRouteFusedLaunch& a, const float* x, int row, bool vec4) {
   const int lane = threadIdx.x % 32;
-  const float* w = router_w(a, row);
+  const float* w = row < a.n_expert ? a.router + static_cast<int64_t>(row) * a.router_stride : a.shexp_gate;
   for (int t0 = 0; t0 < a.n_tokens; t0 += kRouteTokenGroup) {
     float acc[kRouteTokenGroup];
 #pragma unroll
     for (int t = 0; t < kRouteTokenGroup; ++t) acc[t] = 0.0f;
     if (vec4) {  // kRouteUnroll float4 of the row in flight per lane, then the tokens' products
-      int step = 0;
-      for (int64_t base = 4 * lane; base < a.n_embd; base += 128 * kRouteUnroll, ++step) {
+      for (int64_t base = 4 * lane; base < a.n_embd; base += 128 * kRouteUnroll) {
         float4 wv[kRouteUnroll];
 #pragma unroll
         for (int u = 0; u < kRouteUnroll; ++u) {
           const int64_t i = base + 128 * u;
-          if (step < kRoutePreSteps) {
-            wv[u] = step == 0 ? pre.v[0][u] : pre.v[kRoutePreSteps - 1][u];
-          } else {
-            wv[u] = i < a.n_embd ? __ldg(reinterpret_cast<const float4*>(w + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          }
+          wv[u] = i < a.n_embd ? __ldg(reinterpret_cast<const float4*>(w + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
         for (int t = 0; t < kRouteTokenGroup; ++t) {
@@ -184,18 +153,8 @@ __device__ void router_row(const MoeRouteFusedLaunch& a, const float* x, int row
 
 // The input norm: xs[t] = RMSNorm(res[t] + delta[t]; norm_w, eps) for every token, with norm_kernel's
 // arithmetic (the element sum, kern::cta_row_sum_squares, (v * inv) * w), so xs has add_rms_norm's bits.
-// Every thread of the CTA calls it; xs: n_tokens * n_embd floats of shared memory, part: the sums' scratch;
-// wpre: the thread's norm weights at elements threadIdx.x + j * kRouteThreads, j < kNormPre, loaded
-// before the dependency wait (norm_w_preload).
-constexpr int kNormPre = 16;  // rows of up to 2048 floats: every weight this thread multiplies by
-__device__ __forceinline__ void norm_w_preload(const MoeRouteFusedLaunch& a, float (&wpre)[kNormPre]) {
-#pragma unroll
-  for (int j = 0; j < kNormPre; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kRouteThreads;
-    wpre[j] = i < a.n_embd ? __ldg(a.norm_w + i) : 0.0f;
-  }
-}
-__device__ void stage_norm_input(const MoeRouteFusedLaunch& a, float* xs, float* part, const float (&wpre)[kNormPre]) {
+// Every thread of the CTA calls it; xs: n_tokens * n_embd floats of shared memory, part: the sums' scratch.
+__device__ void stage_norm_input(const MoeRouteFusedLaunch& a, float* xs, float* part) {
   const int64_t n4 = a.n_tokens * a.n_embd / 4;  // n_embd is a multiple of 32
   const auto* r4 = reinterpret_cast<const float4*>(a.res);
   const auto* d4 = reinterpret_cast<const float4*>(a.delta);
@@ -218,14 +177,7 @@ __device__ void stage_norm_input(const MoeRouteFusedLaunch& a, float* xs, float*
   for (int t = 0; t < a.n_tokens; ++t) {
     float* row = xs + static_cast<int64_t>(t) * n;
     const float inv = rsqrtf(kern::cta_row_sum_squares(row, n, part) / static_cast<float>(n) + a.eps);
-#pragma unroll
-    for (int j = 0; j < kNormPre; ++j) {
-      const int i = threadIdx.x + j * kRouteThreads;
-      if (i < n) row[i] = row[i] * inv * wpre[j];
-    }
-    for (int i = threadIdx.x + kNormPre * kRouteThreads; i < n; i += kRouteThreads) {
-      row[i] = row[i] * inv * __ldg(a.norm_w + i);
-    }
+    for (int i = threadIdx.x; i < n; i += kRouteThreads) row[i] = row[i] * inv * __ldg(a.norm_w + i);
   }
   __syncthreads();
 }
@@ -322,22 +274,16 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
       asm volatile("prefetch.global.L2 [%0];" ::"l"(a.norm_w + i));
     }
   }
-  // The first 2048 floats of the row and of the norm weight go into registers before the wait too, so
-  // after it the CTA waits on no weight load (each was an L2 round trip on the step's critical path).
-  float wpre[kNormPre];
-  if constexpr (kNorm) norm_w_preload(a, wpre);
-  RouterRowPre pre;
-  if (vec4 && row <= a.n_expert) router_row_preload(a, row, pre);
   kern::dependency_sync();
 
   const float* x = a.x;
   if constexpr (kNorm) {
     float* xs = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(route_smem) + route_xs_offset(a.n_expert));
-    stage_norm_input(a, xs, norm_part, wpre);
+    stage_norm_input(a, xs, norm_part);
     x = xs;
   }
   quantize_x<kNorm>(a, x, vec4);
-  if (row <= a.n_expert) router_row<kNorm>(a, x, row, vec4, pre);
+  if (row <= a.n_expert) router_row<kNorm>(a, x, row, vec4);
   if constexpr (!kRoute) return;
 
   // Publish this CTA's logits and codes, then take a ticket; the last ticket routes.
