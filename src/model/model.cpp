@@ -351,9 +351,9 @@ Status Model::forward_layers(LayerRange range, SequenceState& state, const Tenso
   const ModelScratch::Mark layer_mark = scratch_->mark();
   const int32_t* d_pos = cuda_ ? cuda_step_pos() : nullptr;
 #if DS_HAVE_CUDA
-  const int64_t max_kv = cuda::attention_launch_bound(pos0 + n, n_ctx_);
+  const int64_t max_kv = cuda_ ? cuda::attention_launch_bound(pos0 + n, n_ctx_) : 0;
 #else
-  const int64_t max_kv = std::min(n_ctx_, (pos0 + n + 1023) / 1024 * 1024);
+  const int64_t max_kv = 0;
 #endif
   // Each residual add is fused with the norm that follows it (add_rms_norm); cur holds the normalized
   // input of the next block. On CUDA for one token the norm also writes cur's int8 activations

@@ -72,7 +72,7 @@ struct LayerCall {
   int64_t pos0;      // absolute position of the first token
   int64_t n_tokens;
   // CUDA only: pos0 in device memory (what graph-captured kernels read) and a host-side upper bound
-  // of pos0 + n_tokens that sizes attention launches (a multiple of 1024, capped at n_ctx).
+  // of pos0 + n_tokens that sizes attention launches (cuda::attention_launch_bound; 0 on the CPU).
   const int32_t* d_pos = nullptr;
   int64_t max_kv = 0;
   // CUDA, one token: the int8 activations of the layer's normalized input, written by the norm that

@@ -760,8 +760,7 @@ cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& pla
       (plan.n_split > 1 && at.scratch == nullptr) || at.gate == nullptr || at.q8 == nullptr ||
       reinterpret_cast<uintptr_t>(at.q8) % 16 != 0 || a.prep.q == nullptr || a.prep.k == nullptr ||
       a.k_out == nullptr || a.k_out == a.prep.k || a.prep.v == nullptr || a.prep.q_in == nullptr || a.prep.n_rot < 2 ||
-      a.prep.n_rot % 2 != 0 || a.prep.n_rot > at.kv.head_dim || at.kv.n_head_kv < 1 ||
-      static_cast<int64_t>(at.n_tokens) * (at.n_head / at.kv.n_head_kv) > kFuseRows) {
+      a.prep.n_rot % 2 != 0 || a.prep.n_rot > at.kv.head_dim || at.kv.n_head_kv < 1 || R > kFuseRows) {
     return cudaErrorInvalidValue;
   }
   // attention_decode_plan configured the kernel's shared-memory limit on this device.

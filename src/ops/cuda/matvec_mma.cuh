@@ -330,10 +330,10 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_mma_q4k(MatvecMm
   mma_store_rows<kWarps>(part, acc, warp, lane, r0 - first, y, y_stride, end - first, a.n_tokens);
 }
 
-// A lane's reads of quantize_q8's activations in the int8 tensor-core kernels: the B fragment of token
-// g = lane / 4 for each 16-element step (its 4 codes from element 4 tig) and the (d, s) pairs of tokens
-// 2 tig and 2 tig + 1 (tig = lane % 4), two units per 16-byte load; for token slots past n_tokens the
-// caller skips the codes (codes_live) and unit_pair gives zeros, without a read (matvec_mma_q6k).
+// A lane's reads of quantize_q8's activations in the int8 tensor-core kernel (matvec_mma_q6k): the B
+// fragment of token g = lane / 4 for each 16-element step (its 4 codes from element 4 tig) and the
+// (d, s) pairs of tokens 2 tig and 2 tig + 1 (tig = lane % 4), two units per 16-byte load; for token
+// slots past n_tokens the caller skips the codes (codes_live) and unit_pair gives zeros, without a read.
 struct MmaQ8Act {
   const uint32_t* codes;  // token g's codes, from element 4 tig
   const float4* ds[2];    // (d, s) pairs of tokens 2 tig, 2 tig + 1
