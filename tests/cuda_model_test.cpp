@@ -537,6 +537,45 @@ TEST_P(CudaModelArch, GraphReplayedForTheNextSequenceAtTheSameAddresses) {
   EXPECT_EQ(p->cuda_graph_stats().timed_replays, 0);
 }
 
+TEST_P(CudaModelArch, AnotherSequenceIsCapturedAtItsFirstStep) {
+  // Once the decode graph exists, a step of a sequence at other addresses is captured at once (the
+  // warm-up op by op is for the step's first run only): two sequences decoding in turn change the key
+  // every step, and every one of those steps is a capture with the bits of a model without graphs.
+  DS_REQUIRE_GPU();
+  ModelOptions off;
+  off.cuda_graphs = false;
+  auto g = load(tiny(), kGpu, {});
+  auto p = load(tiny(), kGpu, off);
+  ASSERT_TRUE(g && p);
+  std::unique_ptr<SequenceState> a[2], b[2];  // on g, on p
+  for (int s = 0; s < 2; ++s) {
+    a[s] = std::move(g->new_state()).value();
+    b[s] = std::move(p->new_state()).value();
+    const auto prompt = random_tokens(3 + s, g->n_vocab(), 40 + s);
+    ASSERT_TRUE(g->prefill(*a[s], prompt).is_ok());
+    ASSERT_TRUE(p->prefill(*b[s], prompt).is_ok());
+  }
+  const auto step = [&](int s, const char* what) {
+    const int32_t t = argmax(p->logits(*b[s]));
+    const Status st = g->decode(*a[s], t);
+    ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+    ASSERT_TRUE(p->decode(*b[s], t).is_ok());
+    ASSERT_TRUE(bitwise_equal(g->logits(*a[s]), p->logits(*b[s]))) << what;
+  };
+  for (int i = 0; i < 3; ++i) step(0, "sequence 0 alone");  // warm-up, capture, replay
+  const CudaGraphStats s0 = g->cuda_graph_stats();
+  EXPECT_EQ(s0.uncaptured, 1);
+  EXPECT_EQ(s0.captures, 1);
+  for (int i = 0; i < 4; ++i) {
+    step(1, "sequence 1 in turn");
+    step(0, "sequence 0 in turn");
+  }
+  const CudaGraphStats s1 = g->cuda_graph_stats();
+  EXPECT_EQ(s1.uncaptured, s0.uncaptured);     // no step ran op by op
+  EXPECT_EQ(s1.captures - s0.captures, 8);     // each a capture into the one executable graph
+  EXPECT_EQ(s1.replays - s0.replays, 8);       // (a capture's own run counts as a replay)
+}
+
 TEST_P(CudaModelArch, DecodeStepReturnsItsBestLogitsWhenAsked) {
   // A state that wants only its best logits gets the kTopKMax best of the row a plain state gets for
   // the same tokens (bit for bit: the same kernels), in graph steps; fetch_logits gives the whole row

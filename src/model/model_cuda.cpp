@@ -464,8 +464,13 @@ namespace {
 enum class StepRun { kReplayed, kCaptured, kOpByOp };
 
 // Runs one step through `g`: a replay where its key matches, a capture (then a launch) where the key
-// survived a warm-up, else op by op, remembering the key for the next call. `queue` queues the step's
-// ops on the stream; `key_now` is the key as things stand. With `timed`, a replay is timed by c's events.
+// survived a warm-up or `g` already holds a graph of the step, else op by op, remembering the key for the
+// next call. `queue` queues the step's ops on the stream; `key_now` is the key as things stand. With
+// `timed`, a replay is timed by c's events.
+// Non-obvious choice: the warm-up (one step op by op before a capture) is for the step's first run, whose
+// ops may allocate or synchronize on first use. Once a graph of the step exists, every op has run: a new
+// key (another sequence, the next max_kv bucket) is captured at once, so a request's first decode step
+// replays instead of running op by op; where that capture fails, the step runs op by op as a warm-up.
 Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<GraphKey()>& key_now,
                                const std::function<Status()>& queue, const char* what, int64_t pos, bool timed) {
   const auto stream = static_cast<cudaStream_t>(c.stream.handle());
@@ -476,7 +481,8 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
     if (timed) DS_TRY(c.replay_end.record(c.stream));
     return StepRun::kReplayed;
   }
-  if (!g.failed && g.warm && g.warm_key == key) {
+  const bool warmed = g.warm && g.warm_key == key;
+  if (!g.failed && (warmed || g.exec != nullptr)) {
     DS_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "{} graph capture at position {}", what,
                 pos);
     const Status queued = queue();
@@ -484,16 +490,19 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
     const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
     if (!queued.is_ok() || ended != cudaSuccess) {
       // An op that cannot be captured (it synchronizes or copies from pageable memory) or a real
-      // error: either way nothing ran. This step runs op by op from now on; a real error shows up again.
+      // error: either way nothing ran. Unwarmed, the step runs op by op as the warm-up of its key;
+      // after a warm-up this step runs op by op from now on, and a real error shows up again.
       if (captured != nullptr) (void)cudaGraphDestroy(captured);
       (void)cudaGetLastError();
-      g.failed = true;
-      DS_LOG_WARN("model: {} graph capture at position {} failed ({}); that step runs op by op from now on", what, pos,
-                  !queued.is_ok() ? queued.to_string() : std::string(cudaGetErrorString(ended)));
+      if (warmed) {
+        g.failed = true;
+        DS_LOG_WARN("model: {} graph capture at position {} failed ({}); that step runs op by op from now on", what,
+                    pos, !queued.is_ok() ? queued.to_string() : std::string(cudaGetErrorString(ended)));
+      }
     } else if (!(key_now() == key)) {
       // The step allocated scratch while capturing: the graph would hold a stale block. Drop it and
       // run this step op by op; the next step warms up the new key.
-      DS_LOG_WARN("model: {} graph capture at position {} allocated scratch; retrying after warm-up", what, pos);
+      if (warmed) DS_LOG_WARN("model: {} graph capture at position {} allocated scratch; retrying after warm-up", what, pos);
       (void)cudaGraphDestroy(captured);
       g.warm = false;
     } else {
