@@ -1004,6 +1004,49 @@ TEST(CudaModelEngine, PrefixSnapshotsWorkOnCudaAndAcrossDevices) {
   fs::remove_all(dir);
 }
 
+TEST(CudaModelEngine, RequestsAfterTheFirstRunNoStepOpByOp) {
+  // Each request decodes in a new sequence state, so its steps have new graph keys: after the first
+  // request warmed the graphs up, a request's steps are captures and replays (EngineStats), none op by
+  // op, and its tokens are those of an engine without graphs. A one-token prompt runs as a step of the
+  // graph that copies the whole row back, which no later step of the request uses.
+  DS_REQUIRE_GPU();
+  const std::string path = test_model("tiny", TestArch::kQwen35Moe, OutType::kQ8_0);
+  auto open = [&](bool graphs) {
+    EngineOptions o;
+    o.device = "cuda:0";
+    o.n_ctx = 512;
+    o.cuda_graphs = graphs;
+    o.cache_ram_bytes = 0;
+    auto e = LocalEngine::open(path, o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    return e.is_ok() ? std::move(e).value() : nullptr;
+  };
+  auto with = open(true), without = open(false);
+  ASSERT_TRUE(with && without);
+  auto gen = [](LocalEngine& e, uint32_t seed) {
+    GenerateRequest r;
+    r.prompt = random_tokens(seed % 2 == 1 ? 1 : 6, e.info().n_vocab, seed);
+    r.max_tokens = 12;
+    r.ignore_eos = true;
+    auto res = e.generate(r);
+    EXPECT_TRUE(res.is_ok()) << res.status().to_string();
+    return res.is_ok() ? std::move(res).value().tokens : std::vector<int32_t>{};
+  };
+  gen(*with, 1);
+  const EngineStats first = with->stats();
+  EXPECT_EQ(first.graph_op_by_op_steps, 2u);  // the warm-ups of the row and the best-logits graphs
+  for (uint32_t seed = 2; seed < 6; ++seed) {
+    const EngineStats s0 = with->stats();
+    EXPECT_EQ(gen(*with, seed), gen(*without, seed)) << "request " << seed;
+    const EngineStats s1 = with->stats();
+    EXPECT_EQ(s1.graph_op_by_op_steps, s0.graph_op_by_op_steps) << "request " << seed;
+    EXPECT_GE(s1.graph_captured_steps, s0.graph_captured_steps + 1) << "request " << seed;
+    EXPECT_GE(s1.graph_replayed_steps, s0.graph_replayed_steps + 8) << "request " << seed;
+  }
+  const EngineStats none = without->stats();
+  EXPECT_EQ(none.graph_captured_steps + none.graph_replayed_steps, 0u);
+}
+
 TEST(CudaModelEngine, BestLogitsStepsGiveTheTokensOfWholeRows) {
   // The engine samples greedy and top-k requests from the steps' best logits: the same tokens as
   // from whole rows (step_top_k off), for the same seed.

@@ -502,6 +502,8 @@ TEST(ServerHttp, MetricsCountRequestsAndTokens) {
   EXPECT_NE(t.find("# TYPE deltaserve_prefill_seconds_total counter"), std::string::npos);
   EXPECT_NE(t.find("deltaserve_cache_hits_total{tier=\"ram\"} 3\n"), std::string::npos) << t;
   EXPECT_NE(t.find("deltaserve_cache_bytes{tier=\"disk\"} 7\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("deltaserve_graph_steps_total{run=\"captured\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("deltaserve_graph_steps_total{run=\"op_by_op\"} 0\n"), std::string::npos) << t;
 }
 
 }  // namespace

@@ -139,6 +139,7 @@ class ScriptedEngine : public Engine {
     EngineStats s;
     s.cache_ram_hits = 3;  // fixed values the metrics test looks for
     s.cache_disk_bytes = 7;
+    s.graph_captured_steps = 2;
     return s;
   }
 

@@ -562,7 +562,9 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
       req.ignore_eos = true;
       req.sampling = ds::kRecommendedSampling;
       req.sampling.seed = static_cast<uint64_t>(r);
+      const ds::EngineStats s0 = engine->stats();
       DS_ASSIGN_OR_RETURN(const auto res, engine->generate(req));
+      const ds::EngineStats s1 = engine->stats();
       if (drafting) {
         std::fprintf(stderr, "    %lld of %lld draft tokens accepted in %lld verify steps\n",
                      static_cast<long long>(res.accepted_tokens), static_cast<long long>(res.draft_tokens),
@@ -573,6 +575,12 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
       reps.push_back(tps);
       std::fprintf(stderr, "  tg%lld-served@%lld rep %d: %.2f tok/s\n", static_cast<long long>(o.tg),
                    static_cast<long long>(depth), r, tps);
+      if (s1.graph_captured_steps + s1.graph_replayed_steps + s1.graph_op_by_op_steps > 0) {
+        std::fprintf(stderr, "    graph steps: %llu replayed, %llu captured, %llu op by op\n",
+                     static_cast<unsigned long long>(s1.graph_replayed_steps - s0.graph_replayed_steps),
+                     static_cast<unsigned long long>(s1.graph_captured_steps - s0.graph_captured_steps),
+                     static_cast<unsigned long long>(s1.graph_op_by_op_steps - s0.graph_op_by_op_steps));
+      }
     }
     decode_row(fmt::format("tg{}-srv", o.tg), fmt::format("tg{}-served", o.tg), "decode_served", depth, best, reps,
                drafting ? "temperature 1, top-k 20, top-p 0.95, drafts" : "temperature 1, top-k 20, top-p 0.95");

@@ -443,6 +443,10 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
 EngineStats LocalEngine::stats() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   EngineStats s = stats_;
+  const CudaGraphStats g = model_->cuda_graph_stats();
+  s.graph_captured_steps = static_cast<uint64_t>(g.captures);
+  s.graph_replayed_steps = static_cast<uint64_t>(g.replays - g.captures);  // a capture's own run counts as a replay
+  s.graph_op_by_op_steps = static_cast<uint64_t>(g.uncaptured);
   if (ram_) s.cache_ram_bytes = ram_->stats().bytes_used;
   if (disk_) s.cache_disk_bytes = disk_->stats().bytes;
   return s;

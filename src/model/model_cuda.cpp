@@ -463,14 +463,14 @@ namespace {
 
 enum class StepRun { kReplayed, kCaptured, kOpByOp };
 
-// Runs one step through `g`: a replay where its key matches, a capture (then a launch) where the key
-// survived a warm-up or `g` already holds a graph of the step, else op by op, remembering the key for the
-// next call. `queue` queues the step's ops on the stream; `key_now` is the key as things stand. With
-// `timed`, a replay is timed by c's events.
+// Runs one step through `g`: a replay where its key matches, else a capture (then a launch) once the step
+// has run op by op (warmed up) with any key, else op by op, remembering the key for the next call.
+// `queue` queues the step's ops on the stream; `key_now` is the key as things stand. With `timed`, a
+// replay is timed by c's events.
 // Non-obvious choice: the warm-up (one step op by op before a capture) is for the step's first run, whose
-// ops may allocate or synchronize on first use. Once a graph of the step exists, every op has run: a new
-// key (another sequence, the next max_kv bucket) is captured at once, so a request's first decode step
-// replays instead of running op by op; where that capture fails, the step runs op by op as a warm-up.
+// ops may allocate or synchronize on first use. After it every op has run: a new key (another sequence,
+// the next max_kv bucket) is captured at once, so a request's first decode step replays instead of
+// running op by op; where such a capture fails, the step runs op by op as the warm-up of its key.
 Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<GraphKey()>& key_now,
                                const std::function<Status()>& queue, const char* what, int64_t pos, bool timed) {
   const auto stream = static_cast<cudaStream_t>(c.stream.handle());
@@ -482,7 +482,7 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
     return StepRun::kReplayed;
   }
   const bool warmed = g.warm && g.warm_key == key;
-  if (!g.failed && (warmed || g.exec != nullptr)) {
+  if (!g.failed && (g.warm || g.exec != nullptr)) {
     DS_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "{} graph capture at position {}", what,
                 pos);
     const Status queued = queue();

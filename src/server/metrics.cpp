@@ -73,6 +73,11 @@ std::string ServerMetrics::render(int32_t queue_depth, int32_t in_flight, const 
   out += fmt::format("deltaserve_draft_tokens_total {}\n", engine.draft_tokens);
   header("deltaserve_draft_accepted_tokens_total", "counter", "Speculative draft tokens accepted (decode steps saved).");
   out += fmt::format("deltaserve_draft_accepted_tokens_total {}\n", engine.accepted_tokens);
+  header("deltaserve_graph_steps_total", "counter",
+         "CUDA decode and verify steps: replayed from a captured graph, captured, or run op by op.");
+  out += fmt::format("deltaserve_graph_steps_total{{run=\"replayed\"}} {}\n", engine.graph_replayed_steps);
+  out += fmt::format("deltaserve_graph_steps_total{{run=\"captured\"}} {}\n", engine.graph_captured_steps);
+  out += fmt::format("deltaserve_graph_steps_total{{run=\"op_by_op\"}} {}\n", engine.graph_op_by_op_steps);
   header("deltaserve_cache_bytes", "gauge", "Bytes held by prefix snapshots, by tier.");
   out += fmt::format("deltaserve_cache_bytes{{tier=\"ram\"}} {}\n", engine.cache_ram_bytes);
   out += fmt::format("deltaserve_cache_bytes{{tier=\"disk\"}} {}\n", engine.cache_disk_bytes);
