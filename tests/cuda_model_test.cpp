@@ -150,6 +150,13 @@ std::unique_ptr<Model> load(const std::string& path, Device device, ModelOptions
   return m.is_ok() ? std::move(m).value() : nullptr;
 }
 
+// An engine on `path` (its opening checked); null when it does not open.
+std::unique_ptr<LocalEngine> open_engine(const std::string& path, const EngineOptions& o) {
+  auto e = LocalEngine::open(path, o);
+  EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+  return e.is_ok() ? std::move(e).value() : nullptr;
+}
+
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -932,9 +939,7 @@ TEST(CudaModelEngine, PrefixSnapshotsWorkOnCudaAndAcrossDevices) {
     o.checkpoint_every = 128;
     o.cache_ram_bytes = ram;
     if (disk) o.kv_cache_dir = dir.string();
-    auto e = LocalEngine::open(path, o);
-    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
-    return e.is_ok() ? std::move(e).value() : nullptr;
+    return open_engine(path, o);
   };
   auto gen = [](LocalEngine& e, const std::vector<int32_t>& prompt) {
     GenerateRequest r;
@@ -1017,9 +1022,7 @@ TEST(CudaModelEngine, RequestsAfterTheFirstRunNoStepOpByOp) {
     o.n_ctx = 512;
     o.cuda_graphs = graphs;
     o.cache_ram_bytes = 0;
-    auto e = LocalEngine::open(path, o);
-    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
-    return e.is_ok() ? std::move(e).value() : nullptr;
+    return open_engine(path, o);
   };
   auto with = open(true), without = open(false);
   ASSERT_TRUE(with && without);
@@ -1058,9 +1061,7 @@ TEST(CudaModelEngine, BestLogitsStepsGiveTheTokensOfWholeRows) {
     o.n_ctx = 512;
     o.cache_ram_bytes = 0;
     o.step_top_k = top_k;
-    auto e = LocalEngine::open(path, o);
-    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
-    return e.is_ok() ? std::move(e).value() : nullptr;
+    return open_engine(path, o);
   };
   auto best = open(true), whole = open(false);
   ASSERT_TRUE(best && whole);

@@ -75,8 +75,8 @@ struct EngineStats {
   uint64_t cache_ram_hits = 0, cache_disk_hits = 0, cache_misses = 0, snapshots_saved = 0;
   uint64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding
   uint64_t cache_ram_bytes = 0, cache_disk_bytes = 0;
-  // CUDA single-token and verify steps (Model::cuda_graph_stats): replayed from a captured graph,
-  // captured (then run), or run op by op (a new graph key's warm-up). Zero on the CPU.
+  // CUDA single-token and verify steps (Model::cuda_graph_stats) as of the last finished request:
+  // replayed from a captured graph, captured (then run), or run op by op (a warm-up). Zero on the CPU.
   uint64_t graph_replayed_steps = 0, graph_captured_steps = 0, graph_op_by_op_steps = 0;
 };
 

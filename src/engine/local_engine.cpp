@@ -430,6 +430,11 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
     stats_.decode_seconds += result.decode_ms / 1000;
     if (restored.n_tokens > 0) (restored.from_disk ? stats_.cache_disk_hits : stats_.cache_ram_hits)++;
     else stats_.cache_misses++;
+    // The model's counters, read here on the thread that runs its steps (stats() may run on another).
+    const CudaGraphStats g = model_->cuda_graph_stats();
+    stats_.graph_captured_steps = static_cast<uint64_t>(g.captures);
+    stats_.graph_replayed_steps = static_cast<uint64_t>(g.replays - g.captures);  // a capture's own run counts as a replay
+    stats_.graph_op_by_op_steps = static_cast<uint64_t>(g.uncaptured);
   }
   DS_LOG_INFO("request: prompt {} tokens ({} cached{}), generated {}{}, prefill {:.1f} ms, decode {:.1f} ms, total {:.1f} ms",
               n, restored.n_tokens, restored.from_disk ? " from disk" : "", out.size(),
@@ -443,10 +448,6 @@ Result<GenerateResult> LocalEngine::generate(const GenerateRequest& req) {
 EngineStats LocalEngine::stats() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   EngineStats s = stats_;
-  const CudaGraphStats g = model_->cuda_graph_stats();
-  s.graph_captured_steps = static_cast<uint64_t>(g.captures);
-  s.graph_replayed_steps = static_cast<uint64_t>(g.replays - g.captures);  // a capture's own run counts as a replay
-  s.graph_op_by_op_steps = static_cast<uint64_t>(g.uncaptured);
   if (ram_) s.cache_ram_bytes = ram_->stats().bytes_used;
   if (disk_) s.cache_disk_bytes = disk_->stats().bytes;
   return s;

@@ -7,11 +7,12 @@
 //    launch bound max_kv, the scratch arena generation, the hidden buffer) and recaptured when the
 //    key changes. Everything else a step reads that changes per token (position, token id, block
 //    table entries) is read from device memory at run time.
-//  - A new key first runs one ordinary step (warm-up), so that any allocation the step makes
-//    happens outside the capture; only a step whose key survived its own warm-up is captured. A
-//    new capture updates the executable graph in place when the topology allows. A capture that
-//    fails (an op on the path synchronizes, say) turns graphs off for the model with a warning
-//    instead of failing the decode.
+//  - A step's first run is one ordinary step (warm-up), so that any first-use allocation happens
+//    outside a capture; after it every new key is captured at once (a capture that allocates scratch
+//    is dropped and that step runs op by op). A new capture updates the executable graph in place
+//    when the topology allows. A capture that fails right after a warm-up with its own key (an op on
+//    the path synchronizes, say) turns graphs off for that step with a warning instead of failing the
+//    decode; one that fails after a warm-up with another key runs as the warm-up of its own.
 //  - Weights are uploaded into one device allocation (256-byte aligned tensors) through two pinned
 //    staging buffers, so a copy overlaps the next host read; pages of the GGUF mapping are released
 //    once uploaded (the mapping itself stays: tokenizer and metadata live there).
@@ -154,8 +155,9 @@ void release_mapped_pages(const void* p, int64_t bytes) {
 
 }  // namespace
 
-// A step replayed as a captured graph: its executable graph and the key it was captured for, and
-// the key of the last step run op by op (a warm-up) that the next capture must match.
+// A step replayed as a captured graph: its executable graph and the key it was captured for, whether
+// the step has run op by op (warm), and the key of the last such run (a capture that fails with that
+// key turns the step's graphs off).
 struct StepGraph {
   cudaGraphExec_t exec = nullptr;
   GraphKey key;
@@ -481,8 +483,8 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
     if (timed) DS_TRY(c.replay_end.record(c.stream));
     return StepRun::kReplayed;
   }
-  const bool warmed = g.warm && g.warm_key == key;
-  if (!g.failed && (g.warm || g.exec != nullptr)) {
+  const bool warmed = g.warm && g.warm_key == key;  // warmed up with this very key
+  if (!g.failed && g.warm) {
     DS_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "{} graph capture at position {}", what,
                 pos);
     const Status queued = queue();
@@ -490,8 +492,9 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
     const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
     if (!queued.is_ok() || ended != cudaSuccess) {
       // An op that cannot be captured (it synchronizes or copies from pageable memory) or a real
-      // error: either way nothing ran. Unwarmed, the step runs op by op as the warm-up of its key;
-      // after a warm-up this step runs op by op from now on, and a real error shows up again.
+      // error: either way nothing ran. Warmed up with another key, the step runs op by op as the
+      // warm-up of this one; after a warm-up with this key it runs op by op from now on, and a real
+      // error shows up again.
       if (captured != nullptr) (void)cudaGraphDestroy(captured);
       (void)cudaGetLastError();
       if (warmed) {
@@ -501,10 +504,9 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
       }
     } else if (!(key_now() == key)) {
       // The step allocated scratch while capturing: the graph would hold a stale block. Drop it and
-      // run this step op by op; the next step warms up the new key.
+      // run this step op by op, the warm-up of the new key.
       if (warmed) DS_LOG_WARN("model: {} graph capture at position {} allocated scratch; retrying after warm-up", what, pos);
       (void)cudaGraphDestroy(captured);
-      g.warm = false;
     } else {
       // Same topology, new addresses (another sequence, the next max_kv bucket): updating the
       // executable graph in place is much cheaper than instantiating; fall back when refused.
@@ -543,7 +545,7 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
   }
   DS_TRY(queue());
   g.warm = true;
-  g.warm_key = key_now();  // what the next step must match to be captured
+  g.warm_key = key_now();  // a capture failing with this key is final
   return StepRun::kOpByOp;
 }
 
