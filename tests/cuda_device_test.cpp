@@ -14,6 +14,7 @@
 
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/pdl.h"
+#include "ops/cuda/timeline.h"
 #include "ops/device_buffer.h"
 #endif
 
@@ -290,6 +291,52 @@ TEST_F(CudaDeviceTest, BatchedCopiesDoNotSpanAdjacentAllocations) {
   for (int i = 0; i < kBlocks; ++i) down[i].src = others[i].data();
   ASSERT_TRUE(device_copy_regions(Device{}, gpu, down).is_ok());
   EXPECT_EQ(host, back);
+}
+
+// The timeline's summary (no device needed): steps of three launches with known times.
+TEST(CudaTimeline, SummaryMediansSpansWaitsAndLags) {
+  cuda::Timeline t;
+  t.step = {{"norm", 1, 256}, {"matvec_q8<Q4_K, 1>", 528, 128}, {"norm", 1, 256}};
+  // Step s starts at 10000 s ns; launch i: resident at +1000 i + 100, released at +1000 i + 400 (the
+  // middle launch of step 1 an outlier the medians ignore).
+  for (uint64_t s = 0; s < 5; ++s) {
+    for (uint64_t i = 0; i < 3; ++i) {
+      const uint64_t base = 10000 * s + 1000 * i;
+      const uint64_t late = s == 1 && i == 1 ? 5000 : 0;
+      t.records.push_back({base + 100, base + 400 + late});
+    }
+  }
+  auto sum = cuda::timeline_summarize(t);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().to_string();
+  EXPECT_EQ(sum->steps, 5);
+  EXPECT_DOUBLE_EQ(sum->step_us, 10.0);
+  ASSERT_EQ(sum->positions.size(), 3u);
+  EXPECT_DOUBLE_EQ(sum->positions[0].span_us, 1.0);
+  EXPECT_DOUBLE_EQ(sum->positions[1].span_us, 1.0);
+  EXPECT_DOUBLE_EQ(sum->positions[2].span_us, 8.0);  // to the next step's first release
+  EXPECT_DOUBLE_EQ(sum->positions[1].wait_us, 0.3);
+  EXPECT_DOUBLE_EQ(sum->positions[1].lag_us, 0.7);   // previous release (+400) to resident (+1100)
+  EXPECT_DOUBLE_EQ(sum->positions[0].lag_us, 0.0);   // the first has no previous launch
+  ASSERT_EQ(sum->by_kernel.size(), 2u);
+  EXPECT_EQ(sum->by_kernel[0].name, "norm");  // 1 + 8 us
+  EXPECT_EQ(sum->by_kernel[0].launches, 2);
+  EXPECT_DOUBLE_EQ(sum->by_kernel[0].span_us, 9.0);
+  EXPECT_EQ(sum->by_kernel[1].ctas, 528);
+
+  cuda::Timeline odd = t;
+  odd.records.pop_back();  // a launch that recorded nothing
+  EXPECT_FALSE(cuda::timeline_summarize(odd).is_ok());
+  cuda::Timeline one = t;
+  one.records.resize(3);
+  EXPECT_FALSE(cuda::timeline_summarize(one).is_ok());
+  EXPECT_FALSE(cuda::timeline_summarize(cuda::Timeline{}).is_ok());
+}
+
+TEST(CudaTimeline, KernelNamesAreShortened) {
+  EXPECT_EQ(cuda::timeline_kernel_name("_ZN2ds4cuda4kern11quantize_q8ENS1_14QuantizeQ8ArgsE"), "quantize_q8");
+  EXPECT_EQ(cuda::timeline_kernel_name("not_mangled"), "not_mangled");
+  EXPECT_EQ(cuda::timeline_kernel_name(""), "?");
+  EXPECT_EQ(cuda::timeline_kernel_name(nullptr), "?");
 }
 
 #else  // !DS_HAVE_CUDA

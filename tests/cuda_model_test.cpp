@@ -40,6 +40,7 @@
 
 #if DS_HAVE_CUDA
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/timeline.h"
 #endif
 
 namespace ds {
@@ -542,6 +543,65 @@ TEST_P(CudaModelArch, GraphReplayedForTheNextSequenceAtTheSameAddresses) {
   EXPECT_EQ(st.timed_replays, st.replays - st.captures);  // a capture's own run is not timed
   EXPECT_GT(st.replay_device_ms, 0.0);
   EXPECT_EQ(p->cuda_graph_stats().timed_replays, 0);
+}
+
+// The decode timeline inside replayed graphs (`bench --timeline`): every launch of every step leaves one
+// record in launch order, and the summary covers each step's launches with their kernels' names.
+TEST_P(CudaModelArch, TimelineRecordsEveryLaunchOfReplayedSteps) {
+  DS_REQUIRE_GPU();
+  if (!cuda::timeline_compiled()) {
+    EXPECT_FALSE(cuda::timeline_start(16).is_ok());  // a clear error, no buffer
+    GTEST_SKIP() << "a build without DELTASERVE_TIMELINE records no timeline";
+  }
+  auto g = load(tiny(), kGpu, {});
+  ASSERT_TRUE(g);
+  auto a = std::move(g->new_state()).value();
+  ASSERT_TRUE(g->prefill(*a, random_tokens(6, g->n_vocab(), 31)).is_ok());
+  for (int step = 0; step < 2; ++step) ASSERT_TRUE(g->decode(*a, argmax(g->logits(*a))).is_ok());  // warm, captured
+  const std::vector<float> before(g->logits(*a).begin(), g->logits(*a).end());
+  ASSERT_TRUE(cuda::timeline_start(1 << 14).is_ok());
+  EXPECT_FALSE(cuda::timeline_start(16).is_ok());  // one at a time
+  constexpr int kSteps = 5;
+  std::vector<int32_t> fed;
+  for (int step = 0; step < kSteps; ++step) {
+    fed.push_back(argmax(g->logits(*a)));
+    ASSERT_TRUE(g->decode(*a, fed.back()).is_ok());
+  }
+  auto res = cuda::timeline_stop();
+  ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+  EXPECT_FALSE(cuda::timeline_stop().is_ok());  // none running
+  EXPECT_EQ(res->dropped, 0);
+  const auto& t = res->timeline;
+  ASSERT_GT(t.step.size(), 10u);  // the step's kernels, logged when the graph was captured
+  EXPECT_EQ(t.records.size(), kSteps * t.step.size());
+  for (size_t i = 0; i < t.records.size(); ++i) {
+    EXPECT_LE(t.records[i].entry_ns, t.records[i].release_ns) << i;
+    if (i > 0) {
+      EXPECT_LE(t.records[i - 1].release_ns, t.records[i].release_ns) << i;
+    }
+  }
+  auto sum = cuda::timeline_summarize(t);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().to_string();
+  EXPECT_EQ(sum->steps, kSteps);
+  EXPECT_GT(sum->step_us, 0.0);
+  for (const auto& p : sum->positions) {
+    EXPECT_NE(p.name, "?");
+    EXPECT_GE(p.span_us, 0.0) << p.name;
+  }
+  EXPECT_EQ(sum->by_kernel.front().span_us, std::max_element(sum->by_kernel.begin(), sum->by_kernel.end(),
+                                                             [](const auto& x, const auto& y) { return x.span_us < y.span_us; })
+                                                ->span_us);
+  // Recording changed nothing: a model without graphs fed the same tokens gives the same logits.
+  ModelOptions off;
+  off.cuda_graphs = false;
+  auto p = load(tiny(), kGpu, off);
+  ASSERT_TRUE(p);
+  auto b = std::move(p->new_state()).value();
+  ASSERT_TRUE(p->prefill(*b, random_tokens(6, g->n_vocab(), 31)).is_ok());
+  for (int step = 0; step < 2; ++step) ASSERT_TRUE(p->decode(*b, argmax(p->logits(*b))).is_ok());
+  EXPECT_TRUE(bitwise_equal(p->logits(*b), before));
+  for (int32_t tok : fed) ASSERT_TRUE(p->decode(*b, tok).is_ok());
+  EXPECT_TRUE(bitwise_equal(g->logits(*a), p->logits(*b)));
 }
 
 TEST_P(CudaModelArch, AnotherSequenceIsCapturedAtItsFirstStep) {

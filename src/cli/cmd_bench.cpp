@@ -26,6 +26,7 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_limits.h"
 #include "ops/cuda/pdl.h"
+#include "ops/cuda/timeline.h"
 #include "ops/device_buffer.h"
 
 namespace {
@@ -44,6 +45,7 @@ struct Options {
   int64_t prefill_chunk = 0;   // 0 = auto, resolved by the model (ModelOptions::prefill_chunk)
   bool no_cuda_graph = false;  // CUDA: run every decode step as separate launches
   bool step_times = false;     // CUDA: time each replayed decode step on the device as well
+  bool timeline = false;       // CUDA: the decode step's kernel timeline (ops/cuda/timeline.h)
   bool served = false;         // also decode through the engine (sampler included), as serve does
   std::string device = "cpu";  // "cpu" or "cuda:N"
   std::string kv_type;         // "f32" / "f16"; empty = f16 on CUDA, f32 on the CPU
@@ -113,6 +115,54 @@ WeightBytes weight_bytes(const ds::GgufFile& f, const ds::ModelConfig& c) {
     w.params += params;
   }
   return w;
+}
+
+// --timeline: records the decode steps of one rep (ops/cuda/timeline.h), then prints where a step's
+// time goes, per kernel and for the step's first launches.
+constexpr int64_t kTimelineLaunchesPerStep = 4096;  // capacity; a 27B step launches about 700 kernels
+ds::Status start_timeline(int64_t steps) {
+#if DS_HAVE_CUDA
+  return ds::cuda::timeline_start(std::max<int64_t>(1, steps) * kTimelineLaunchesPerStep);
+#else
+  (void)steps;
+  return ds::unsupported("--timeline: this build has no CUDA");
+#endif
+}
+
+ds::Status print_timeline(const std::string& label) {
+#if DS_HAVE_CUDA
+  DS_ASSIGN_OR_RETURN(const ds::cuda::TimelineResult res, ds::cuda::timeline_stop());
+  if (res.dropped > 0) return ds::internal_error("--timeline: {} launches past the capacity", res.dropped);
+  DS_ASSIGN_OR_RETURN(const ds::cuda::TimelineSummary sum, ds::cuda::timeline_summarize(res.timeline));
+  const auto cut = [](const std::string& n) { return n.size() <= 56 ? n : n.substr(0, 53) + "..."; };
+  std::printf("timeline %s: %lld steps of %zu launches, %.1f us a step (release to release); per kernel and step, "
+              "largest first:\n",
+              label.c_str(), static_cast<long long>(sum.steps), sum.positions.size(), sum.step_us);
+  std::printf("  %-56s %8s %6s %9s %8s %8s %8s\n", "kernel", "launches", "CTAs", "span us", "each us", "wait us",
+              "lag us");
+  double total = 0;
+  for (const auto& k : sum.by_kernel) {
+    const double n = static_cast<double>(k.launches);
+    std::printf("  %-56s %8lld %6lld %9.1f %8.2f %8.2f %8.2f\n", cut(k.name).c_str(), static_cast<long long>(k.launches),
+                static_cast<long long>(k.ctas), k.span_us, k.span_us / n, k.wait_us / n, k.lag_us / n);
+    total += k.span_us;
+  }
+  std::printf("  %-56s %8zu %6s %9.1f   (the spans' sum; the last launch's span runs to the next step)\n", "all",
+              sum.positions.size(), "", total);
+  const size_t first = std::min<size_t>(sum.positions.size(), 48);
+  std::printf("timeline %s: the step's first %zu launches (span: release to the next release; wait: CTA 0 resident "
+              "to released; lag: the previous release to CTA 0 resident):\n",
+              label.c_str(), first);
+  for (size_t i = 0; i < first; ++i) {
+    const auto& p = sum.positions[i];
+    std::printf("  %4zu %-56s %6lld %8.2f %8.2f %8.2f\n", i, cut(p.name).c_str(), static_cast<long long>(p.ctas),
+                p.span_us, p.wait_us, p.lag_us);
+  }
+  return ds::Status::ok();
+#else
+  (void)label;
+  return ds::unsupported("--timeline: this build has no CUDA");
+#endif
 }
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -452,12 +502,15 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
       DS_TRY(prefill_with_progress(*model, *state, ctx_toks, fmt::format("{} rep {} context", label, r).c_str()));
       auto toks = random_tokens(o.tg);
       const ds::CudaGraphStats g0 = model->cuda_graph_stats();
+      const bool timeline = o.timeline && r + 1 == o.reps;  // the last rep's steps
+      if (timeline) DS_TRY(start_timeline(o.tg));
       const double t0 = now_s();
       for (int64_t i = 0; i < o.tg; ++i) {
         DS_TRY(model->decode(*state, toks[i]));
         (void)touch_logits(*model, *state);
       }
       const double tps = o.tg / (now_s() - t0);
+      if (timeline) DS_TRY(print_timeline(label));
       best = std::max(best, tps);
       reps.push_back(tps);
       sample_memory(device, mem);
@@ -617,6 +670,17 @@ ds::Status run(Options o) {
   if (o.step_times && device.kind != ds::DeviceKind::kCuda) {
     return ds::invalid_argument("--step-times: only with --device cuda:N");
   }
+  if (o.timeline && device.kind != ds::DeviceKind::kCuda) {
+    return ds::invalid_argument("--timeline: only with --device cuda:N");
+  }
+#if DS_HAVE_CUDA
+  if (o.timeline && !ds::cuda::timeline_compiled()) {
+    return ds::unsupported("--timeline: this build records none; configure it with -DDELTASERVE_TIMELINE=ON");
+  }
+#endif
+  if (o.timeline && (o.no_cuda_graph || o.tg < 3)) {
+    return ds::invalid_argument("--timeline: needs CUDA graphs and --tg of at least 3 (steps to compare)");
+  }
   if (!o.ttft.empty()) {
     if (!o.json_path.empty()) return ds::invalid_argument("--json is not supported with --ttft");
     return run_ttft(o);
@@ -649,6 +713,9 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_flag("--no-cuda-graph", o->no_cuda_graph, "CUDA: launch every decode step op by op (no graph replay)");
   app.add_flag("--step-times", o->step_times,
                "CUDA: also time each replayed decode step on the device (two events a step) and report the host's share");
+  app.add_flag("--timeline", o->timeline,
+               "Diagnostic, CUDA: record the last rep's decode steps kernel by kernel inside the graph and print "
+               "where a step's time goes (each kernel's release to the next one's)");
   app.add_option("--prefill-chunk", o->prefill_chunk,
                  "Prefill chunk in tokens (0 = auto: 256 on the CPU; on CUDA 4096 on devices of 28 GiB or more, "
                  "else 1024)")

@@ -46,6 +46,7 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_registry.h"
+#include "ops/cuda/timeline.h"
 #include "ops/cuda/top_k_launch.h"
 #include "ops/matmul.h"
 #include "quant/quant.h"
@@ -487,9 +488,11 @@ Result<StepRun> run_step_graph(ModelCuda& c, StepGraph& g, const std::function<G
   if (!g.failed && g.warm) {
     DS_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "{} graph capture at position {}", what,
                 pos);
+    cuda::timeline_capture_begin();  // the graph's launches, for a diagnostic timeline (timeline.h)
     const Status queued = queue();
     cudaGraph_t captured = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
+    cuda::timeline_capture_end(queued.is_ok() && ended == cudaSuccess);
     if (!queued.is_ok() || ended != cudaSuccess) {
       // An op that cannot be captured (it synchronizes or copies from pageable memory) or a real
       // error: either way nothing ran. Warmed up with another key, the step runs op by op as the

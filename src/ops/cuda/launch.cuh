@@ -24,9 +24,42 @@
 namespace ds::cuda {
 namespace kern {
 
+#if DS_TIMELINE
+// The timeline's device buffer (timeline.h), null unless one runs: [count, capacity, then (entry,
+// release) pairs], u64. Only in a build configured with DELTASERVE_TIMELINE=ON (its records change the
+// kernels' code). Each CUDA source has its own copy (no relocatable device code); the binder registered
+// below points it.
+static __device__ unsigned long long* g_timeline = nullptr;
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
 __device__ __forceinline__ void dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if DS_TIMELINE
+  // Thread 0 of CTA 0 takes its launch's slot before the wait (the atomic's round trip overlaps it) and
+  // after it stores the two times, fire and forget.
+  const bool first = (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+  unsigned long long* tl = first ? *static_cast<unsigned long long* volatile*>(&g_timeline) : nullptr;
+  unsigned long long entry_ns = 0, slot = 0, capacity = 0;
+  if (tl != nullptr) {
+    entry_ns = global_ns();
+    slot = atomicAdd(tl, 1ull);
+    capacity = tl[1];
+  }
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (tl != nullptr && slot < capacity) {
+    const unsigned long long release_ns = global_ns();
+    tl[2 + 2 * slot] = entry_ns;
+    tl[3 + 2 * slot] = release_ns;
+  }
+#else
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #endif
 }
 
@@ -67,6 +100,9 @@ __device__ __forceinline__ void cluster_wait() {
 inline cudaError_t launch_kernel_packed(const void* kernel, dim3 grid, dim3 block, void** args, size_t smem,
                                         cudaStream_t s, dim3 cluster = dim3(1, 1, 1)) {
   if (kernel_filtered(kernel)) return cudaSuccess;  // diagnostic only (pdl.h)
+#if DS_TIMELINE
+  if (timeline_logging()) timeline_log_launch(kernel, int64_t{grid.x} * grid.y * grid.z, int64_t{block.x} * block.y * block.z);
+#endif
   cudaLaunchAttribute attr[2];
   unsigned n_attr = 0;
   if (pdl_enabled()) {
@@ -110,5 +146,15 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
                           Args&&... args) {
   return launch_kernel_cluster(kernel, grid, dim3(1, 1, 1), block, smem, s, std::forward<Args>(args)...);
 }
+
+#if DS_TIMELINE
+// This source's timeline binder (timeline.h): points its copy of kern::g_timeline at `buffer`.
+namespace timeline_detail {
+[[maybe_unused]] static int bind_this_source(void* buffer) {
+  return static_cast<int>(cudaMemcpyToSymbol(kern::g_timeline, &buffer, sizeof(buffer)));
+}
+[[maybe_unused]] static const bool registered = timeline_register_binder(&bind_this_source);
+}  // namespace timeline_detail
+#endif
 
 }  // namespace ds::cuda
