@@ -303,7 +303,11 @@ TEST(CudaTimeline, SummaryMediansSpansWaitsAndLags) {
     for (uint64_t i = 0; i < 3; ++i) {
       const uint64_t base = 10000 * s + 1000 * i;
       const uint64_t late = s == 1 && i == 1 ? 5000 : 0;
-      t.records.push_back({base + 100, base + 400 + late});
+      cuda::TimelineRecord r;
+      r.entry_ns = base + 100;
+      r.release_ns = base + 400 + late;
+      if (i == 2) r.mark_ns[1] = r.release_ns + 250 * (s + 1);  // the last launch marks point 1
+      t.records.push_back(r);
     }
   }
   auto sum = cuda::timeline_summarize(t);
@@ -317,6 +321,9 @@ TEST(CudaTimeline, SummaryMediansSpansWaitsAndLags) {
   EXPECT_DOUBLE_EQ(sum->positions[1].wait_us, 0.3);
   EXPECT_DOUBLE_EQ(sum->positions[1].lag_us, 0.7);   // previous release (+400) to resident (+1100)
   EXPECT_DOUBLE_EQ(sum->positions[0].lag_us, 0.0);   // the first has no previous launch
+  EXPECT_DOUBLE_EQ(sum->positions[2].mark_us[1], 0.75);  // the median of 0.25, 0.5, ..., 1.25 us
+  EXPECT_DOUBLE_EQ(sum->positions[2].mark_us[0], -1.0);  // never reached
+  EXPECT_DOUBLE_EQ(sum->positions[0].mark_us[1], -1.0);
   ASSERT_EQ(sum->by_kernel.size(), 2u);
   EXPECT_EQ(sum->by_kernel[0].name, "norm");  // 1 + 8 us
   EXPECT_EQ(sum->by_kernel[0].launches, 2);

@@ -584,10 +584,13 @@ TEST_P(CudaModelArch, TimelineRecordsEveryLaunchOfReplayedSteps) {
   ASSERT_TRUE(sum.is_ok()) << sum.status().to_string();
   EXPECT_EQ(sum->steps, kSteps);
   EXPECT_GT(sum->step_us, 0.0);
+  bool marked = false;  // the norms and products mark points after their release
   for (const auto& p : sum->positions) {
     EXPECT_NE(p.name, "?");
     EXPECT_GE(p.span_us, 0.0) << p.name;
+    for (double m : p.mark_us) marked = marked || m >= 0.0;
   }
+  EXPECT_TRUE(marked);
   EXPECT_EQ(sum->by_kernel.front().span_us, std::max_element(sum->by_kernel.begin(), sum->by_kernel.end(),
                                                              [](const auto& x, const auto& y) { return x.span_us < y.span_us; })
                                                 ->span_us);

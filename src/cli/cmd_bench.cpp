@@ -151,12 +151,16 @@ ds::Status print_timeline(const std::string& label) {
               sum.positions.size(), "", total);
   const size_t first = std::min<size_t>(sum.positions.size(), 48);
   std::printf("timeline %s: the step's first %zu launches (span: release to the next release; wait: CTA 0 resident "
-              "to released; lag: the previous release to CTA 0 resident):\n",
+              "to released; lag: the previous release to CTA 0 resident; marks: the kernel's timeline_mark points "
+              "in CTA 0, us after its release):\n",
               label.c_str(), first);
+  std::printf("  %4s %-56s %6s %8s %8s %8s  %s\n", "#", "kernel", "CTAs", "span", "wait", "lag", "marks 0 1 2 3");
   for (size_t i = 0; i < first; ++i) {
     const auto& p = sum.positions[i];
-    std::printf("  %4zu %-56s %6lld %8.2f %8.2f %8.2f\n", i, cut(p.name).c_str(), static_cast<long long>(p.ctas),
-                p.span_us, p.wait_us, p.lag_us);
+    std::string marks;
+    for (double m : p.mark_us) marks += m < 0 ? "     -" : fmt::format(" {:5.2f}", m);
+    std::printf("  %4zu %-56s %6lld %8.2f %8.2f %8.2f %s\n", i, cut(p.name).c_str(), static_cast<long long>(p.ctas),
+                p.span_us, p.wait_us, p.lag_us, marks.c_str());
   }
   return ds::Status::ok();
 #else

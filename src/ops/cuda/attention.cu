@@ -492,7 +492,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
     return;
   }
   decode_prep<D>(p, sQ, sK, sV, reinterpret_cast<float*>(sK + kBN * SK), cs, w);
+  kern::timeline_mark(0);  // q / k normalized and rotated, k / v appended
   tc_attend<D, 1, true>(p, sQ, sK, sV, w);
+  kern::timeline_mark(1);  // attended, gated, stored
 }
 
 // ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----

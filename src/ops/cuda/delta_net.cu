@@ -529,6 +529,7 @@ __global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecT
       row[ctid % DK] = y;
       if (rank == 0) (ctid < DK ? sp.q : sp.k)[static_cast<int64_t>(hk) * DK + ctid % DK] = y;
     }
+    kern::timeline_mark(0);  // the prologue: conv, gates, q / k norms
   } else {
     kern::dependency_sync();
 #pragma unroll
@@ -596,12 +597,14 @@ __global__ void __launch_bounds__(kForm == RecForm::kPlain ? kRecThreads : kRecT
       if (threadIdx.x < 32) gated_norm_q8_row(o_row, nq, dv, t * nv + h);
     }
   }
+  kern::timeline_mark(1);  // the recurrence and the output norm
 #pragma unroll
   for (int m = 0; m < kRows; ++m) *reinterpret_cast<float4*>(Sg + static_cast<int64_t>(rg + 16 * m) * dv) = st[m];
   if constexpr (kStep) {
     kern::cluster_wait();  // every CTA of the cluster has read the q/k head's carried inputs
     if (rank == 0 && static_cast<int>(threadIdx.x) < 2 * DK) step_channel_store_state(sp, ch, cur);
   }
+  kern::timeline_mark(2);  // the state stored, the cluster barrier passed
 }
 
 // Any shape: CTA h = v-head; thread j = column j of the head's state S[dk][dv] in device memory.

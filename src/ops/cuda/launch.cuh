@@ -25,10 +25,12 @@ namespace ds::cuda {
 namespace kern {
 
 #if DS_TIMELINE
-// The timeline's device buffer (timeline.h), null unless one runs: [count, capacity, then (entry,
-// release) pairs], u64. Only in a build configured with DELTASERVE_TIMELINE=ON (its records change the
-// kernels' code). Each CUDA source has its own copy (no relocatable device code); the binder registered
-// below points it.
+// The timeline's device buffer (timeline.h), null unless one runs: [count, capacity, then records of
+// kTimelineWords u64: entry, release, kTimelineMarks marks]. Only in a build configured with
+// DELTASERVE_TIMELINE=ON (its records change the kernels' code). Each CUDA source has its own copy (no
+// relocatable device code); the binder registered below points it.
+constexpr int kTimelineMarks = 4;
+constexpr int kTimelineWords = 2 + kTimelineMarks;
 static __device__ unsigned long long* g_timeline = nullptr;
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -36,14 +38,24 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+
+// CTA 0's record of the running launch, kept by its thread 0 (null when no timeline runs).
+__device__ __forceinline__ unsigned long long*& timeline_record_ptr() {
+  __shared__ unsigned long long* record;
+  return record;
+}
 #endif
+
+__device__ __forceinline__ bool timeline_thread() {
+  return (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+}
 
 __device__ __forceinline__ void dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if DS_TIMELINE
-  // Thread 0 of CTA 0 takes its launch's slot before the wait (the atomic's round trip overlaps it) and
-  // after it stores the two times, fire and forget.
-  const bool first = (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+  // Thread 0 of CTA 0 takes its launch's record before the wait (the atomic's round trip overlaps it)
+  // and after it stores the two times, fire and forget.
+  const bool first = timeline_thread();
   unsigned long long* tl = first ? *static_cast<unsigned long long* volatile*>(&g_timeline) : nullptr;
   unsigned long long entry_ns = 0, slot = 0, capacity = 0;
   if (tl != nullptr) {
@@ -52,14 +64,31 @@ __device__ __forceinline__ void dependency_wait() {
     capacity = tl[1];
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (tl != nullptr && slot < capacity) {
-    const unsigned long long release_ns = global_ns();
-    tl[2 + 2 * slot] = entry_ns;
-    tl[3 + 2 * slot] = release_ns;
+  if (first) {
+    unsigned long long* rec = tl != nullptr && slot < capacity ? tl + 2 + kTimelineWords * slot : nullptr;
+    timeline_record_ptr() = rec;
+    if (rec != nullptr) {
+      rec[0] = entry_ns;
+      rec[1] = global_ns();
+    }
   }
 #else
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+#endif
+}
+
+// A point inside a kernel, for the timeline (a timeline build only; nothing otherwise): thread 0 of CTA
+// 0 stores the time it reaches mark i (< 4) in its launch's record, after its dependency_wait. The
+// summary gives each mark's median time after the release.
+__device__ __forceinline__ void timeline_mark(int i) {
+#if DS_TIMELINE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (timeline_thread()) {
+    unsigned long long* rec = timeline_record_ptr();
+    if (rec != nullptr) rec[2 + i] = global_ns();
+  }
+#else
+  (void)i;
 #endif
 }
 

@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_q8(QuantizeQ8Args a) {
       make_char4(static_cast<signed char>(qi[0]), static_cast<signed char>(qi[1]), static_cast<signed char>(qi[2]),
                  static_cast<signed char>(qi[3]));
   if (sub == 0) a.ds[row * blocks_per_row + b] = make_float2(d, d * static_cast<float>(sum));
+  timeline_mark(0);
 }
 
 
@@ -398,6 +399,7 @@ __device__ __forceinline__ void matvec_q8_cta(const MatvecQ8Args& a, int64_t cta
     q8_chunk_dot<T, kNT, kRows>(smem[warp][c % kStages], w_base, a, xq, xds, r0, c, lane, acc);
     __syncwarp();  // stage c % kStages is refilled in the next step
   }
+  timeline_mark(2);  // CTA 0's warp 0 has its dots
 
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -407,6 +409,7 @@ __device__ __forceinline__ void matvec_q8_cta(const MatvecQ8Args& a, int64_t cta
       if (lane == 0 && t < a.n_tokens && r0 + r < a.n_rows) y[t * a.y_stride + r0 + r] = s;
     }
   }
+  timeline_mark(3);  // and stored them
 }
 
 // kNT: activation rows per launch (n_tokens <= kNT, the rest predicated off). Needs (host-checked):

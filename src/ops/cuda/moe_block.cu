@@ -282,8 +282,11 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_fused(MoeRouteFusedLa
     stage_norm_input(a, xs, norm_part);
     x = xs;
   }
+  kern::timeline_mark(0);  // the input norm staged
   quantize_x<kNorm>(a, x, vec4);
+  kern::timeline_mark(1);  // this CTA's share of x quantized
   if (row <= a.n_expert) router_row<kNorm>(a, x, row, vec4);
+  kern::timeline_mark(2);  // its router rows
   if constexpr (!kRoute) return;
 
   // Publish this CTA's logits and codes, then take a ticket; the last ticket routes.
@@ -368,6 +371,7 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
                         pair * (a.n_ff / kern::kQ8Block);
     kern::cp_async_wait<0>();
     __syncwarp();
+    kern::timeline_mark(0);  // warp 0's weights have landed
     kern::q8_chunk_dot<T, 1, kRows>(ring[warp], w_base, m, xq, xds, r0, 0, lane, acc);
   }
 #pragma unroll
@@ -376,6 +380,7 @@ __global__ void __launch_bounds__(32 * kDownCombineMaxPairs) moe_down_combine(Mo
     if (lane == 0) part[warp][q] = s;
   }
   __syncthreads();  // part and coef_s
+  kern::timeline_mark(1);  // every pair's sums
   if (out_thread) {
     float y = 0.0f;
     for (int j = 0; j < a.k; ++j) y += coef_s[j] * part[j][r];
@@ -421,6 +426,7 @@ __global__ void __launch_bounds__(kern::kQ8Threads) moe_gate_up_routed(kern::Mat
     __syncthreads();
     sel = sel_s;
   }
+  kern::timeline_mark(0);  // routed
   kern::matvec_q8_cta<T, 1, kern::kQ8Rows, kStages, kern::kQ8Warps, true>(a, blockIdx.x, &ring[0][0][0][0], sel);
 }
 

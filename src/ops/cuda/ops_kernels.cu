@@ -154,6 +154,7 @@ __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const f
     ss = fmaf(e, e, ss);
   }
   ss = block_sum(ss);
+  kern::timeline_mark(0);  // the row's sum
   const float inv = l2 ? rsqrtf(ss + eps) : rsqrtf(ss / static_cast<float>(n) + eps);
   auto gated = [&](float o, float g) { return gr ? g * sigmoidf(g) * o : o; };  // as EltKind::kSwiglu(gate, o)
 #pragma unroll
@@ -168,6 +169,7 @@ __global__ void norm_kernel(const float* x, RowMap xmap, const float* w, const f
   for (int64_t i = threadIdx.x + static_cast<int64_t>(kNormPer) * blockDim.x; i < n; i += blockDim.x) {
     yr[i] = gated(w ? xr[i] * inv * w[i] : xr[i] * inv, gr ? gr[i] : 0.0f);
   }
+  kern::timeline_mark(1);  // stored
 }
 
 // d_pos (when not null) adds a position read on the device (rope_neox_at).

@@ -84,7 +84,7 @@ Result<TimelineSummary> timeline_summarize(const Timeline& t) {
   for (size_t s = 0; s + 1 < steps; ++s) step_us.push_back(us_between(rec(s, 0).release_ns, rec(s + 1, 0).release_ns));
   out.step_us = median(step_us);
   for (size_t i = 0; i < n; ++i) {
-    std::vector<double> span, wait, lag;
+    std::vector<double> span, wait, lag, marks[kTimelineMarks];
     for (size_t s = 0; s < steps; ++s) {
       const TimelineRecord& r = rec(s, i);
       wait.push_back(us_between(r.entry_ns, r.release_ns));
@@ -94,6 +94,9 @@ Result<TimelineSummary> timeline_summarize(const Timeline& t) {
         span.push_back(us_between(r.release_ns, rec(s + 1, 0).release_ns));
       }
       if (i > 0) lag.push_back(us_between(rec(s, i - 1).release_ns, r.entry_ns));
+      for (int k = 0; k < kTimelineMarks; ++k) {
+        if (r.mark_ns[k] != 0) marks[k].push_back(us_between(r.release_ns, r.mark_ns[k]));
+      }
     }
     TimelineRow row;
     row.name = t.step[i].name;
@@ -101,6 +104,7 @@ Result<TimelineSummary> timeline_summarize(const Timeline& t) {
     row.span_us = median(span);
     row.wait_us = median(wait);
     row.lag_us = median(lag);
+    for (int k = 0; k < kTimelineMarks; ++k) row.mark_us[k] = marks[k].empty() ? -1.0 : median(marks[k]);
     out.positions.push_back(row);
   }
   std::map<std::string, TimelineRow> by;
@@ -198,14 +202,16 @@ Status timeline_start(int64_t capacity) {
   std::lock_guard<std::mutex> lock(h.mu);
   if (h.buffer != nullptr) return invalid_argument("timeline: one is already running");
   if (capacity < 1) return invalid_argument("timeline: capacity {} (at least 1 launch)", capacity);
-  const size_t bytes = sizeof(uint64_t) * (2 + 2 * static_cast<size_t>(capacity));
+  constexpr size_t kWords = 2 + kTimelineMarks;  // a record: entry, release, marks (launch.cuh)
+  const size_t bytes = sizeof(uint64_t) * (2 + kWords * static_cast<size_t>(capacity));
   void* buf = nullptr;
   if (const cudaError_t e = cudaMalloc(&buf, bytes); e != cudaSuccess) {
     (void)cudaGetLastError();
     return out_of_memory("timeline: {} bytes of device memory: {}", bytes, cudaGetErrorString(e));
   }
   const uint64_t head[2] = {0, static_cast<uint64_t>(capacity)};
-  cudaError_t e = cudaMemcpy(buf, head, sizeof(head), cudaMemcpyHostToDevice);
+  cudaError_t e = cudaMemset(buf, 0, bytes);  // marks never reached stay 0
+  if (e == cudaSuccess) e = cudaMemcpy(buf, head, sizeof(head), cudaMemcpyHostToDevice);
   Status bound = e == cudaSuccess ? bind_all(buf) : internal_error("timeline: {}", cudaGetErrorString(e));
   if (!bound.is_ok()) {
     (void)bind_all(nullptr);
@@ -232,8 +238,9 @@ Result<TimelineResult> timeline_stop() {
   uint64_t count = 0;
   std::vector<uint64_t> raw;
   if (e == cudaSuccess) e = cudaMemcpy(&count, buf, sizeof(count), cudaMemcpyDeviceToHost);
+  constexpr size_t kWords = 2 + kTimelineMarks;
   const int64_t kept = std::min<int64_t>(static_cast<int64_t>(count), capacity);
-  raw.resize(2 * static_cast<size_t>(kept));
+  raw.resize(kWords * static_cast<size_t>(kept));
   if (e == cudaSuccess && kept > 0) {
     e = cudaMemcpy(raw.data(), static_cast<uint64_t*>(buf) + 2, sizeof(uint64_t) * raw.size(), cudaMemcpyDeviceToHost);
   }
@@ -242,7 +249,14 @@ Result<TimelineResult> timeline_stop() {
   DS_TRY(st);
   TimelineResult out;
   out.dropped = static_cast<int64_t>(count) - kept;
-  for (int64_t i = 0; i < kept; ++i) out.timeline.records.push_back({raw[2 * i], raw[2 * i + 1]});
+  for (int64_t i = 0; i < kept; ++i) {
+    TimelineRecord r;
+    const uint64_t* w = raw.data() + kWords * i;
+    r.entry_ns = w[0];
+    r.release_ns = w[1];
+    for (int k = 0; k < kTimelineMarks; ++k) r.mark_ns[k] = w[2 + k];
+    out.timeline.records.push_back(r);
+  }
   for (const auto& l : log) {
     const char* name = nullptr;
     if (cudaFuncGetName(&name, l.kernel) != cudaSuccess) {

@@ -31,9 +31,11 @@ struct TimelineLaunch {
 };
 
 // What CTA 0 of one launch recorded, %globaltimer in ns.
+constexpr int kTimelineMarks = 4;  // kern::timeline_mark points a kernel may record
 struct TimelineRecord {
   uint64_t entry_ns = 0;    // reached its dependency wait (resident)
   uint64_t release_ns = 0;  // left it: every earlier kernel of the stream had completed
+  uint64_t mark_ns[kTimelineMarks] = {};  // reached kern::timeline_mark(i); 0: not reached
 };
 
 struct Timeline {
@@ -65,6 +67,7 @@ struct TimelineRow {
   double span_us = 0;      // release to the next launch's release (the step's last: to the next step's first)
   double wait_us = 0;      // CTA 0 resident to released
   double lag_us = 0;       // previous launch's release to this one's CTA 0 resident
+  double mark_us[kTimelineMarks] = {-1, -1, -1, -1};  // positions: release to mark i, -1 where never reached
 };
 struct TimelineSummary {
   int64_t steps = 0;       // complete steps recorded
