@@ -479,17 +479,21 @@ TEST(ServerHttp, MetricsCountRequestsAndTokens) {
   auto c = s.client();
   post_json(c, "/v1/chat/completions", chat_body("x"), 200);
   post_json(c, "/v1/chat/completions", chat_body("x", {{"model", "nope"}}), 404);
-  // A response is counted when the server finishes sending it, which can be just after the client
-  // has read it: poll briefly.
+  // A response is counted when the server finishes sending it, and its generation leaves the queue's
+  // running slot after the worker returns; both can be just after the client has read the response:
+  // poll briefly.
   const std::string want = "deltaserve_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1";
   const std::string want_404 = "deltaserve_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"} 1";
+  const std::string idle = "deltaserve_requests_in_flight 0";
   std::string t;
   for (int i = 0; i < 100; ++i) {
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
     EXPECT_EQ(m->status, 200);
     t = m->body;
-    if (t.find(want) != std::string::npos && t.find(want_404) != std::string::npos) break;
+    if (t.find(want) != std::string::npos && t.find(want_404) != std::string::npos && t.find(idle) != std::string::npos) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_NE(t.find("deltaserve_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1"), std::string::npos) << t;
