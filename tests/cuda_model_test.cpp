@@ -151,6 +151,15 @@ std::unique_ptr<Model> load(const std::string& path, Device device, ModelOptions
   return m.is_ok() ? std::move(m).value() : nullptr;
 }
 
+// Engine options on cuda:0 with a context of n_ctx and no RAM snapshot tier.
+EngineOptions cuda_engine_options(int64_t n_ctx) {
+  EngineOptions o;
+  o.device = "cuda:0";
+  o.n_ctx = n_ctx;
+  o.cache_ram_bytes = 0;
+  return o;
+}
+
 // An engine on `path` (its opening checked); null when it does not open.
 std::unique_ptr<LocalEngine> open_engine(const std::string& path, const EngineOptions& o) {
   auto e = LocalEngine::open(path, o);
@@ -1080,11 +1089,8 @@ TEST(CudaModelEngine, RequestsAfterTheFirstRunNoStepOpByOp) {
   DS_REQUIRE_GPU();
   const std::string path = test_model("tiny", TestArch::kQwen35Moe, OutType::kQ8_0);
   auto open = [&](bool graphs) {
-    EngineOptions o;
-    o.device = "cuda:0";
-    o.n_ctx = 512;
+    EngineOptions o = cuda_engine_options(512);
     o.cuda_graphs = graphs;
-    o.cache_ram_bytes = 0;
     return open_engine(path, o);
   };
   auto with = open(true), without = open(false);
@@ -1119,10 +1125,7 @@ TEST(CudaModelEngine, BestLogitsStepsGiveTheTokensOfWholeRows) {
   DS_REQUIRE_GPU();
   const std::string path = test_model("tiny", TestArch::kQwen35Moe, OutType::kQ8_0);
   auto open = [&](bool top_k) {
-    EngineOptions o;
-    o.device = "cuda:0";
-    o.n_ctx = 512;
-    o.cache_ram_bytes = 0;
+    EngineOptions o = cuda_engine_options(512);
     o.step_top_k = top_k;
     return open_engine(path, o);
   };
@@ -1148,11 +1151,7 @@ TEST(CudaModelEngine, DefaultKvCacheIsF16OnCuda) {
   // The engine (serve, run) takes the F16 KV cache on CUDA by default, as the benchmarks do: the
   // tensor-core attention kernels read F16 KV, and it is half the memory.
   DS_REQUIRE_GPU();
-  EngineOptions o;
-  o.device = "cuda:0";
-  o.n_ctx = 256;
-  o.cache_ram_bytes = 0;
-  auto e = LocalEngine::open(test_model("tiny", TestArch::kQwen35, OutType::kQ8_0), o);
+  auto e = LocalEngine::open(test_model("tiny", TestArch::kQwen35, OutType::kQ8_0), cuda_engine_options(256));
   ASSERT_TRUE(e.is_ok()) << e.status().to_string();
   EXPECT_EQ((*e)->model().options().kv_dtype, DType::F16);
   GenerateRequest r;

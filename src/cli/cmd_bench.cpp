@@ -719,7 +719,8 @@ void setup(CLI::App& app, int& exit_code) {
                "CUDA: also time each replayed decode step on the device (two events a step) and report the host's share");
   app.add_flag("--timeline", o->timeline,
                "Diagnostic, CUDA: record the last rep's decode steps kernel by kernel inside the graph and print "
-               "where a step's time goes (each kernel's release to the next one's)");
+               "where a step's time goes (each kernel's release to the next one's); needs a build configured with "
+               "-DDELTASERVE_TIMELINE=ON");
   app.add_option("--prefill-chunk", o->prefill_chunk,
                  "Prefill chunk in tokens (0 = auto: 256 on the CPU; on CUDA 4096 on devices of 28 GiB or more, "
                  "else 1024)")

@@ -26,11 +26,9 @@ namespace kern {
 
 #if DS_TIMELINE
 // The timeline's device buffer (timeline.h), null unless one runs: [count, capacity, then records of
-// kTimelineWords u64: entry, release, kTimelineMarks marks]. Only in a build configured with
-// DELTASERVE_TIMELINE=ON (its records change the kernels' code). Each CUDA source has its own copy (no
-// relocatable device code); the binder registered below points it.
-constexpr int kTimelineMarks = 4;
-constexpr int kTimelineWords = 2 + kTimelineMarks;
+// kTimelineRecordWords u64 (pdl.h)]. Only in a build configured with DELTASERVE_TIMELINE=ON (its
+// records change the kernels' code). Each CUDA source has its own copy (no relocatable device code);
+// the binder registered below points it.
 static __device__ unsigned long long* g_timeline = nullptr;
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -44,11 +42,12 @@ __device__ __forceinline__ unsigned long long*& timeline_record_ptr() {
   __shared__ unsigned long long* record;
   return record;
 }
-#endif
 
+// The thread that records a launch: thread 0 of CTA 0.
 __device__ __forceinline__ bool timeline_thread() {
   return (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
 }
+#endif
 
 __device__ __forceinline__ void dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -65,7 +64,7 @@ __device__ __forceinline__ void dependency_wait() {
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (first) {
-    unsigned long long* rec = tl != nullptr && slot < capacity ? tl + 2 + kTimelineWords * slot : nullptr;
+    unsigned long long* rec = tl != nullptr && slot < capacity ? tl + 2 + kTimelineRecordWords * slot : nullptr;
     timeline_record_ptr() = rec;
     if (rec != nullptr) {
       rec[0] = entry_ns;

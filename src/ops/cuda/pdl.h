@@ -49,9 +49,12 @@ void set_kernel_filter(const std::string& skip, const std::string& only);
 // True when the filter drops `kernel` (a __global__ function); one atomic load when none is set.
 bool kernel_filtered(const void* kernel);
 
-// The decode-step timeline's hooks for launch.cuh (timeline.h has the rest): every CUDA source
+// The decode-step timeline's record layout and hooks for launch.cuh (timeline.h has the rest): a launch's
+// record is kTimelineRecordWords u64 (entry, release, kTimelineMarks marks); every CUDA source
 // registers the function that points its copy of the device-side buffer pointer at a buffer (returns a
 // cudaError_t, 0 on success), and launch_kernel logs each launch while a step graph is being captured.
+constexpr int kTimelineMarks = 4;  // kern::timeline_mark points a kernel may record
+constexpr int kTimelineRecordWords = 2 + kTimelineMarks;
 bool timeline_register_binder(int (*bind)(void* buffer));
 bool timeline_logging();
 void timeline_log_launch(const void* kernel, long long ctas, long long threads);

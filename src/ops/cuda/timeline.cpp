@@ -4,10 +4,6 @@
 
 #include <cxxabi.h>
 
-#ifndef DS_TIMELINE
-#define DS_TIMELINE 0
-#endif
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -19,6 +15,10 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/pdl.h"
+#endif
+
+#ifndef DS_TIMELINE
+#define DS_TIMELINE 0  // a build whose kernels do not record (CMake's DELTASERVE_TIMELINE)
 #endif
 
 namespace ds::cuda {
@@ -138,7 +138,7 @@ struct TimelineHost {
   };
   std::vector<Launch> open_log;  // the open capture's launches
   std::vector<Launch> step;      // the last captured step graph's
-  void* buffer = nullptr;        // device: [count, capacity, (entry, release) x capacity] as u64
+  void* buffer = nullptr;        // device: [count, capacity, capacity records] as u64 (pdl.h)
   int64_t capacity = 0;
 };
 
@@ -176,6 +176,7 @@ void timeline_log_launch(const void* kernel, long long ctas, long long threads) 
 }
 
 void timeline_capture_begin() {
+  if (!DS_TIMELINE) return;  // launches are logged only where kernels record (launch.cuh)
   TimelineHost& h = host();
   std::lock_guard<std::mutex> lock(h.mu);
   h.open_log.clear();
@@ -183,6 +184,7 @@ void timeline_capture_begin() {
 }
 
 void timeline_capture_end(bool captured) {
+  if (!DS_TIMELINE) return;
   TimelineHost& h = host();
   std::lock_guard<std::mutex> lock(h.mu);
   h.logging.store(false, std::memory_order_release);
@@ -202,8 +204,7 @@ Status timeline_start(int64_t capacity) {
   std::lock_guard<std::mutex> lock(h.mu);
   if (h.buffer != nullptr) return invalid_argument("timeline: one is already running");
   if (capacity < 1) return invalid_argument("timeline: capacity {} (at least 1 launch)", capacity);
-  constexpr size_t kWords = 2 + kTimelineMarks;  // a record: entry, release, marks (launch.cuh)
-  const size_t bytes = sizeof(uint64_t) * (2 + kWords * static_cast<size_t>(capacity));
+  const size_t bytes = sizeof(uint64_t) * (2 + kTimelineRecordWords * static_cast<size_t>(capacity));
   void* buf = nullptr;
   if (const cudaError_t e = cudaMalloc(&buf, bytes); e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -238,9 +239,8 @@ Result<TimelineResult> timeline_stop() {
   uint64_t count = 0;
   std::vector<uint64_t> raw;
   if (e == cudaSuccess) e = cudaMemcpy(&count, buf, sizeof(count), cudaMemcpyDeviceToHost);
-  constexpr size_t kWords = 2 + kTimelineMarks;
   const int64_t kept = std::min<int64_t>(static_cast<int64_t>(count), capacity);
-  raw.resize(kWords * static_cast<size_t>(kept));
+  raw.resize(kTimelineRecordWords * static_cast<size_t>(kept));
   if (e == cudaSuccess && kept > 0) {
     e = cudaMemcpy(raw.data(), static_cast<uint64_t*>(buf) + 2, sizeof(uint64_t) * raw.size(), cudaMemcpyDeviceToHost);
   }
@@ -251,7 +251,7 @@ Result<TimelineResult> timeline_stop() {
   out.dropped = static_cast<int64_t>(count) - kept;
   for (int64_t i = 0; i < kept; ++i) {
     TimelineRecord r;
-    const uint64_t* w = raw.data() + kWords * i;
+    const uint64_t* w = raw.data() + kTimelineRecordWords * i;
     r.entry_ns = w[0];
     r.release_ns = w[1];
     for (int k = 0; k < kTimelineMarks; ++k) r.mark_ns[k] = w[2 + k];

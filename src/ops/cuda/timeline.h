@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "ops/cuda/pdl.h"
 
 namespace ds::cuda {
 
@@ -30,8 +31,7 @@ struct TimelineLaunch {
   int64_t threads = 0;  // per CTA
 };
 
-// What CTA 0 of one launch recorded, %globaltimer in ns.
-constexpr int kTimelineMarks = 4;  // kern::timeline_mark points a kernel may record
+// What CTA 0 of one launch recorded, %globaltimer in ns (the device record's layout: pdl.h).
 struct TimelineRecord {
   uint64_t entry_ns = 0;    // reached its dependency wait (resident)
   uint64_t release_ns = 0;  // left it: every earlier kernel of the stream had completed
@@ -83,6 +83,7 @@ Result<TimelineSummary> timeline_summarize(const Timeline& timeline);
 // namespaces and the parameter list.
 std::string timeline_kernel_name(const char* mangled);
 
-// launch.cuh's hooks (registration of each CUDA source, the launch log) are declared in pdl.h.
+// launch.cuh's hooks (registration of each CUDA source, the launch log) and the record layout are in
+// pdl.h.
 
 }  // namespace ds::cuda
