@@ -94,18 +94,21 @@ TEST(BenchCli, JsonHasEveryFigureOnTheCpu) {
 }
 
 TEST(BenchCli, ServedRowsDecodeThroughTheEngine) {
-  // --served: one more row per depth, the decode through the engine with the server's default sampling.
+  // --served: one more row per depth, the decode through the engine with the server's default sampling
+  // (here with a q8_0 KV cache, which the report names).
   TempDir dir("served");
   const std::string model = make_tiny_model(dir);
   const std::string json_path = dir.path() + "/bench.json";
   const RunResult r = run_exe(
-      "bench " + model + " --pp 8 --tg 6 --depth 0,12 --reps 2 -t 2 --served --json " + json_path, dir.path());
+      "bench " + model + " --pp 8 --tg 6 --depth 0,12 --reps 2 -t 2 --served --kv-type q8_0 --json " + json_path,
+      dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("tg6-srv"), std::string::npos) << r.output;
   std::ifstream in(json_path);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded());
   EXPECT_EQ(j.value("complete", false), true) << j.dump(2);
+  EXPECT_EQ(j.value("kv_type", ""), "q8_0");
   ASSERT_EQ(j["tests"].size(), 5u) << j["tests"].dump(2);
   for (size_t i = 3; i < 5; ++i) {
     const auto& t = j["tests"][i];
@@ -131,7 +134,7 @@ TEST(BenchCli, RejectsBadArgumentsClearly) {
       {"--device cuda:", "--device 'cuda:': expected cpu or cuda:N"},
       {"--device cuda:x1", "--device 'cuda:x1': expected cpu or cuda:N"},
       {"--device cuda:-1", "--device 'cuda:-1': expected cpu or cuda:N"},
-      {"--kv-type q8_0", "--kv-type 'q8_0': expected f16 or f32"},
+      {"--kv-type q4_0", "--kv-type 'q4_0': expected f16, f32 or q8_0"},
       {"--prefill-chunk -4", "--prefill-chunk -4: must be 0 (auto) or positive"},
       {"--reps 0", "--reps 0: must be at least 1"},
       {"--pp 0", "--pp 0: prompt lengths must be at least 1"},

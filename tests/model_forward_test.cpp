@@ -162,6 +162,51 @@ TEST(ModelOptionsTest, PrefillChunkAutoAndExplicit) {
   EXPECT_EQ(run_prefill(*m, toks), run_prefill(*test::load_tiny(false, explicit_256), toks));
 }
 
+// A Q8_0 KV cache (head_dim 32): the attention reads back every position from the cache, those of the
+// same call included, so one prefill, many chunks and token-by-token decode agree as with F32, and the
+// fast ops match the reference ops; the logits stay near the F32 cache's.
+TEST(ModelKvQ8_0, DecodesLikePrefillAndMatchesReferenceAndF32) {
+  constexpr int64_t kHeadDim = 32;
+  for (bool moe : {false, true}) {
+    ModelOptions q8, q8_small, q8_ref;
+    q8.kv_dtype = q8_small.kv_dtype = q8_ref.kv_dtype = DType::Q8_0;
+    q8_small.prefill_chunk = 16;
+    q8_small.kv_chunk_tokens = 8;
+    q8_ref.reference_ops = true;
+    auto m = test::load_tiny(moe, q8, 7, kHeadDim);
+    auto m_small = test::load_tiny(moe, q8_small, 7, kHeadDim);
+    auto m_ref = test::load_tiny(moe, q8_ref, 7, kHeadDim);
+    auto m32 = test::load_tiny(moe, {}, 7, kHeadDim);
+    ASSERT_TRUE(m && m_small && m_ref && m32);
+    const auto toks = test::tokens(70);
+    const auto one = run_prefill(*m, toks);
+    EXPECT_LT(rel(run_prefill(*m_small, toks), one), kScheduleTol) << moe;
+    EXPECT_LT(rel(run_prefill(*m_ref, toks), one), kScheduleTol) << moe;
+    auto st = std::move(m->new_state()).value();
+    for (int32_t t : toks) ASSERT_TRUE(m->decode(*st, t).is_ok());
+    auto l = m->logits(*st);
+    EXPECT_LT(rel({l.begin(), l.end()}, one), kScheduleTol) << moe;
+    const double err = rel(one, run_prefill(*m32, toks));
+    EXPECT_LT(err, 5e-3) << moe;  // measured about 7e-4
+    EXPECT_GT(err, 1e-6) << moe;  // the cache really is quantized
+  }
+}
+
+TEST(ModelKvQ8_0, RefusesHeadDimNotAMultipleOf32) {
+  ModelOptions o;
+  o.kv_dtype = DType::Q8_0;
+  test::TinyModel t = test::tiny_model(false);  // head_dim 16
+  auto bad = Model::from_weights(t.config, t.weights, std::move(t.storage), o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(bad.status().message().find("q8_0"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("head_dim is 16"), std::string::npos) << bad.status().message();
+  o.kv_dtype = DType::Q4_0;
+  test::TinyModel t2 = test::tiny_model(false, 7, 32);
+  EXPECT_EQ(Model::from_weights(t2.config, t2.weights, std::move(t2.storage), o).status().code(),
+            StatusCode::kUnsupported);
+}
+
 TEST(ModelConfig, ValidateNamesTheKey) {
   auto expect_key = [](ModelConfig c, const char* key) {
     Status s = c.validate();

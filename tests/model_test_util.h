@@ -1,5 +1,6 @@
 // Builds tiny qwen35 / qwen35moe models with deterministic random F32 weights in memory, for the
-// model and state tests. 6 layers with full attention at layers 2 and 5, nv > nk.
+// model and state tests. 6 layers with full attention at layers 2 and 5, nv > nk; head_dim 16 unless
+// asked (a q8_0 KV cache needs a multiple of 32).
 #pragma once
 
 #include <random>
@@ -9,7 +10,7 @@
 
 namespace ds::test {
 
-inline ModelConfig tiny_config(bool moe) {
+inline ModelConfig tiny_config(bool moe, int64_t head_dim = 16) {
   ModelConfig c;
   c.arch = moe ? ModelArch::kQwen35Moe : ModelArch::kQwen35;
   c.n_layer = c.n_layer_all = 6;
@@ -19,7 +20,7 @@ inline ModelConfig tiny_config(bool moe) {
   c.rms_eps = 1e-6f;
   c.n_head = 4;
   c.n_head_kv = 2;
-  c.head_dim = 16;
+  c.head_dim = head_dim;
   c.n_rot = 8;
   c.rope_base = 10000.0f;
   c.rope_sections = {2, 1, 1, 0};
@@ -47,9 +48,9 @@ struct TinyModel {
   std::vector<DeviceBuffer> storage;
 };
 
-inline TinyModel tiny_model(bool moe, uint32_t seed = 7) {
+inline TinyModel tiny_model(bool moe, uint32_t seed = 7, int64_t head_dim = 16) {
   TinyModel m;
-  m.config = tiny_config(moe);
+  m.config = tiny_config(moe, head_dim);
   const ModelConfig& c = m.config;
   std::mt19937 rng(seed);
   auto tensor = [&](std::initializer_list<int64_t> ne, float lo, float hi) {
@@ -115,8 +116,8 @@ inline TinyModel tiny_model(bool moe, uint32_t seed = 7) {
   return m;
 }
 
-inline std::unique_ptr<Model> load_tiny(bool moe, const ModelOptions& opt, uint32_t seed = 7) {
-  TinyModel t = tiny_model(moe, seed);
+inline std::unique_ptr<Model> load_tiny(bool moe, const ModelOptions& opt, uint32_t seed = 7, int64_t head_dim = 16) {
+  TinyModel t = tiny_model(moe, seed, head_dim);
   auto r = Model::from_weights(t.config, t.weights, std::move(t.storage), opt);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
   return r.is_ok() ? std::move(r).value() : nullptr;

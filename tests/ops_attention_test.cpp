@@ -9,6 +9,8 @@
 #include "ops/delta_net.h"
 #include "ops/rms_norm.h"
 #include "ops_test_util.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
 
 namespace ds {
 namespace {
@@ -79,6 +81,84 @@ TEST(OpsAttention, F16CacheMatchesReference) {
   std::vector<float> kf(static_cast<size_t>(D * Hkv * C));
   kt[1] = TensorView::contiguous(kf.data(), DType::F32, {D, Hkv, C});
   EXPECT_EQ(attention(test::fast_ctx(), q.t, kt, vt, n_kv, pos0, 0.2f, of.t).code(), StatusCode::kInvalidArgument);
+}
+
+// Q8_0 chunks: the fast path against the reference, and both against F32 attention over the
+// dequantized cache (the same values, so the F32 tolerance holds).
+TEST(OpsAttention, Q8_0CacheMatchesReferenceAndDequantizedF32) {
+  std::mt19937 rng(16);
+  // GQA, several chunks with a partial tail, prefill (many queries) and decode (one, split KV range).
+  for (AttnCase c : {AttnCase{32, 1, 1, 4, 1, 0}, AttnCase{64, 6, 2, 8, 9, 30}, AttnCase{32, 4, 4, 16, 20, 0},
+                     AttnCase{128, 8, 2, 64, 1, 200}, AttnCase{256, 4, 1, 64, 5, 130}, AttnCase{96, 6, 3, 8, 17, 3}}) {
+    const int64_t n_kv = c.pos0 + c.n_tokens, n_chunks = (n_kv + c.chunk - 1) / c.chunk;
+    const int64_t chunk_elems = c.chunk * c.n_head_kv * c.head_dim;
+    const int64_t chunk_bytes = dtype_row_bytes(DType::Q8_0, chunk_elems);
+    std::vector<std::vector<uint8_t>> kq, vq;
+    std::vector<Host> kf, vf;  // the dequantized values
+    std::vector<TensorView> kqt, vqt, kft, vft;
+    for (int64_t i = 0; i < n_chunks; ++i) {
+      for (auto* q : {&kq, &vq}) {
+        Host x({c.head_dim, c.n_head_kv, c.chunk});
+        x.random(rng, -2, 2);
+        q->emplace_back(static_cast<size_t>(chunk_bytes));
+        quant::quantize_row(DType::Q8_0, x.v.data(), q->back().data(), chunk_elems);
+      }
+    }
+    // The tail past n_kv holds NaN scales: neither path may read it.
+    const int64_t tail_blocks = (n_chunks * c.chunk - n_kv) * c.n_head_kv * c.head_dim / 32;
+    for (auto* q : {&kq, &vq}) {
+      auto* blocks = reinterpret_cast<quant::BlockQ8_0*>(q->back().data());
+      for (int64_t b = chunk_elems / 32 - tail_blocks; b < chunk_elems / 32; ++b) blocks[b].d = 0x7e00;
+    }
+    for (int64_t i = 0; i < n_chunks; ++i) {
+      kf.emplace_back(std::initializer_list<int64_t>{c.head_dim, c.n_head_kv, c.chunk});
+      vf.emplace_back(std::initializer_list<int64_t>{c.head_dim, c.n_head_kv, c.chunk});
+      quant::dequantize_row(DType::Q8_0, kq[i].data(), kf.back().v.data(), chunk_elems);
+      quant::dequantize_row(DType::Q8_0, vq[i].data(), vf.back().v.data(), chunk_elems);
+    }
+    for (int64_t i = 0; i < n_chunks; ++i) {
+      kqt.push_back(TensorView::contiguous(kq[i].data(), DType::Q8_0, {c.head_dim, c.n_head_kv, c.chunk}));
+      vqt.push_back(TensorView::contiguous(vq[i].data(), DType::Q8_0, {c.head_dim, c.n_head_kv, c.chunk}));
+      kft.push_back(kf[i].t);
+      vft.push_back(vf[i].t);
+    }
+    Host q({c.head_dim, c.n_head, c.n_tokens}), of({c.head_dim, c.n_head, c.n_tokens}),
+        orf({c.head_dim, c.n_head, c.n_tokens}), of32({c.head_dim, c.n_head, c.n_tokens}),
+        orf32({c.head_dim, c.n_head, c.n_tokens});
+    q.random(rng, -2, 2);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    ASSERT_TRUE(attention(test::fast_ctx(), q.t, kqt, vqt, n_kv, c.pos0, scale, of.t).is_ok());
+    ASSERT_TRUE(attention(test::ref_ctx(), q.t, kqt, vqt, n_kv, c.pos0, scale, orf.t).is_ok());
+    ASSERT_TRUE(attention(test::fast_ctx(), q.t, kft, vft, n_kv, c.pos0, scale, of32.t).is_ok());
+    ASSERT_TRUE(attention(test::ref_ctx(), q.t, kft, vft, n_kv, c.pos0, scale, orf32.t).is_ok());
+    EXPECT_LT(test::rel_err(of.v, orf.v), test::kTolF32) << c.head_dim << " " << c.n_tokens;
+    EXPECT_LT(test::rel_err(of.v, orf32.v), test::kTolF32) << c.head_dim << " " << c.n_tokens;
+    EXPECT_LT(test::rel_err(orf.v, orf32.v), 1e-6) << c.head_dim << " " << c.n_tokens;
+    EXPECT_LT(test::rel_err(of.v, of32.v), 1e-6) << c.head_dim << " " << c.n_tokens;
+  }
+}
+
+TEST(OpsAttention, Q8_0CacheRefusesBadHeadDimAndMixedDtypes) {
+  const int64_t D = 40, H = 2, Hkv = 1, C = 4;
+  std::vector<uint8_t> kb(static_cast<size_t>(C * Hkv * 2 * 34)), vb(kb.size());
+  // A Q8_0 view whose rows are not whole blocks (built by hand: TensorView::contiguous checks them).
+  auto view = [&](std::vector<uint8_t>& b) {
+    TensorView t = TensorView::contiguous(b.data(), DType::Q8_0, {64, Hkv, C});
+    t.ne[0] = D;
+    return t;
+  };
+  std::vector<TensorView> kt{view(kb)}, vt{view(vb)};
+  std::mt19937 rng(17);
+  Host q({D, H, 1}), o({D, H, 1});
+  q.random(rng);
+  const Status s = attention(test::fast_ctx(), q.t, kt, vt, 1, 0, 1.0f, o.t);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("q8_0"), std::string::npos) << s.message();
+  // Q8_0 K beside F32 V.
+  Host q64({64, H, 1}), o64({64, H, 1}), vf({64, Hkv, C});
+  q64.random(rng);
+  std::vector<TensorView> kq{TensorView::contiguous(kb.data(), DType::Q8_0, {64, Hkv, C})}, vm{vf.t};
+  EXPECT_EQ(attention(test::fast_ctx(), q64.t, kq, vm, 1, 0, 1.0f, o64.t).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(OpsAttention, RejectsTooFewKvPositions) {

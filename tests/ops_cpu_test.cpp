@@ -14,6 +14,7 @@
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
 #include "ops_test_util.h"
+#include "quant/quant.h"
 
 namespace ds {
 namespace {
@@ -114,6 +115,41 @@ TEST(OpsCpu, CopyHandlesStridedSource) {
   EXPECT_EQ(dst.v[11], 19.0f);
 }
 
+// The Q8_0 KV append: each row's blocks are quant::quantize_row's bytes (the bits the CUDA append
+// writes too), whatever the source's row stride.
+TEST(OpsCpu, CopyToQ8_0IsQuantizeRow) {
+  std::mt19937 rng(6);
+  for (auto [n, rows] : {std::pair<int64_t, int64_t>{32, 2}, {64, 5}, {256, 3}, {1024, 2}}) {
+    Host src({n + 8, rows});  // the first n columns of each row
+    src.random(rng, -3, 3);
+    std::fill_n(src.v.begin(), 32, 0.0f);  // an all-zero block: d = 0
+    src.v[static_cast<size_t>((rows - 1) * (n + 8) + n - 1)] = -1e4f;  // a block with one large value
+    TensorView s = src.t;
+    s.ne[0] = n;
+    const int64_t row_bytes = dtype_row_bytes(DType::Q8_0, n);
+    std::vector<uint8_t> got(static_cast<size_t>(row_bytes * rows), 0xAB), want(got.size());
+    ASSERT_TRUE(copy(test::fast_ctx(), s, TensorView::contiguous(got.data(), DType::Q8_0, {n, rows})).is_ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      quant::quantize_row(DType::Q8_0, src.v.data() + r * (n + 8), want.data() + r * row_bytes, n);
+    }
+    EXPECT_EQ(got, want) << n << " x " << rows;
+  }
+  // Rows that are not whole blocks, or not contiguous, are refused.
+  Host src({48, 2});
+  std::vector<uint8_t> dst(256);
+  TensorView bad = TensorView::contiguous(dst.data(), DType::Q8_0, {64, 2});
+  bad.ne[0] = 48;
+  EXPECT_EQ(copy(test::fast_ctx(), src.t, bad).code(), StatusCode::kInvalidArgument);
+  Host src64({64, 2});
+  TensorView strided = TensorView::contiguous(dst.data(), DType::Q8_0, {64, 2});
+  strided.nb[0] = 17;
+  EXPECT_EQ(copy(test::fast_ctx(), src64.t, strided).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(copy(test::fast_ctx(), src64.t, TensorView::contiguous(dst.data(), DType::Q8_0, {32, 4})).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(copy(test::fast_ctx(), src64.t, TensorView::contiguous(dst.data(), DType::Q4_0, {64, 2})).code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(OpsCpu, Conv1dMatchesReferenceAndCarriesState) {
   std::mt19937 rng(4);
   for (auto [ch, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 4}, {7, 3, 4}, {40, 17, 4}, {6, 2, 1}, {10240, 3, 4}}) {
@@ -172,6 +208,8 @@ TEST(OpsCpu, RegistryListsCpuOps) {
   EXPECT_TRUE(op_supported("matmul", DeviceKind::kCpu, DType::Q4_K));
   EXPECT_TRUE(op_supported("attention", DeviceKind::kCpu, DType::F32));
   EXPECT_TRUE(op_supported("attention", DeviceKind::kCpu, DType::F16));
+  EXPECT_TRUE(op_supported("attention", DeviceKind::kCpu, DType::Q8_0));
+  EXPECT_TRUE(op_supported("copy", DeviceKind::kCpu, DType::Q8_0));
   EXPECT_FALSE(op_supported("matmul", DeviceKind::kCpu, DType::Q2_K));
   EXPECT_FALSE(op_supported("matmul", DeviceKind::kCuda, DType::Q4_K));
 }

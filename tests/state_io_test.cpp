@@ -255,6 +255,72 @@ TEST(StateIoF16, HalfKvCacheRestoresBitExactAndStaysCloseToF32) {
   EXPECT_GT(err, 0.0);  // the cache really is F16
 }
 
+// A Q8_0 KV cache (head_dim 32: one block per head row): a restored state continues exactly as the
+// state it was saved from, a stream cut inside a chunk carries whole position rows, and its layout is
+// apart from the F16 and F32 ones (fingerprint, slot bytes); the logits stay near the F32 cache's.
+TEST(StateIoQ8_0, Q8KvCacheRestoresBitExactAndStaysCloseToF32) {
+  constexpr int64_t kHeadDim = 32;
+  ModelOptions q8 = opts(), f16 = opts();
+  q8.kv_dtype = DType::Q8_0;
+  f16.kv_dtype = DType::F16;
+  auto m = test::load_tiny(true, q8, 7, kHeadDim);
+  auto m16 = test::load_tiny(true, f16, 7, kHeadDim);
+  auto m32 = test::load_tiny(true, opts(), 7, kHeadDim);
+  ASSERT_TRUE(m && m16 && m32);
+  const auto toks = test::tokens(40);
+  // Saved at 21 (inside the third KV chunk of 8), restored, and both run on alike.
+  auto st = std::move(m->new_state()).value();
+  ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data(), 21)).is_ok());
+  const auto bytes = std::move(m->save_state(*st, 21)).value();
+  auto restored_r = m->load_state(bytes);
+  ASSERT_TRUE(restored_r.is_ok()) << restored_r.status().to_string();
+  auto restored = std::move(restored_r).value();
+  EXPECT_EQ(*m->save_state(*restored, 21), bytes);
+  EXPECT_EQ(logits_of(*m, *restored), logits_of(*m, *st));
+  ASSERT_TRUE(m->prefill(*restored, std::span<const int32_t>(toks.data() + 21, 19)).is_ok());
+  ASSERT_TRUE(m->prefill(*st, std::span<const int32_t>(toks.data() + 21, 19)).is_ok());
+  EXPECT_EQ(logits_of(*m, *restored), logits_of(*m, *st));
+  ASSERT_TRUE(m->decode(*restored, 5).is_ok());
+  ASSERT_TRUE(m->decode(*st, 5).is_ok());
+  EXPECT_EQ(logits_of(*m, *restored), logits_of(*m, *st));
+
+  // A KV-only stream cut at 13 holds the first 13 position rows byte for byte.
+  const StateLayout& l = m->state_layout();
+  EXPECT_EQ(l.kv_row_bytes(), l.n_head_kv * (kHeadDim / 32) * 34);
+  auto kv = std::move(m->load_state(*m->save_state(*st, 13))).value();
+  for (int64_t i = 0; i < l.n_attention_layers(); ++i) {
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t n = (c == 0 ? 8 : 5) * l.kv_row_bytes();
+      EXPECT_EQ(0, std::memcmp(st->k_chunk(i, c).data, kv->k_chunk(i, c).data, static_cast<size_t>(n)));
+      EXPECT_EQ(0, std::memcmp(st->v_chunk(i, c).data, kv->v_chunk(i, c).data, static_cast<size_t>(n)));
+    }
+  }
+
+  // 34 bytes per 32 elements; a stream of one KV layout does not load into another.
+  EXPECT_EQ(m->state_layout().kv_slot_bytes() * 128, m32->state_layout().kv_slot_bytes() * 34);
+  EXPECT_NE(m->state_layout().fingerprint(), m16->state_layout().fingerprint());
+  EXPECT_NE(m->state_layout().fingerprint(), m32->state_layout().fingerprint());
+  auto st16 = std::move(m16->new_state()).value();
+  ASSERT_TRUE(m16->prefill(*st16, std::span<const int32_t>(toks.data(), 21)).is_ok());
+  const auto bytes16 = std::move(m16->save_state(*st16, 21)).value();
+  const auto foreign = m->load_state(bytes16);
+  EXPECT_EQ(foreign.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(foreign.status().message().find("fingerprint"), std::string::npos) << foreign.status().message();
+  EXPECT_FALSE(m16->load_state(bytes).is_ok());
+  EXPECT_FALSE(m32->load_state(bytes).is_ok());
+
+  // Close to the F32 cache, and really quantized.
+  auto fresh = std::move(m->new_state()).value();
+  auto st32 = std::move(m32->new_state()).value();
+  ASSERT_TRUE(m->prefill(*fresh, toks).is_ok());
+  ASSERT_TRUE(m32->prefill(*st32, toks).is_ok());
+  const auto a = logits_of(*m, *fresh), b = logits_of(*m32, *st32);
+  double err = 0;
+  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
+  EXPECT_LT(err, 1e-2);  // measured 2e-3 (F16: 4e-5)
+  EXPECT_GT(err, 0.0);
+}
+
 TEST(KvPool, SlotOffsetsMatchViews) {
   auto m = test::load_tiny(false, opts());
   auto st = std::move(m->new_state()).value();

@@ -48,7 +48,7 @@ struct Options {
   bool timeline = false;       // CUDA: the decode step's kernel timeline (ops/cuda/timeline.h)
   bool served = false;         // also decode through the engine (sampler included), as serve does
   std::string device = "cpu";  // "cpu" or "cuda:N"
-  std::string kv_type;         // "f32" / "f16"; empty = f16 on CUDA, f32 on the CPU
+  std::string kv_type;         // "f32" / "f16" / "q8_0"; empty = f16 on CUDA, f32 on the CPU
   std::string json_path;       // --json: every figure, for scripts
   std::vector<int64_t> ttft;   // prompt lengths for the time-to-first-token benchmark
   std::string cache_dir;       // disk tier directory for --ttft (a temporary one if empty)
@@ -417,7 +417,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
   doc["threads"] = threads;
   doc["n_ctx"] = model->n_ctx();
   doc["prefill_chunk"] = model->options().prefill_chunk;
-  doc["kv_type"] = kv_dtype == ds::DType::F16 ? "f16" : "f32";
+  doc["kv_type"] = ds::dtype_name(kv_dtype);
   doc["reps"] = o.reps;
   doc["weight_bytes_per_token"] = wb.per_token;
   doc["params_per_token"] = wb.params;
@@ -433,7 +433,7 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
                 "prefill chunk %lld, kv %s\n",
                 o.model.c_str(), ds::model_arch_name(cfg.arch), wb.per_token / 1e9, wb.params / 1e9,
                 device.to_string().c_str(), lim.device_name.c_str(), lim.sm_count,
-                static_cast<long long>(model->options().prefill_chunk), kv_dtype == ds::DType::F16 ? "f16" : "f32");
+                static_cast<long long>(model->options().prefill_chunk), ds::dtype_name(kv_dtype));
     std::printf("measured read bandwidth: %.1f GB/s -> decode bound %.2f tok/s\n", bw, bw * 1e9 / wb.per_token);
     std::printf("measured BF16 tensor-core peak: %.1f TFLOP/s -> prefill bound %.1f tok/s\n", lim.bf16_tflops,
                 peak_flops / (2 * wb.params));
@@ -729,7 +729,9 @@ void setup(CLI::App& app, int& exit_code) {
   app.add_flag("--served", o->served,
                "Also decode through the engine, sampler included (the server's default sampling), as a user of "
                "serve gets it: one more row per depth");
-  app.add_option("--kv-type", o->kv_type, "Attention KV cache type: f16 or f32 (default f16 on CUDA, f32 on the CPU)");
+  app.add_option("--kv-type", o->kv_type,
+                 "Attention KV cache type: f16, f32 or q8_0 (head_dim a multiple of 32) (default f16 on CUDA, f32 on "
+                 "the CPU)");
   app.add_option("--verify", o->verify,
                  "Also time speculative verify steps of these many tokens (1 to 8) at each depth: all rejected "
                  "and all accepted")

@@ -47,7 +47,8 @@ Result<DType> engine_parse_kv_type(const std::string& text, Device device) {
   if (text.empty()) return device.kind == DeviceKind::kCuda ? DType::F16 : DType::F32;
   if (text == "f16") return DType::F16;
   if (text == "f32") return DType::F32;
-  return invalid_argument("--kv-type '{}': expected f16 or f32", text);
+  if (text == "q8_0") return DType::Q8_0;
+  return invalid_argument("--kv-type '{}': expected f16, f32 or q8_0", text);
 }
 
 Result<Device> engine_parse_device(const std::string& text) {
@@ -146,7 +147,7 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::open(const std::string& model_
 
   e->fingerprint_ = fmt::format("deltaserve-state-v1 arch={} model={:016x} n_vocab={} kv_chunk={} kv={}",
                                 info.architecture, m.fingerprint(), info.n_vocab, m.options().kv_chunk_tokens,
-                                mo.kv_dtype == DType::F16 ? "f16" : "f32");
+                                dtype_name(mo.kv_dtype));
   const uint64_t ram = options.cache_ram_bytes < 0 ? default_ram_budget()
                                                    : static_cast<uint64_t>(options.cache_ram_bytes);
   if (ram > 0) e->ram_ = std::make_unique<PrefixCache>(ram);

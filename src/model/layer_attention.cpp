@@ -125,14 +125,15 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
   call.dump("attn.k", k);
   call.dump("attn.v", v);
 
-  // Append K and V for positions [pos0, pos0 + n) to the chunked cache.
+  // Append K and V for positions [pos0, pos0 + n) to the chunked cache (converted to its dtype by copy;
+  // the attention below reads every position back from the cache, these included).
   const int64_t chunk = st.layout().kv_chunk_tokens;
   for (int64_t t0 = 0; t0 < n;) {
     const int64_t p = call.pos0 + t0;
     const int64_t ci = p / chunk, off = p % chunk, len = std::min(n - t0, chunk - off);
     TensorView kc = st.k_chunk(attn_index, ci), vc = st.v_chunk(attn_index, ci);
     const int64_t row = Hkv * D;
-    const int64_t row_bytes = row * dtype_block_bytes(kc.dtype);  // F32 or F16 cache
+    const int64_t row_bytes = st.layout().kv_row_bytes();  // a position's Hkv head rows (Q8_0: D / 32 blocks each)
     TensorView kdst = TensorView::contiguous(kc.as<uint8_t>() + off * row_bytes, kc.dtype, {row, len}, kc.device);
     TensorView vdst = TensorView::contiguous(vc.as<uint8_t>() + off * row_bytes, vc.dtype, {row, len}, vc.device);
     DS_TRY(copy(ctx, TensorView::contiguous(k.as<float>() + t0 * row, DType::F32, {row, len}, k.device), kdst));

@@ -25,8 +25,12 @@ Status attention(const OpContext& ctx, const TensorView& q, std::span<const Tens
     return invalid_argument("attention: K chunk {} does not fit q {} (head_dim, GQA)", k0.shape_string(),
                             q.shape_string());
   }
-  if (k0.dtype != DType::F32 && k0.dtype != DType::F16) {
-    return unsupported("attention: KV chunk {}: dtype must be f32 or f16", k0.shape_string());
+  if (k0.dtype != DType::F32 && k0.dtype != DType::F16 && k0.dtype != DType::Q8_0) {
+    return unsupported("attention: KV chunk {}: dtype must be f32, f16 or q8_0", k0.shape_string());
+  }
+  if (head_dim % dtype_block_size(k0.dtype) != 0) {
+    return unsupported("attention: KV chunk {}: {} needs head_dim a multiple of {}, not {}", k0.shape_string(),
+                       dtype_name(k0.dtype), dtype_block_size(k0.dtype), head_dim);
   }
   for (size_t c = 0; c < k_chunks.size(); ++c) {
     DS_TRY(ops::check_contig("attention", "k chunk", ctx, k_chunks[c], k0.dtype));

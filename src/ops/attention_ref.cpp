@@ -1,11 +1,13 @@
 // Scalar reference of causal GQA attention: all scores of a query materialized, a plain softmax,
-// then the weighted sum of V; double accumulation.
+// then the weighted sum of V; double accumulation. KV elements are read as floats: F16 widened, Q8_0
+// dequantized (code * block scale).
 #include <cmath>
 #include <vector>
 
 #include "core/half.h"
 
 #include "ops/op_impl.h"
+#include "quant/blocks.h"
 
 namespace ds::ops::ref {
 
@@ -15,12 +17,17 @@ void attention(const OpContext&, const TensorView& q, std::span<const TensorView
   const int64_t head_dim = q.ne[0], n_head = q.ne[1], n_tokens = q.ne[2];
   const int64_t n_head_kv = k_chunks[0].ne[1], chunk = k_chunks[0].ne[2];
   const int64_t group = n_head / n_head_kv;
-  const bool f16 = k_chunks[0].dtype == DType::F16;
-  // Element d of key/value j, head g, as a float.
+  const DType dtype = k_chunks[0].dtype;
+  // Element d of key/value j, head g, as a float. A Q8_0 head row is whole blocks (head_dim % 32 == 0),
+  // so element i of the chunk is element i % 32 of its block i / 32.
   auto kv = [&](std::span<const TensorView> chunks, int64_t j, int64_t g, int64_t d) -> double {
     const int64_t i = ((j % chunk) * n_head_kv + g) * head_dim + d;
     const TensorView& c = chunks[static_cast<size_t>(j / chunk)];
-    return f16 ? fp16_to_f32(c.as<uint16_t>()[i]) : c.as<float>()[i];
+    if (dtype == DType::Q8_0) {
+      const quant::BlockQ8_0& b = c.as<quant::BlockQ8_0>()[i / quant::kQK8_0];
+      return static_cast<float>(b.qs[i % quant::kQK8_0]) * fp16_to_f32(b.d);
+    }
+    return dtype == DType::F16 ? fp16_to_f32(c.as<uint16_t>()[i]) : c.as<float>()[i];
   };
   std::vector<double> p;
   for (int64_t t = 0; t < n_tokens; ++t) {

@@ -1,4 +1,5 @@
-// Element-wise dispatchers (add, mul, silu, sigmoid, swiglu, mul_sigmoid) and copy.
+// Element-wise dispatchers (add, mul, silu, sigmoid, swiglu, mul_sigmoid) and copy (F32 to F32, F16 or
+// Q8_0: the KV cache append).
 #include "ops/elementwise.h"
 
 #include <cstring>
@@ -7,6 +8,7 @@
 
 #include "ops/op_check.h"
 #include "ops/op_impl.h"
+#include "quant/quant.h"
 
 namespace ds {
 namespace {
@@ -100,25 +102,32 @@ Status mul_sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& 
 
 Status copy(const OpContext& ctx, const TensorView& src, const TensorView& dst) {
   DS_TRY(ops::check_tensor("copy", "src", ctx, src, DType::F32));
-  if (dst.dtype != DType::F16) DS_TRY(ops::check_tensor("copy", "dst", ctx, dst, DType::F32));
+  if (dst.dtype != DType::F16 && dst.dtype != DType::Q8_0) {
+    DS_TRY(ops::check_tensor("copy", "dst", ctx, dst, DType::F32));
+  }
   DS_TRY(ops::check_tensor("copy", "dst", ctx, dst, dst.dtype));
   DS_TRY(ops::check_same_shape("copy", "src", src, "dst", dst));
+  if (src.ne[0] % dtype_block_size(dst.dtype) != 0) {
+    return invalid_argument("copy: dst {}: rows of {} elements are not a multiple of its block of {}",
+                            dst.shape_string(), dst.ne[0], dtype_block_size(dst.dtype));
+  }
   if (src.nb[0] != 4 || dst.nb[0] != dtype_block_bytes(dst.dtype)) {
     return invalid_argument("copy: rows of src {} / dst {} must be contiguous", src.shape_string(), dst.shape_string());
   }
   if (src.n_elements() == 0) return Status::ok();
   DS_CUDA_DISPATCH(copy, ctx, src, dst);
   const size_t row = static_cast<size_t>(src.ne[0]) * 4;
-  const bool to_f16 = dst.dtype == DType::F16;
   for (int64_t i3 = 0; i3 < src.ne[3]; ++i3) {
     for (int64_t i2 = 0; i2 < src.ne[2]; ++i2) {
       for (int64_t i1 = 0; i1 < src.ne[1]; ++i1) {
         const auto* s = static_cast<const uint8_t*>(src.data) + i1 * src.nb[1] + i2 * src.nb[2] + i3 * src.nb[3];
         auto* d = static_cast<uint8_t*>(dst.data) + i1 * dst.nb[1] + i2 * dst.nb[2] + i3 * dst.nb[3];
-        if (to_f16) {
-          const float* sf = reinterpret_cast<const float*>(s);
+        const float* sf = reinterpret_cast<const float*>(s);
+        if (dst.dtype == DType::F16) {
           uint16_t* dh = reinterpret_cast<uint16_t*>(d);
           for (int64_t i = 0; i < src.ne[0]; ++i) dh[i] = f32_to_fp16(sf[i]);
+        } else if (dst.dtype == DType::Q8_0) {
+          quant::quantize_row(DType::Q8_0, sf, d, src.ne[0]);  // the bits every backend writes
         } else {
           std::memmove(d, s, row);
         }

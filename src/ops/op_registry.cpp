@@ -25,9 +25,11 @@ std::vector<OpSupport>& registry() {
                            "moe_route"}) {
       t.push_back({op, DeviceKind::kCpu, DType::F32});
     }
-    // F16 KV cache: attention reads F16 chunks, copy writes them.
-    t.push_back({"attention", DeviceKind::kCpu, DType::F16});
-    t.push_back({"copy", DeviceKind::kCpu, DType::F16});
+    // F16 and Q8_0 KV caches: attention reads their chunks, copy writes them.
+    for (DType kv : {DType::F16, DType::Q8_0}) {
+      t.push_back({"attention", DeviceKind::kCpu, kv});
+      t.push_back({"copy", DeviceKind::kCpu, kv});
+    }
     return t;
   }();
   return table;

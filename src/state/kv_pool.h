@@ -30,17 +30,16 @@ class KvPool {
   void slot_free(int32_t slot);
 
   // K or V of one attention layer (index among attention layers) in a slot:
-  // [kv_chunk_tokens, n_head_kv, head_dim] of kv_dtype, i.e. ne {head_dim, n_head_kv, kv_chunk_tokens}.
+  // [kv_chunk_tokens, n_head_kv, head_dim] of kv_dtype, i.e. ne {head_dim, n_head_kv, kv_chunk_tokens}
+  // (for Q8_0, nb[0] is the 34-byte block and a head row is head_dim / 32 blocks).
   TensorView k_view(int32_t slot, int64_t attn_index) const;
   TensorView v_view(int32_t slot, int64_t attn_index) const;
   uint8_t* slot_data(int32_t slot) const;  // kv_slot_bytes() bytes
   // Byte offsets of that K / V inside every slot: slot layout is [attn layer][K, V][chunk tokens].
   int64_t k_offset(int64_t attn_index) const { return 2 * attn_index * kv_bytes_per_layer(); }
   int64_t v_offset(int64_t attn_index) const { return (2 * attn_index + 1) * kv_bytes_per_layer(); }
-  // Bytes of one layer's K (or V) in a slot: kv_chunk_tokens * n_head_kv * head_dim of kv_dtype.
-  int64_t kv_bytes_per_layer() const {
-    return layout_.kv_chunk_tokens * layout_.n_head_kv * layout_.head_dim * dtype_block_bytes(layout_.kv_dtype);
-  }
+  // Bytes of one layer's K (or V) in a slot: kv_chunk_tokens position rows (StateLayout::kv_row_bytes).
+  int64_t kv_bytes_per_layer() const { return layout_.kv_chunk_tokens * layout_.kv_row_bytes(); }
 
  private:
   StateLayout layout_;

@@ -36,8 +36,8 @@ struct SectionSpec {
   SectionKind kind = SectionKind::kLogits;
   int64_t layer = -1;       // the model layer (all but logits)
   int64_t attn_index = -1;  // K / V: the layer's index among attention layers
-  int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
-  int64_t n_bytes() const { return n_elements() * dtype_block_bytes(dtype); }
+  // Rows of ne[0] elements (a K / V section's head rows: head_dim / 32 blocks each for Q8_0).
+  int64_t n_bytes() const { return dtype_row_bytes(dtype, ne[0]) * ne[1] * ne[2] * ne[3]; }
 };
 
 // What a stream's header says.
@@ -274,7 +274,7 @@ void add_kv_regions(std::vector<CopyRegion>& regions, const KvPool& pool, const 
                     const std::vector<SectionSpec>& sections, const std::vector<uint8_t*>& payload,
                     const std::vector<uint8_t*>& slots, bool to_state) {
   const StateLayout& l = pool.layout();
-  const int64_t row = l.n_head_kv * l.head_dim * dtype_block_bytes(l.kv_dtype);  // bytes per token
+  const int64_t row = l.kv_row_bytes();  // bytes per token: whole rows, whatever the KV dtype
   const int64_t first_chunk = sh.kv_from / l.kv_chunk_tokens;
   for (int64_t t0 = sh.kv_from; t0 < sh.n_tokens;) {
     const int64_t c = t0 / l.kv_chunk_tokens, in_chunk = t0 % l.kv_chunk_tokens;

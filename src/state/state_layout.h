@@ -19,7 +19,9 @@ struct StateLayout {
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;
   int64_t kv_chunk_tokens = 64;       // tokens per KV chunk (block table granularity)
-  DType kv_dtype = DType::F32;        // F32, or F16 to halve KV memory
+  DType kv_dtype = DType::F32;        // F32, F16 (half the memory) or Q8_0 (34 bytes per 32 elements;
+                                      // head_dim a multiple of 32): each (position, head) row is
+                                      // head_dim / 32 consecutive blocks
   // DeltaNet, per recurrent layer: conv state [(conv_kernel - 1), conv_dim], SSM state [nv, dk, dv]
   int64_t conv_kernel = 0;
   int64_t conv_dim = 0;
@@ -34,9 +36,10 @@ struct StateLayout {
   int64_t n_attention_layers() const;
   int64_t conv_state_floats() const { return (conv_kernel - 1) * conv_dim; }
   int64_t ssm_state_floats() const { return ssm_nv * ssm_dk * ssm_dv; }
-  // Elements of one KV chunk slot: K and V of every attention layer (kv_dtype each).
-  int64_t kv_slot_elements() const { return n_attention_layers() * 2 * kv_chunk_tokens * n_head_kv * head_dim; }
-  int64_t kv_slot_bytes() const { return kv_slot_elements() * dtype_block_bytes(kv_dtype); }
+  // Bytes of one position's K (or V) in one attention layer: n_head_kv rows of head_dim kv_dtype elements.
+  int64_t kv_row_bytes() const { return n_head_kv * dtype_row_bytes(kv_dtype, head_dim); }
+  // Bytes of one KV chunk slot: K and V of every attention layer.
+  int64_t kv_slot_bytes() const { return n_attention_layers() * 2 * kv_chunk_tokens * kv_row_bytes(); }
   uint64_t fingerprint() const;
 };
 

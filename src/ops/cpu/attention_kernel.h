@@ -1,7 +1,8 @@
 // The CPU attention inner kernel, compiled once per ISA: attention.cpp (baseline), attention_avx2.cpp
 // and attention_avx512.cpp include it with DS_ATTN_NS set to a distinct namespace, so each build is
 // its own symbol. Non-obvious choice: 8-lane GCC vector types instead of intrinsics, so the same
-// source lowers to SSE pairs, AVX2 or AVX-512 (VL) code with the flags of the including file.
+// source lowers to SSE pairs, AVX2 or AVX-512 (VL) code with the flags of the including file. F16 and
+// Q8_0 chunks are converted to F32 rows of the task's KV head once per chunk, then read by the F32 code.
 #ifndef DS_ATTN_NS
 #error "define DS_ATTN_NS before including attention_kernel.h"
 #endif
@@ -14,6 +15,7 @@
 
 #include "core/half.h"
 #include "ops/cpu/attention_cpu.h"
+#include "quant/blocks.h"
 
 // The vector helpers are internal to each file, so the baseline build's note that an 8-lane vector
 // is passed differently without AVX does not matter.
@@ -63,6 +65,21 @@ inline void widen_rows(const uint16_t* chunk, int64_t j0, int64_t j1, int64_t Hk
   }
 }
 
+// Rows [j0, j1) of head g of a Q8_0 chunk (each head row D / 32 blocks), dequantized as
+// dequantize_row_q8_0 does (code * fp16 scale): dst[(j - j0) * D + d].
+inline void dequant_rows_q8_0(const quant::BlockQ8_0* chunk, int64_t j0, int64_t j1, int64_t Hkv, int64_t g,
+                              int64_t D, float* dst) {
+  const int64_t nb = D / quant::kQK8_0;
+  for (int64_t j = j0; j < j1; ++j) {
+    const quant::BlockQ8_0* src = chunk + (j * Hkv + g) * nb;
+    float* out = dst + (j - j0) * D;
+    for (int64_t b = 0; b < nb; ++b, out += quant::kQK8_0) {
+      const float d = fp16_to_f32(src[b].d);
+      for (int i = 0; i < quant::kQK8_0; ++i) out[i] = static_cast<float>(src[b].qs[i]) * d;
+    }
+  }
+}
+
 inline void scale(float* y, float a, int64_t n) {
   int64_t i = 0;
   const vf8 av = {a, a, a, a, a, a, a, a};
@@ -81,18 +98,27 @@ inline void attend_block(const AttnArgs& a, int64_t t0, int64_t t1, int64_t g, i
   std::fill(m, m + rows, -INFINITY);
   std::fill(l, l + rows, 0.0f);
   std::fill(acc, acc + rows * D, 0.0f);
-  thread_local std::vector<float> kbuf, vbuf;  // an F16 chunk's rows of head g, widened
+  thread_local std::vector<float> kbuf, vbuf;  // an F16 or Q8_0 chunk's rows of head g, as floats
+  const DType dtype = a.k_chunks[0].dtype;
   for (int64_t c = j0 / C; c * C < j1; ++c) {
     const int64_t cj0 = std::max(j0, c * C), cj1 = std::min(j1, (c + 1) * C);
     // Key / value j lives at k_row + (j - cj0) * stride.
     const float* k_row;
     const float* v_row;
     int64_t stride;
-    if (a.k_chunks[0].dtype == DType::F16) {
+    if (dtype != DType::F32) {
+      // Converted once per chunk for the whole GQA group and query block, then read as F32 rows.
       kbuf.resize(static_cast<size_t>(C * D));
       vbuf.resize(static_cast<size_t>(C * D));
-      widen_rows(a.k_chunks[static_cast<size_t>(c)].as<uint16_t>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, kbuf.data());
-      widen_rows(a.v_chunks[static_cast<size_t>(c)].as<uint16_t>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, vbuf.data());
+      const TensorView& kc = a.k_chunks[static_cast<size_t>(c)];
+      const TensorView& vc = a.v_chunks[static_cast<size_t>(c)];
+      if (dtype == DType::F16) {
+        widen_rows(kc.as<uint16_t>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, kbuf.data());
+        widen_rows(vc.as<uint16_t>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, vbuf.data());
+      } else {
+        dequant_rows_q8_0(kc.as<quant::BlockQ8_0>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, kbuf.data());
+        dequant_rows_q8_0(vc.as<quant::BlockQ8_0>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, vbuf.data());
+      }
       k_row = kbuf.data();
       v_row = vbuf.data();
       stride = D;
