@@ -4,7 +4,8 @@
 // Build (after the CMake build in build-gpu, for the production kernels in libdeltaserve_cuda):
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc kernels/attention_bench.cu \
 //     build-gpu/libdeltaserve_cuda.a -o build-gpu/attention_bench
-// Run: build-gpu/attention_bench [out.tsv]       (about 10-20 s)
+// Run: build-gpu/attention_bench [--kv q8_0] [out.tsv]   (about 10-20 s; --kv q8_0: the Q8_0 cache, timings
+//      only, no check against the reference but the layer decode's fused-against-chain bits, no v1)
 // Versions:
 //   v1 simple: the first production kernel: one CTA per (head, token), its 8 warps stride over the
 //              visible positions with their own online softmax, merged at the end; every query head
@@ -50,6 +51,10 @@ namespace {
 constexpr int kD = 256, kH = 24, kHkv = 4, kChunk = 64;
 FILE* g_tsv = nullptr;
 bool g_fail = false;
+DType g_kv = DType::F16;  // --kv q8_0: Q8_0 blocks
+
+// Bytes of one head's row of the cache.
+int64_t kv_row_bytes() { return g_kv == DType::Q8_0 ? kD / 32 * 34 : kD * 2; }
 
 // ---- v1: the first production kernel, with F16 KV ----
 constexpr int kV1Warps = 8;
@@ -134,23 +139,40 @@ __global__ void fill_random_float(float* p, int64_t n, uint32_t seed) {
   }
 }
 
+// Q8_0 blocks of 34 bytes: the scale 1/64, random codes.
+__global__ void fill_random_q8(uint8_t* p, int64_t n_blocks, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_blocks * 34;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    const int64_t b = i % 34;
+    p[i] = b == 0 ? 0x00 : b == 1 ? 0x24 : static_cast<uint8_t>(h);  // fp16 0x2400 = 1/64, little-endian
+  }
+}
+
 // One copy of a layer's KV for n_kv positions: chunk c in slot c of one allocation (K then V per slot),
 // and the device slot array.
 struct KvCopy {
   uint8_t* slots = nullptr;
   const uint8_t** d_base = nullptr;
   int64_t n_chunks = 0;
-  static constexpr int64_t kPer = int64_t{kChunk} * kHkv * kD * 2;  // bytes of K (or V) per chunk
+  static int64_t per() { return int64_t{kChunk} * kHkv * kv_row_bytes(); }  // bytes of K (or V) per chunk
 };
 
 KvCopy make_copy(int64_t n_kv, uint32_t seed) {
   KvCopy c;
   c.n_chunks = (n_kv + kChunk - 1) / kChunk;
-  CK(cudaMalloc(&c.slots, c.n_chunks * 2 * KvCopy::kPer));
-  fill_random_half<<<1024, 256>>>(reinterpret_cast<__half*>(c.slots), c.n_chunks * KvCopy::kPer, seed);
+  CK(cudaMalloc(&c.slots, c.n_chunks * 2 * KvCopy::per()));
+  if (g_kv == DType::Q8_0) {
+    fill_random_q8<<<1024, 256>>>(c.slots, c.n_chunks * 2 * KvCopy::per() / 34, seed);
+  } else {
+    fill_random_half<<<1024, 256>>>(reinterpret_cast<__half*>(c.slots), c.n_chunks * KvCopy::per(), seed);
+  }
   CK(cudaGetLastError());
   std::vector<const uint8_t*> base(static_cast<size_t>(c.n_chunks));
-  for (int64_t i = 0; i < c.n_chunks; ++i) base[i] = c.slots + i * 2 * KvCopy::kPer;
+  for (int64_t i = 0; i < c.n_chunks; ++i) base[i] = c.slots + i * 2 * KvCopy::per();
   CK(cudaMalloc(&c.d_base, 8 * c.n_chunks));
   CK(cudaMemcpy(c.d_base, base.data(), 8 * c.n_chunks, cudaMemcpyHostToDevice));
   return c;
@@ -167,8 +189,8 @@ AttnPagedArgs args_for(const KvCopy& c, const float* q, float* o, int n_tokens, 
   a.o = o;
   a.kv.k_base = a.kv.v_base = c.d_base;
   a.kv.k_offset = 0;
-  a.kv.v_offset = KvCopy::kPer;
-  a.kv.dtype = DType::F16;
+  a.kv.v_offset = KvCopy::per();
+  a.kv.dtype = g_kv;
   a.kv.chunk_tokens = kChunk;
   a.kv.n_head_kv = kHkv;
   a.kv.head_dim = kD;
@@ -194,7 +216,7 @@ struct Runner {
               int64_t max_kv, cudaStream_t s, AttnPlan* plan_out = nullptr) {
     AttnPagedArgs a = args_for(c, q, o, n_tokens, d_pos, max_kv);
     if (v.path == AttnPath::kAuto) {
-      v1_kernel<<<dim3(kH, n_tokens), 32 * kV1Warps, 0, s>>>(q, c.d_base, 0, KvCopy::kPer, kChunk, o, kH, kHkv,
+      v1_kernel<<<dim3(kH, n_tokens), 32 * kV1Warps, 0, s>>>(q, c.d_base, 0, KvCopy::per(), kChunk, o, kH, kHkv,
                                                              d_pos, a.scale);
       CK(cudaGetLastError());
       return;
@@ -219,7 +241,7 @@ void reference(const std::vector<uint16_t>& kv, const std::vector<float>& q, int
   const int G = kH / kHkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(kD));
   auto at = [&](int j, int g, int d, bool v) {  // chunk j / kChunk: K then V, each [kChunk, kHkv, kD]
-    const int64_t i = (static_cast<int64_t>(j / kChunk) * 2 + (v ? 1 : 0)) * (KvCopy::kPer / 2) +
+    const int64_t i = (static_cast<int64_t>(j / kChunk) * 2 + (v ? 1 : 0)) * (KvCopy::per() / 2) +
                       (static_cast<int64_t>(j % kChunk) * kHkv + g) * kD + d;
     return static_cast<double>(fp16_to_f32(kv[static_cast<size_t>(i)]));
   };
@@ -256,7 +278,7 @@ void check_versions(Runner& run, cudaStream_t s) {
   for (auto [pos0, n] : {std::pair<int, int>{1000, 1}, {1000, 7}, {200, 100}}) {
     const int64_t n_kv = pos0 + n;
     KvCopy c = make_copy(n_kv, 77u + pos0);
-    std::vector<uint16_t> host(static_cast<size_t>(c.n_chunks * 2 * KvCopy::kPer / 2));
+    std::vector<uint16_t> host(static_cast<size_t>(c.n_chunks * 2 * KvCopy::per() / 2));
     CK(cudaMemcpy(host.data(), c.slots, 2 * host.size(), cudaMemcpyDeviceToHost));
     std::vector<float> q(static_cast<size_t>(kD) * kH * n), ref(q.size()), got(q.size());
     std::mt19937 rng(5);
@@ -299,7 +321,7 @@ double time_graph(const std::function<void(int, cudaStream_t)>& one, int iters, 
 }
 
 void bench_decode(Runner& run, int64_t n_kv, int64_t max_kv, double read_gbs, int64_t l2_bytes, cudaStream_t s) {
-  const int64_t kv_bytes = n_kv * kHkv * kD * 2 * 2;
+  const int64_t kv_bytes = n_kv * kHkv * kv_row_bytes() * 2;
   const int n_copies = static_cast<int>(std::max<int64_t>(2, (4 * l2_bytes + kv_bytes - 1) / kv_bytes));
   std::vector<KvCopy> copies;
   for (int i = 0; i < n_copies; ++i) copies.push_back(make_copy(n_kv, 1000u + i));
@@ -312,6 +334,7 @@ void bench_decode(Runner& run, int64_t n_kv, int64_t max_kv, double read_gbs, in
   fill_random_float<<<64, 256>>>(dq, kD * kH, 11u);
   CK(cudaMemcpy(d_pos, &pos0, 4, cudaMemcpyHostToDevice));
   for (const Version& v : kVersions) {
+    if (v.path == AttnPath::kAuto && g_kv != DType::F16) continue;  // v1 reads F16
     AttnPlan plan;
     run.launch(v, copies[0], dq, dout, 1, d_pos, max_kv, s, &plan);  // sizes the scratch outside the capture
     CK(cudaStreamSynchronize(s));
@@ -335,7 +358,7 @@ void bench_decode(Runner& run, int64_t n_kv, int64_t max_kv, double read_gbs, in
 // ---- one attention layer's decode: attention_prep then the gated split kernel and its combine, against
 // attention_decode_kernel (prep, attention and gate in one launch) and the combine ----
 void bench_decode_layer(int64_t n_kv, int64_t max_kv, cudaStream_t s) {
-  const int64_t kv_bytes = n_kv * kHkv * kD * 2 * 2;
+  const int64_t kv_bytes = n_kv * kHkv * kv_row_bytes() * 2;
   const int n_copies = 4;
   std::vector<KvCopy> copies;
   for (int i = 0; i < n_copies; ++i) copies.push_back(make_copy(n_kv, 2000u + i));
@@ -464,6 +487,7 @@ void bench_prefill(Runner& run, int n, cudaStream_t s) {
   CK(cudaMemcpy(d_pos, &pos0, 4, cudaMemcpyHostToDevice));
   const double flops = 4.0 * n * n * kD * kH / 2;
   for (const Version& v : kVersions) {
+    if (v.path == AttnPath::kAuto && g_kv != DType::F16) continue;  // v1 reads F16
     AttnPlan plan;
     run.launch(v, c, dq, dout, n, d_pos, n, s, &plan);
     CK(cudaStreamSynchronize(s));
@@ -481,14 +505,25 @@ void bench_prefill(Runner& run, int n, cudaStream_t s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) g_tsv = std::fopen(argv[1], "w");
+  int argi = 1;
+  if (argc > argi + 1 && std::string(argv[argi]) == "--kv") {
+    const std::string kv = argv[argi + 1];
+    if (kv != "q8_0" && kv != "f16") {
+      std::fprintf(stderr, "attention_bench: --kv %s: expected f16 or q8_0\n", kv.c_str());
+      return 2;
+    }
+    g_kv = kv == "q8_0" ? DType::Q8_0 : DType::F16;
+    argi += 2;
+  }
+  if (argc > argi) g_tsv = std::fopen(argv[argi], "w");
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::printf("KV cache %s\n", g_kv == DType::Q8_0 ? "q8_0" : "f16");
   Runner run;
-  check_versions(run, s);
+  if (g_kv == DType::F16) check_versions(run, s);  // the reference reads F16
   const double read_gbs = measure_read_gbs();
   std::printf("streaming read: %.0f GB/s\n", read_gbs);
   bench_decode(run, 4096, 4096, read_gbs, prop.l2CacheSize, s);

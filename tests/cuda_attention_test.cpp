@@ -1,10 +1,10 @@
 // The CUDA attention path against the CPU ops on the same data. A KV pool and sequence state are built
 // on the CPU with random K/V (positions past the last token hold NaN, so a kernel that reads them fails),
 // their slots are mirrored to device memory in a permuted order behind a device slot array, and
-// attention_paged is compared with the CPU attention op: F32 and F16 KV, head_dim 32..512, GQA ratios
+// attention_paged is compared with the CPU attention op: F32, F16 and Q8_0 KV, head_dim 32..512, GQA ratios
 // 1/4/6/8, 1..300 query tokens, positions 0..5000, chunks of 16 and 64, max_kv bounds far above the
-// need (empty splits). Also: both kernels on the same data, the public attention op on F16 chunks,
-// kv_append (bit-exact against a CPU copy), rope_neox_at, attention_prep (bit-exact against the chain of
+// need (empty splits). Also: both kernels on the same data, the public attention op on F16 and Q8_0
+// chunks, kv_append (bit-exact against a CPU copy; Q8_0 against quant::quantize_row), rope_neox_at, attention_prep (bit-exact against the chain of
 // norms, rotations and append it fuses), attention_paged_gated_q8 (bit-exact against attention, output
 // gate and quantizer), attention_decode_q8 (bit-exact against attention_prep then
 // attention_paged_gated_q8, also replayed as a graph), get_rows_trusted, and one decode step
@@ -23,6 +23,7 @@
 #include "core/half.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
+#include "quant/quant.h"
 
 #if DS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -50,11 +51,15 @@ using test::Host;
 
 // Tolerances on max |cuda - cpu| relative to max |cpu| over the whole output (stated once):
 //  - F32 arithmetic paths (SIMT kernel, F32 or F16 KV): both sides sum in F32 in different orders.
-//  - tensor-core path: q and the softmax weights are rounded to F16 (2^-12 relative each).
+//  - tensor-core path: q and the softmax weights are rounded to F16 (2^-12 relative each); with Q8_0 KV
+//    the dequantized K and V too (the CPU uses them in F32).
 constexpr double kTolF32Path = 1e-5;
 constexpr double kTolTensorCore = 2e-3;
 
-bool tc_shape(DType t, int64_t D) { return t == DType::F16 && (D == 32 || D == 64 || D == 128 || D == 256); }
+bool tc_shape(DType t, int64_t D) {
+  if (t == DType::Q8_0) return D == 64 || D == 128 || D == 256;
+  return t == DType::F16 && (D == 32 || D == 64 || D == 128 || D == 256);
+}
 double tol_for(DType t, int64_t D) { return tc_shape(t, D) ? kTolTensorCore : kTolF32Path; }
 
 // Max error relative to max |ref|; reports the first element over the bound as [token, head, dim].
@@ -132,23 +137,31 @@ class CudaAttentionTest : public test::CudaTest {
     EXPECT_TRUE(p->seq->kv_reserve(n_kv).is_ok());
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     const int64_t row = Hkv * D;
+    std::vector<float> pos_row(static_cast<size_t>(row));
     for (int64_t c = 0; c < p->n_chunks; ++c) {
       for (int64_t a = 0; a < 2; ++a) {
         for (const TensorView& v : {p->seq->k_chunk(a, c), p->seq->v_chunk(a, c)}) {
-          for (int64_t i = 0; i < chunk * row; ++i) {
-            const bool live = c * chunk + i / row < n_kv;
-            const float x = live ? u(rng_) : NAN;
-            if (dtype == DType::F16) {
-              v.as<uint16_t>()[i] = f32_to_fp16(x);
+          for (int64_t t = 0; t < chunk; ++t) {
+            const bool live = c * chunk + t < n_kv;
+            for (float& x : pos_row) x = live ? u(rng_) : NAN;
+            if (dtype == DType::Q8_0) {  // a position past the last holds NaN scales
+              uint8_t* dst = v.as<uint8_t>() + t * dtype_row_bytes(dtype, row);
+              quant::quantize_row(dtype, pos_row.data(), dst, row);
+              for (int64_t b = 0; !live && b < row / 32; ++b) {
+                const uint16_t nan_scale = f32_to_fp16(NAN);
+                std::memcpy(dst + 34 * b, &nan_scale, 2);
+              }
+            } else if (dtype == DType::F16) {
+              for (int64_t i = 0; i < row; ++i) v.as<uint16_t>()[t * row + i] = f32_to_fp16(pos_row[i]);
             } else {
-              v.as<float>()[i] = x;
+              std::memcpy(v.as<float>() + t * row, pos_row.data(), 4 * row);
             }
           }
         }
       }
     }
     const int64_t slot_bytes = l.kv_slot_bytes();
-    const int64_t per = chunk * row * dtype_block_bytes(dtype);
+    const int64_t per = chunk * dtype_row_bytes(dtype, row);
     p->d_slots = static_cast<uint8_t*>(dev((p->n_chunks + 1) * slot_bytes));
     std::vector<const void*> bases(static_cast<size_t>(p->n_chunks));
     for (int64_t c = 0; c < p->n_chunks; ++c) {
@@ -239,7 +252,7 @@ class CudaAttentionTest : public test::CudaTest {
 TEST_F(CudaAttentionTest, PagedMatchesCpuAcrossShapes) {
   const int64_t kGroups[] = {1, 4, 6, 8};
   int64_t idx = 0;
-  for (DType dtype : {DType::F32, DType::F16}) {
+  for (DType dtype : {DType::F32, DType::F16, DType::Q8_0}) {
     for (int64_t D : {32, 64, 128, 256}) {
       for (int64_t n : {1, 2, 5, 16, 17, 64, 300}) {
         for (int64_t pos0 : {0, 1, 63, 64, 1000, 5000}) {
@@ -261,7 +274,7 @@ TEST_F(CudaAttentionTest, PagedMatchesCpuAcrossShapes) {
 // Qwen3.5 27B (24 heads over 4 KV heads) and 35B-A3B (16 over 2), head_dim 256, with a graph-sized
 // bound of 32K positions.
 TEST_F(CudaAttentionTest, PagedRealModelShapes) {
-  for (DType dtype : {DType::F16, DType::F32}) {
+  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0}) {
     for (auto [H, Hkv] : {std::pair<int64_t, int64_t>{24, 4}, {16, 2}}) {
       for (int64_t n : {1, 4, 16, 17, 128}) {
         for (int64_t pos0 : {0, 777, 4096}) {
@@ -302,10 +315,12 @@ TEST_F(CudaAttentionTest, SmallSharedMemoryDeviceTakesSimtAtHeadDim256) {
   EXPECT_EQ(plan_path(256), cuda::AttnPath::kTensorCore);
 }
 
-// Head dims the tensor-core kernel does not take run on the SIMT kernel (F16 and F32 KV).
+// Head dims the tensor-core kernel does not take run on the SIMT kernel (F16 and F32 KV; Q8_0 at the
+// multiples of 32).
 TEST_F(CudaAttentionTest, PagedOddHeadDims) {
-  for (DType dtype : {DType::F16, DType::F32}) {
+  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0}) {
     for (int64_t D : {16, 48, 96, 200, 320, 512}) {
+      if (dtype == DType::Q8_0 && D % 32 != 0) continue;
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {70, 3}, {129, 40}}) {
         check_paged(dtype, D, 2, 3, 16, pos0, n, 4 * (pos0 + n), 2.0f);
         if (too_many_failures()) return;
@@ -314,12 +329,13 @@ TEST_F(CudaAttentionTest, PagedOddHeadDims) {
   }
 }
 
-// Both kernels through the launcher on the same F16 data, several split counts implied by max_kv.
+// Both kernels through the launcher on the same F16 (and Q8_0) data, several split counts implied by max_kv.
 TEST_F(CudaAttentionTest, TensorCoreAndSimtAgree) {
   const int64_t D = 128, Hkv = 2, G = 6, H = Hkv * G, chunk = 64;
+  for (DType dtype : {DType::F16, DType::Q8_0}) {
   for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {900, 2}, {300, 33}}) {
-    SCOPED_TRACE(::testing::Message() << "pos0=" << pos0 << " n=" << n);
-    auto p = make_paged(DType::F16, D, Hkv, chunk, pos0 + n);
+    SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " pos0=" << pos0 << " n=" << n);
+    auto p = make_paged(dtype, D, Hkv, chunk, pos0 + n);
     Host q({D, H, n}), ref({D, H, n});
     q.random(rng_, -3.0f, 3.0f);
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -335,7 +351,7 @@ TEST_F(CudaAttentionTest, TensorCoreAndSimtAgree) {
       a.kv.k_base = a.kv.v_base = reinterpret_cast<const uint8_t* const*>(p->table.slot_base);
       a.kv.k_offset = p->table.k_offset;
       a.kv.v_offset = p->table.v_offset;
-      a.kv.dtype = DType::F16;
+      a.kv.dtype = dtype;
       a.kv.chunk_tokens = static_cast<int32_t>(chunk);
       a.kv.n_head_kv = static_cast<int32_t>(Hkv);
       a.kv.head_dim = static_cast<int32_t>(D);
@@ -354,13 +370,15 @@ TEST_F(CudaAttentionTest, TensorCoreAndSimtAgree) {
           << (path == cuda::AttnPath::kTensorCore ? "tensor core" : "simt") << " splits " << plan.n_split;
     }
   }
+  }
 }
 
-// The public op (host pos0, a list of chunks) on F16 chunks goes through the same kernels.
-TEST_F(CudaAttentionTest, PublicAttentionOnF16Chunks) {
+// The public op (host pos0, a list of chunks) on F16 and Q8_0 chunks goes through the same kernels.
+TEST_F(CudaAttentionTest, PublicAttentionOnF16AndQ8Chunks) {
+  for (DType dtype : {DType::F16, DType::Q8_0}) {
   for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 7}, {37, 1}, {200, 20}}) {
     const int64_t D = 64, Hkv = 2, H = 8, chunk = 16, n_kv = pos0 + n;
-    auto p = make_paged(DType::F16, D, Hkv, chunk, n_kv);
+    auto p = make_paged(dtype, D, Hkv, chunk, n_kv);
     Host q({D, H, n}), ref({D, H, n}), out({D, H, n});
     q.random(rng_, -2.0f, 2.0f);
     const float scale = 0.125f;
@@ -368,13 +386,15 @@ TEST_F(CudaAttentionTest, PublicAttentionOnF16Chunks) {
     const TensorView dout = up(out);
     const Status s = attention(ctx_, up(q), p->kd, p->vd, n_kv, pos0, scale, dout);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
-    EXPECT_TRUE(close_rel(down(dout), ref.v, kTolTensorCore, D, H)) << "pos0=" << pos0 << " n=" << n;
+    EXPECT_TRUE(close_rel(down(dout), ref.v, kTolTensorCore, D, H))
+        << dtype_name(dtype) << " pos0=" << pos0 << " n=" << n;
+  }
   }
 }
 
 // kv_append writes exactly the CPU's conversion of k / v at [pos0, pos0 + n) and nothing else.
 TEST_F(CudaAttentionTest, KvAppendMatchesCpuCopy) {
-  for (DType dtype : {DType::F32, DType::F16}) {
+  for (DType dtype : {DType::F32, DType::F16, DType::Q8_0}) {
     for (int64_t chunk : {16, 64}) {
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {60, 10}, {63, 1}, {64, 64}, {5, 200}}) {
         SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " chunk=" << chunk << " pos0=" << pos0
@@ -384,8 +404,15 @@ TEST_F(CudaAttentionTest, KvAppendMatchesCpuCopy) {
         Host k({D, Hkv, n}), v({D, Hkv, n});
         k.random(rng_, -70000.0f, 70000.0f);  // F16 overflow to inf included
         v.random(rng_);
+        if (dtype == DType::Q8_0) k.v[5] = NAN;  // a NaN element: code 0, its block's scale from the rest
         for (int64_t t = 0; t < n; ++t) {  // the expected result, on the CPU chunks
           const int64_t pos = pos0 + t, c = pos / chunk, r = pos % chunk;
+          if (dtype == DType::Q8_0) {
+            const int64_t rb = dtype_row_bytes(dtype, row);
+            quant::quantize_row(dtype, &k.v[static_cast<size_t>(t * row)], p->kh[c].as<uint8_t>() + r * rb, row);
+            quant::quantize_row(dtype, &v.v[static_cast<size_t>(t * row)], p->vh[c].as<uint8_t>() + r * rb, row);
+            continue;
+          }
           for (int64_t i = 0; i < row; ++i) {
             const float kx = k.v[t * row + i], vx = v.v[t * row + i];
             if (dtype == DType::F16) {
@@ -406,10 +433,10 @@ TEST_F(CudaAttentionTest, KvAppendMatchesCpuCopy) {
           const uint8_t* want = p->pool->slot_data(p->seq->block_table()[c]);
           for (int64_t b = 0; b < slot_bytes; ++b) {
             if (got[b] != want[b]) {
-              const int64_t es = dtype_block_bytes(dtype), per = chunk * row * es;
-              const int64_t part = b / per, e = (b % per) / es;
+              const int64_t rb = dtype_row_bytes(dtype, row), per = chunk * rb;
+              const int64_t part = b / per, e = b % per;
               FAIL() << "chunk " << c << " byte " << b << ": layer " << part / 2 << (part % 2 ? " V" : " K")
-                     << " token " << e / row << " head " << (e % row) / D << " dim " << e % D;
+                     << " token " << e / rb << " byte " << e % rb << " of its row (" << dtype_name(dtype) << ")";
             }
           }
         }
@@ -438,10 +465,11 @@ TEST_F(CudaAttentionTest, AttentionPrepMatchesTheChain) {
     int64_t D, H, Hkv, n_rot;
   };
   const float eps = 1e-6f, base = 1e7f;
-  for (DType dtype : {DType::F16, DType::F32}) {
+  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0}) {
     for (const Case& cs : {Case{256, 16, 2, 64}, Case{128, 8, 4, 32}, Case{96, 6, 2, 96}, Case{40, 3, 1, 8}}) {
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {61, 5}, {4097, 1}}) {
         const int64_t D = cs.D, H = cs.H, Hkv = cs.Hkv, chunk = 16;
+        if (dtype == DType::Q8_0 && D % 32 != 0) continue;
         SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D=" << D << " H=" << H << " Hkv=" << Hkv
                                           << " n_rot=" << cs.n_rot << " pos0=" << pos0 << " n=" << n);
         bufs_.clear();
@@ -498,7 +526,7 @@ TEST_F(CudaAttentionTest, AttentionPrepMatchesTheChain) {
 // quantize_q8: o and every activation byte equal. Tight bounds give one split (the combine kernel then
 // gates the attention kernel's rows), the loose one many splits; tensor-core and SIMT head dims.
 TEST_F(CudaAttentionTest, GatedQ8MatchesTheChain) {
-  for (DType dtype : {DType::F16, DType::F32}) {
+  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0}) {
     for (auto [D, H, Hkv] : {std::tuple<int64_t, int64_t, int64_t>{256, 24, 4}, {256, 16, 2}, {128, 8, 4},
                              {96, 6, 2}, {32, 2, 1}}) {
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {61, 5}, {4097, 1}}) {
@@ -579,6 +607,7 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
   };
   const float eps = 1e-6f, base = 1e7f;
   int64_t n_checked = 0;
+  for (DType dtype : {DType::F16, DType::Q8_0}) {
   for (const Shape& sh : {Shape{256, 24, 4, 64}, Shape{256, 16, 2, 64}, Shape{128, 8, 4, 32}, Shape{64, 4, 1, 64},
                           Shape{32, 2, 1, 16}}) {
     // {63, 2, 1024}: the two new positions fall in two splits, each appended by its own CTA.
@@ -586,11 +615,11 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
                            Case{255, 1, 256}, Case{61, 2, 1024}, Case{63, 2, 1024}, Case{1000, 1, 1024},
                            Case{1000, 2, 1024}, Case{4097, 1, 4098}, Case{4097, 1, 32768}}) {
       const int64_t D = sh.D, H = sh.H, Hkv = sh.Hkv, n = cs.n, pos0 = cs.pos0;
-      if (!cuda::attention_decode_q8_applies(DType::F16, D, H, Hkv, n)) continue;
-      SCOPED_TRACE(::testing::Message() << "D=" << D << " H=" << H << " Hkv=" << Hkv << " pos0=" << pos0 << " n=" << n
-                                        << " max_kv=" << cs.max_kv);
+      if (!cuda::attention_decode_q8_applies(dtype, D, H, Hkv, n)) continue;
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D=" << D << " H=" << H << " Hkv=" << Hkv
+                                        << " pos0=" << pos0 << " n=" << n << " max_kv=" << cs.max_kv);
       bufs_.clear();
-      auto p = make_paged(DType::F16, D, Hkv, 16, pos0 + n);
+      auto p = make_paged(dtype, D, Hkv, 16, pos0 + n);
       const PrepInputs in = prep_inputs(D, H, Hkv, n);
       const Host& k = in.k;
       const TensorView &dqn = in.dqn, &dkn = in.dkn, &dv = in.dv, &q_heads = in.q_heads, &gate = in.gate;
@@ -638,7 +667,8 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
       if (HasFailure()) return;
     }
   }
-  EXPECT_GE(n_checked, 40);
+  }
+  EXPECT_GE(n_checked, 40 + 36);  // F16, then Q8_0 (no head_dim 32)
 }
 
 // attention_decode_q8 captured once as a CUDA graph (bounds 256, 1024 and 4096) and replayed at positions
@@ -648,10 +678,11 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
 TEST_F(CudaAttentionTest, DecodeQ8ReplaysAsGraph) {
   const int64_t D = 256, H = 16, Hkv = 2, n_rot = 64;
   const float eps = 1e-6f, base = 1e7f, scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (DType dtype : {DType::F16, DType::Q8_0}) {
   for (const int64_t max_kv : {int64_t{256}, int64_t{1024}, int64_t{4096}}) {
-    SCOPED_TRACE(::testing::Message() << "max_kv=" << max_kv);
+    SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " max_kv=" << max_kv);
     bufs_.clear();
-    auto p = make_paged(DType::F16, D, Hkv, 16, 1000);
+    auto p = make_paged(dtype, D, Hkv, 16, 1000);
     Host qg({2 * D * H, 1}), k({D, Hkv, 1}), v({D, Hkv, 1}), qn({D}), kn({D}), rows({D, H, 1});
     qn.random(rng_, 0.5f, 1.5f);
     kn.random(rng_, 0.5f, 1.5f);
@@ -695,6 +726,7 @@ TEST_F(CudaAttentionTest, DecodeQ8ReplaysAsGraph) {
       expect_decode_rows(oc, of, ac, af, D * H, act_bytes, max_kv > 256 || pos + 1 <= 64);
       if (HasFailure()) return;
     }
+  }
   }
 }
 
@@ -814,6 +846,21 @@ TEST_F(CudaAttentionTest, RejectsBadArguments) {
   EXPECT_FALSE(cuda::attention_decode_q8(ctx_, dq1, dw, dk1, dw, dv1, 1e-6f, 64, 1e4f, p->table, d_pos, 64, 0.125f,
                                          dg1, dqo1, up(Host({64, 1, 1})), do1, dact)
                    .is_ok());
+  // Q8_0: the tensor-core head dims but 32 (34-byte rows), and head_dim a multiple of 32 anywhere.
+  EXPECT_TRUE(cuda::attention_decode_q8_applies(DType::Q8_0, 256, 16, 2, 1));
+  EXPECT_TRUE(cuda::attention_decode_q8_applies(DType::Q8_0, 64, 8, 2, 2));
+  EXPECT_FALSE(cuda::attention_decode_q8_applies(DType::Q8_0, 32, 2, 1, 1));
+  {
+    auto q80 = make_paged(DType::Q8_0, 64, 2, 16, 40);
+    bad = q80->table;
+    bad.head_dim = 48;
+    Host q48b({48, 8, 2});
+    const TensorView dq48b = up(q48b), do48b = up(q48b);
+    const Status q8odd = cuda::attention_paged(ctx_, dq48b, bad, d_pos, 64, 0.125f, do48b);
+    EXPECT_EQ(q8odd.code(), StatusCode::kUnsupported) << q8odd.to_string();
+    Host qc({64, 2, 16});
+    EXPECT_FALSE(copy(ctx_, up(qc), q80->kd[0]).is_ok());  // on CUDA the KV append quantizes, not copy
+  }
   const Status f32 = cuda::attention_decode_q8(ctx_, dq1, dw, dk1, dw, dv1, 1e-6f, 64, 1e4f,
                                                make_paged(DType::F32, 64, 2, 16, 40)->table, d_pos, 64, 0.125f, dg1,
                                                dqo1, dko1, do1, dact);

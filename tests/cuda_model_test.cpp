@@ -1,7 +1,7 @@
 // The whole model on CUDA against the CPU model on the same file: golden fixtures (F32 against the
 // transformers logits, q4_k_m against the CPU), greedy decoding of the tiny / small test models,
 // decode graphs on vs off (bitwise), prefill schedules, snapshots across devices (byte-identical
-// streams), F16 KV, device memory after load, the debug hook, and the engine with prefix snapshots.
+// streams), F16 and Q8_0 KV, device memory after load, the debug hook, and the engine with prefix snapshots.
 // Skipped without a CUDA build or device (the setup-error test runs everywhere).
 //
 // Tolerances, stated once (max|cuda - cpu| / max|cpu| over a logit row unless named RMS):
@@ -913,6 +913,44 @@ TEST_P(CudaModelArch, HalfKvCloseToCpuHalfKv) {
   }
   std::printf("[cuda-f16kv] worst max|diff|/max|cpu| %.3g\n", worst);
   // F16 streams move between devices too.
+  EXPECT_EQ(*cpu->save_state(**cpu->load_state(*gpu->save_state(*b, b->pos())), b->pos()),
+            *gpu->save_state(*b, b->pos()));
+}
+
+// ---- Q8_0 KV ----
+
+// The CUDA model with a Q8_0 KV cache against the CPU model with one: the same codes but where an F32
+// input differs in its last bit across a rounding boundary (one code step, 1/127 of its block's largest
+// magnitude), so a looser bound than F16 KV. Also: the KV is quantized on both (the logits further from
+// the F32-KV model's than from the CPU's), and the streams move between devices.
+TEST_P(CudaModelArch, Q8KvCloseToCpuQ8Kv) {
+  DS_REQUIRE_GPU();
+  ModelOptions o;
+  o.kv_dtype = DType::Q8_0;
+  auto cpu = load(tiny(OutType::kF32), Device{}, o);
+  auto gpu = load(tiny(OutType::kF32), kGpu, o);
+  auto gpu_f32 = load(tiny(OutType::kF32), kGpu, ModelOptions{});
+  ASSERT_TRUE(cpu && gpu && gpu_f32);
+  const auto prompt = random_tokens(100, cpu->n_vocab(), 17);
+  auto a = std::move(cpu->new_state()).value();
+  auto b = std::move(gpu->new_state()).value();
+  auto c = std::move(gpu_f32->new_state()).value();
+  ASSERT_TRUE(cpu->prefill(*a, prompt).is_ok());
+  ASSERT_TRUE(gpu->prefill(*b, prompt).is_ok());
+  ASSERT_TRUE(gpu_f32->prefill(*c, prompt).is_ok());
+  double worst = 0, from_f32 = 0;
+  for (int step = 0; step < 32; ++step) {
+    const Diff d = compare(gpu->logits(*b), cpu->logits(*a));
+    worst = std::max(worst, d.rel);
+    from_f32 = std::max(from_f32, compare(gpu->logits(*b), gpu_f32->logits(*c)).rel);
+    EXPECT_LE(d.rel, 2e-2) << "step " << step << ": " << d.str();
+    const int32_t t = argmax(cpu->logits(*a));
+    ASSERT_TRUE(cpu->decode(*a, t).is_ok());
+    ASSERT_TRUE(gpu->decode(*b, t).is_ok());
+    ASSERT_TRUE(gpu_f32->decode(*c, t).is_ok());
+  }
+  std::printf("[cuda-q8kv] worst max|diff|/max|cpu| %.3g, from the F32 KV %.3g\n", worst, from_f32);
+  EXPECT_GT(from_f32, worst) << "the Q8_0 cache reads like the F32 one";
   EXPECT_EQ(*cpu->save_state(**cpu->load_state(*gpu->save_state(*b, b->pos())), b->pos()),
             *gpu->save_state(*b, b->pos()));
 }

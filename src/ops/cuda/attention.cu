@@ -13,8 +13,11 @@
 //     mma.sync.m16n8k16 (f16 in, f32 accumulate), each warp owning 16 rows. RW = row warps: 4 for
 //     prefill (64 rows, every warp all positions of a tile); 1 or 2 for decode (16 / 32 rows, the
 //     other warps take other positions of each tile and are merged at the end).
-//   attn_simt_kernel<T, E, RB>: F32 or F16 KV, any D <= 512 (E = ceil(D / 32) values per lane); warps
-//     stride over positions, a lane holds E dims of RB query rows; F32 FMA throughout.
+//   attn_tc_kernel<D, RW, kern::KvQ8>: the same over a Q8_0 cache (D in {64, 128, 256}): each tile's blocks
+//     are double-buffered raw by cp.async and converted into one half tile before its products;
+//   attn_simt_kernel<T, E, RB>: F32, F16 or Q8_0 KV, any D <= 512 (Q8_0: a multiple of 32; E = ceil(D / 32)
+//     values per lane); warps stride over positions, a lane holds E dims of RB query rows; F32 FMA
+//     throughout.
 // Non-obvious choice: the split length is computed on the device from the actual position
 // (split_len), not from the host bound max_kv: the grid (sized on the host from the SM count and
 // occupancy) stays fixed while every CTA gets an equal share of the real KV, so a decode graph
@@ -27,6 +30,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "ops/cuda/attention_launch.h"
@@ -68,14 +72,51 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Shared memory of attn_tc_kernel<D, RW>: Q [BM][D + 8] half, then K and V [2 stages][kBN][D + 8]
-// half; the K/V area is reused at the end for the per-warp partials.
+// A Q8_0 tile (KV = kern::KvQ8): a head row is RB bytes of blocks, copied by cp.async in pieces of P bytes
+// (16, 8 or 4: what RB and so every row's address allow) into a staged row of RS bytes; a stage holds the
+// K then the V rows of one tile, and kStages stages form a ring (a tile is half an F16 tile's bytes, so
+// two in flight keep as many bytes in flight per SM as the F16 kernel's one). head_dim 32 (34-byte rows: 2-byte pieces) has no tensor-core Q8_0 path.
+template <int D>
+struct Q8Tile {
+  static constexpr int RB = kern::kv_row_bytes<kern::KvQ8>(D);
+  static constexpr int P = RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4;
+  static constexpr int NP = RB / P;
+  static constexpr int RS = (RB + 15) / 16 * 16;
+  static constexpr int kStageBytes = 2 * kBN * RS;
+  static constexpr int kStages = 3;  // two tiles in flight while one is converted and attended
+  static_assert(RB % 4 == 0, "cp.async pieces of at least 4 bytes");
+};
+
+// Shared memory of attn_tc_kernel<D, RW, KV>: Q [BM][D + 8] half, then
+//  - F16: K and V [2 stages][kBN][D + 8] half;
+//  - Q8_0: K and V [kBN][D + 8] half (the converted tile), then the ring of Q8Tile<D> (and 16 bytes, as
+//    the conversion reads whole words past a row's last block);
+// the half K/V area is reused at the end for the per-warp partials.
+template <typename KV>
 constexpr size_t tc_smem_bytes(int D, int RW) {
   const int BM = 16 * RW, KW = kWarps / RW, SK = D + 8;
   const size_t q = static_cast<size_t>(BM) * SK * 2;
-  const size_t kv = static_cast<size_t>(4) * kBN * SK * 2;
   const size_t part = (static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4;
-  return q + (kv > part ? kv : part);
+  if constexpr (std::is_same_v<KV, kern::KvQ8>) {
+    const size_t kv = static_cast<size_t>(2) * kBN * SK * 2;
+    const size_t stage = D == 64 ? Q8Tile<64>::kStageBytes
+                       : D == 128 ? Q8Tile<128>::kStageBytes
+                                  : Q8Tile<256>::kStageBytes;
+    const size_t raw = Q8Tile<256>::kStages * stage;
+    return q + (kv > part ? kv : part) + raw + 16;
+  } else {
+    const size_t kv = static_cast<size_t>(4) * kBN * SK * 2;
+    return q + (kv > part ? kv : part);
+  }
+}
+
+template <int P>
+__device__ __forceinline__ void cp_async_piece(void* dst, const void* src) {
+  if constexpr (P == 16) {
+    cp_async16(dst, src);
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(P));
+  }
 }
 
 // Loads positions [j0, j0 + kBN) of KV head g into one stage; rows at or past kv_end become zeros.
@@ -142,12 +183,95 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
   }
 }
 
+// Issues the copies of positions [j0, min(j0 + kBN, copy_end)) of KV head g into the stage `raw` (K rows,
+// then V rows); the rows past copy_end are left (tc_convert_q8 zeroes those past the range, the fused
+// decode's prep writes the new positions' rows). A tile inside one KV chunk (every tile with chunks of a
+// multiple of kBN) steps thread i through pieces i, i + kThreads, ... of its rows by fixed increments;
+// the general path locates every piece on its own.
+template <int D>
+__device__ __forceinline__ void tc_load_tile_q8(const KParams& p, uint8_t* raw, int j0, int g, int copy_end) {
+  using Q = Q8Tile<D>;
+  const int n = min(kBN, copy_end - j0) * Q::NP;
+  const int c0 = j0 / p.C, r0 = j0 - c0 * p.C;
+  if (r0 + kBN <= p.C) {
+    constexpr int kRowStep = kThreads / Q::NP, kPieceStep = kThreads % Q::NP;
+    const int64_t stride = static_cast<int64_t>(p.Hkv) * Q::RB;
+    const uint8_t* ks = p.k_base[c0] + p.k_off + (static_cast<int64_t>(r0) * p.Hkv + g) * Q::RB;
+    const uint8_t* vs = p.v_base[c0] + p.v_off + (static_cast<int64_t>(r0) * p.Hkv + g) * Q::RB;
+    int rr = static_cast<int>(threadIdx.x) / Q::NP, pc = static_cast<int>(threadIdx.x) % Q::NP;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      cp_async_piece<Q::P>(raw + rr * Q::RS + pc * Q::P, ks + rr * stride + pc * Q::P);
+      cp_async_piece<Q::P>(raw + (kBN + rr) * Q::RS + pc * Q::P, vs + rr * stride + pc * Q::P);
+      rr += kRowStep;
+      pc += kPieceStep;
+      if (pc >= Q::NP) {
+        pc -= Q::NP;
+        ++rr;
+      }
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const int rr = i / Q::NP, pc = i - rr * Q::NP;
+    const int j = j0 + rr, c = j / p.C, r = j - c * p.C;
+    const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * Q::RB + pc * Q::P;
+    cp_async_piece<Q::P>(raw + rr * Q::RS + pc * Q::P, p.k_base[c] + p.k_off + off);
+    cp_async_piece<Q::P>(raw + (kBN + rr) * Q::RS + pc * Q::P, p.v_base[c] + p.v_off + off);
+  }
+}
+
+// 4 int8 codes (one word) as 2 half2 of code * d, each rounded once (the product of an int8 and a half
+// is exact before rounding, so the bits of __float2half_rn(code * d)): a code c becomes the half
+// 1024 + (c ^ 0x80) by byte permutes (exact), less 1152, times d.
+__device__ __forceinline__ void q8_codes_to_half(uint32_t q, __half2 d2, uint32_t& lo, uint32_t& hi) {
+  const uint32_t u = q ^ 0x80808080u;
+  const __half2 bias = __half2half2(__ushort_as_half(static_cast<unsigned short>(0x6480u)));  // 1152
+  uint32_t a = __byte_perm(u, 0x64646464u, 0x4140), b = __byte_perm(u, 0x64646464u, 0x4342);
+  const __half2 ha = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&a), bias), d2);
+  const __half2 hb = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&b), bias), d2);
+  lo = *reinterpret_cast<const uint32_t*>(&ha);
+  hi = *reinterpret_cast<const uint32_t*>(&hb);
+}
+
+// The staged Q8_0 tile `raw` as the half tiles sK / sV the products read: element = half(code * d);
+// rows [n_rows, kBN) become zeros (P V then sees 0 * 0). A thread converts 8 elements at a time into one
+// 16-byte store (consecutive threads, consecutive stores: no bank conflicts); its codes come as 4-byte
+// words from the aligned address at or below them (a block is 2-byte aligned), realigned by byte permutes.
+template <int D>
+__device__ __forceinline__ void tc_convert_q8(const uint8_t* raw, __half* sK, __half* sV, int n_rows) {
+  using Q = Q8Tile<D>;
+  constexpr int NC = D / 8, SK = D + 8;  // 8-element pieces a row
+#pragma unroll 4
+  for (int u = threadIdx.x; u < 2 * kBN * NC; u += kThreads) {
+    const int rr = u / NC, c8 = u - rr * NC;  // staged row rr: K rows [0, kBN), then V rows
+    const int row = rr < kBN ? rr : rr - kBN;
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (row < n_rows) {
+      const uint8_t* blk = raw + rr * Q::RS + (c8 / 4) * kern::kKvQ8BlockBytes;
+      const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(blk));
+      const uint8_t* codes = blk + 2 + (c8 % 4) * 8;
+      const int sh = static_cast<int>(reinterpret_cast<uintptr_t>(codes) & 3);  // 0 or 2
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(codes - sh);
+      const uint32_t w0 = w[0], w1 = w[1];
+      const uint32_t w2 = sh != 0 ? w[2] : 0u;
+      const uint32_t q0 = sh != 0 ? __byte_perm(w0, w1, 0x5432) : w0;
+      const uint32_t q1 = sh != 0 ? __byte_perm(w1, w2, 0x5432) : w1;
+      q8_codes_to_half(q0, d2, out.x, out.y);
+      q8_codes_to_half(q1, d2, out.z, out.w);
+    }
+    *reinterpret_cast<uint4*>((rr < kBN ? sK : sV) + row * SK + c8 * 8) = out;
+  }
+}
+
 // The tensor-core attention of packed rows [row0, row_end) of KV head g over the positions [kv_begin,
 // kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
 // or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
-template <int D, int RW, bool kTile0Issued = false>
-__device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV,
+// KV: __half (F16 tiles, double-buffered by cp.async) or kern::KvQ8 (raw: the ring of Q8Tile<D>, each
+// stage converted into the one half tile sK / sV after it lands).
+template <int D, int RW, typename KV, bool kTile0Issued = false>
+__device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV, uint8_t* raw,
                                           const CtaWork& w) {
+  constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
   const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
             kv_end = w.kv_end;
   constexpr int KW = kWarps / RW;  // warps sharing the same rows, splitting each tile's positions
@@ -173,18 +297,40 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
   if constexpr (!kTile0Issued) {  // else the caller's group of copies holds the first tile
-    tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g, kv_end);
+    if constexpr (kQ8) {
+      tc_load_tile_q8<D>(p, raw, kv_begin, g, kv_end);
+    } else {
+      tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g, kv_end);
+    }
+    cp_async_commit();
+  }
+  using Q = Q8Tile<D>;
+  if constexpr (kQ8) {  // the second tile's group (empty where there is none)
+    if (n_tiles > 1) tc_load_tile_q8<D>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
     cp_async_commit();
   }
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int stage = tile & 1;
-    if (tile + 1 < n_tiles) {
-      const int nx = (tile + 1) & 1;
-      tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, g, kv_end);
+    const int stage = kQ8 ? 0 : tile & 1;  // Q8_0: one half tile, converted from raw stage tile % 3
+    if constexpr (kQ8) {
+      if (tile + 2 < n_tiles) {
+        tc_load_tile_q8<D>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN, g,
+                           kv_end);
+      }
+      cp_async_commit();
+      cp_async_wait<2>();  // this tile's group has landed (the next two may be in flight)
+    } else {
+      if (tile + 1 < n_tiles) {
+        const int nx = (tile + 1) & 1;
+        tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, g, kv_end);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
     }
-    cp_async_commit();
-    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
     __syncthreads();
+    if constexpr (kQ8) {
+      tc_convert_q8<D>(raw + tile % Q::kStages * Q::kStageBytes, sK, sV, min(kBN, kv_end - kv_begin - tile * kBN));
+      __syncthreads();
+    }
 
     const uint32_t k_addr = smem_addr(sK + stage * kBN * SK + k_row * SK + k_col);
     const uint32_t v_addr = smem_addr(sV + stage * kBN * SK + v_row * SK + v_col);
@@ -294,14 +440,16 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
   write_rows(p, sO, sM, sL, KW, BM, D + kOPad, row0, row_end, g, s);
 }
 
-template <int D, int RW>
+template <int D, int RW, typename KV>
 __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
   kern::dependency_sync();
   constexpr int BM = 16 * RW, SK = D + 8;
+  constexpr int kStages = std::is_same_v<KV, kern::KvQ8> ? 1 : 2;  // half tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
-  __half* sK = sQ + BM * SK;        // [2][kBN][SK]
-  __half* sV = sK + 2 * kBN * SK;   // [2][kBN][SK]
+  __half* sK = sQ + BM * SK;              // [kStages][kBN][SK]
+  __half* sV = sK + kStages * kBN * SK;   // [kStages][kBN][SK]
+  auto* raw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * SK);  // Q8_0: the ring of Q8Tile<D>
 
   const CtaWork w = cta_work(p, BM);
   if (!w.live) return;
@@ -314,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
     if (rho < p.R) v = p.q[out_row(p, rho, w.g) * D + d];
     sQ[r * SK + d] = __float2half_rn(v);
   }
-  tc_attend<D, RW>(p, sQ, sK, sV, w);
+  tc_attend<D, RW, KV>(p, sQ, sK, sV, raw, w);
 }
 
 // ---- split combine ----
@@ -409,9 +557,10 @@ constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
 // y: kWarps * D floats of shared memory (a warp's staging row); cs: the rotation angles of the new
 // positions, n_rot / 2 per token; sK / sV: the first tile's stage, whose copies (issued before the
 // dependency wait) leave the new positions' rows to this function.
-template <int D>
-__device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV, float* y_all, const double2* cs,
-                            const CtaWork& w) {
+// KV = kern::KvQ8: the new rows of the first tile go into its raw stage as Q8_0 blocks (sK / sV unused).
+template <int D, typename KV>
+__device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV, uint8_t* raw, float* y_all,
+                            const double2* cs, const CtaWork& w) {
   constexpr int SK = D + 8;
   const int g = w.g, pos0 = w.pos0, kv_begin = w.kv_begin, kv_end = w.kv_end, half = p.n_rot / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -423,13 +572,31 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
     const int64_t in = (static_cast<int64_t>(j - pos0) * p.Hkv + g) * D;
     kern::prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane, cs + (j - pos0) * half);
     const int c = j / p.C, r = j - c * p.C;
-    const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
-    __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
-    __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
     const bool first_tile = j < kv_begin + kBN;  // its row goes straight into the first tile's stage
     // Into the cache: by the k_out CTA, and by any CTA that reads the row back from a later tile (row
     // plans: the same bytes).
     const bool append = k_out || !first_tile;
+    if constexpr (std::is_same_v<KV, kern::KvQ8>) {
+      using Q = Q8Tile<D>;
+      const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * Q::RB;
+      if (k_out) {
+        for (int i = lane; i < D; i += 32) p.k_out[in + i] = y[i];
+      }
+      if (append) {
+        kern::store_kv_row<kern::KvQ8>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off + off, y, D, lane);
+        kern::store_kv_row<kern::KvQ8>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off + off, p.v_in + in, D, lane);
+      }
+      if (first_tile) {
+        kern::store_kv_row<kern::KvQ8>(raw + (j - kv_begin) * Q::RS, y, D, lane);
+        kern::store_kv_row<kern::KvQ8>(raw + (kBN + j - kv_begin) * Q::RS, p.v_in + in, D, lane);
+      }
+      __syncwarp();  // y is rewritten by the next row
+      fence = fence || !first_tile;
+      continue;
+    }
+    const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
+    __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
+    __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
     for (int i = lane; i < D; i += 32) {
       const float vi = p.v_in[in + i];
       if (k_out) p.k_out[in + i] = y[i];
@@ -464,17 +631,22 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
   __syncthreads();
 }
 
-template <int D>
+template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
   constexpr int SK = D + 8;
+  constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
+  constexpr int kStages = kQ8 ? 1 : 2;  // half tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
-  __half* sK = sQ + kFuseRows * SK;  // [2][kBN][SK]
-  __half* sV = sK + 2 * kBN * SK;    // [2][kBN][SK]
+  __half* sK = sQ + kFuseRows * SK;     // [kStages][kBN][SK]
+  __half* sV = sK + kStages * kBN * SK;  // [kStages][kBN][SK]
+  auto* raw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * SK);  // Q8_0: the ring of Q8Tile<D>
   // Before the dependency wait (the position is written by a copy ahead of the step's kernels, the KV
-  // rows before it by earlier steps): the new positions' rotation angles (in the second V stage until
-  // the prep is done) and the copies of the first tile's old positions.
-  double2* cs = reinterpret_cast<double2*>(sV + kBN * SK);
+  // rows before it by earlier steps): the new positions' rotation angles (until the prep is done, in the
+  // second V stage, or with Q8_0 in the half V tile, which the first conversion fills) and the copies of
+  // the first tile's old positions. The prep's staging rows: the second K stage (Q8_0: the half K tile).
+  double2* cs = reinterpret_cast<double2*>(kQ8 ? sV : sV + kBN * SK);
+  float* y_all = reinterpret_cast<float*>(kQ8 ? sK : sK + kBN * SK);
   const CtaWork w = cta_range(p, gridDim.y > 1 ? 1 : kFuseRows);  // rows: one per CTA; row blocks: [0, R)
   if (w.live) {
     const int half = p.n_rot / 2;
@@ -482,7 +654,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
       const int t = i / half;
       cs[i] = kern::rope_neox_cos_sin(static_cast<int64_t>(w.pos0) + t, i - t * half, p.n_rot, p.log2_base);
     }
-    tc_load_tile<D>(p, sK, sV, w.kv_begin, w.kv_end, w.g, min(w.kv_end, w.pos0));
+    if constexpr (kQ8) {
+      tc_load_tile_q8<D>(p, raw, w.kv_begin, w.g, min(w.kv_end, w.pos0));
+    } else {
+      tc_load_tile<D>(p, sK, sV, w.kv_begin, w.kv_end, w.g, min(w.kv_end, w.pos0));
+    }
   }
   cp_async_commit();
   __syncthreads();
@@ -491,13 +667,25 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
     write_empty(p, w.row0, w.row_end, w.g, w.s);
     return;
   }
-  decode_prep<D>(p, sQ, sK, sV, reinterpret_cast<float*>(sK + kBN * SK), cs, w);
+  decode_prep<D, KV>(p, sQ, sK, sV, raw, y_all, cs, w);
   kern::timeline_mark(0);  // q / k normalized and rotated, k / v appended
-  tc_attend<D, 1, true>(p, sQ, sK, sV, w);
+  tc_attend<D, 1, KV, true>(p, sQ, sK, sV, raw, w);
   kern::timeline_mark(1);  // attended, gated, stored
 }
 
-// ---- SIMT path (F32 or F16 KV, any head_dim <= 512) ----
+// ---- SIMT path (F32 or F16 KV, any head_dim <= 512; Q8_0, head_dim a multiple of 32) ----
+
+// Element d of a KV row (a head's row of the cache) as a float.
+template <typename T>
+__device__ __forceinline__ float kv_element(const uint8_t* row, int d) {
+  if constexpr (std::is_same_v<T, kern::KvQ8>) {
+    const uint8_t* blk = row + d / kern::kKvQ8Block * kern::kKvQ8BlockBytes;
+    return static_cast<float>(static_cast<int8_t>(blk[2 + d % kern::kKvQ8Block])) *
+           __half2float(*reinterpret_cast<const __half*>(blk));
+  } else {
+    return to_float(reinterpret_cast<const T*>(row)[d]);
+  }
+}
 
 constexpr int simt_lanes(int D) { return D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : D <= 256 ? 8 : 16; }
 constexpr int simt_rows(int E) { return E >= 16 ? 4 : 8; }
@@ -534,15 +722,15 @@ __global__ void __launch_bounds__(kThreads) attn_simt_kernel(const KParams p) {
   }
   for (int j = kv_begin + warp; j < kv_end; j += kWarps) {
     const int c = j / p.C, rr = j - c * p.C;
-    const int64_t off = (static_cast<int64_t>(rr) * p.Hkv + g) * D;
-    const T* kr = reinterpret_cast<const T*>(p.k_base[c] + p.k_off) + off;
-    const T* vr = reinterpret_cast<const T*>(p.v_base[c] + p.v_off) + off;
+    const int64_t off = (static_cast<int64_t>(rr) * p.Hkv + g) * kern::kv_row_bytes<T>(D);
+    const uint8_t* kr = p.k_base[c] + p.k_off + off;
+    const uint8_t* vr = p.v_base[c] + p.v_off + off;
     float kf[E], vf[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int d = lane + 32 * e;
-      kf[e] = d < D ? to_float(kr[d]) : 0.0f;
-      vf[e] = d < D ? to_float(vr[d]) : 0.0f;
+      kf[e] = d < D ? kv_element<T>(kr, d) : 0.0f;
+      vf[e] = d < D ? kv_element<T>(vr, d) : 0.0f;
     }
 #pragma unroll
     for (int r = 0; r < RB; ++r) {
@@ -586,12 +774,12 @@ struct KernelPick {
   size_t smem = 0;
 };
 
-template <int D>
+template <int D, typename KV>
 KernelPick pick_tc(int rw) {
   switch (rw) {
-    case 1: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 1>), tc_smem_bytes(D, 1)};
-    case 2: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 2>), tc_smem_bytes(D, 2)};
-    default: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 4>), tc_smem_bytes(D, 4)};
+    case 1: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 1, KV>), tc_smem_bytes<KV>(D, 1)};
+    case 2: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 2, KV>), tc_smem_bytes<KV>(D, 2)};
+    default: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 4, KV>), tc_smem_bytes<KV>(D, 4)};
   }
 }
 
@@ -612,14 +800,23 @@ KernelPick pick_simt(int D) {
 KernelPick pick_kernel(AttnPath path, DType dtype, int D, int rows_per_cta) {
   if (path == AttnPath::kTensorCore) {
     const int rw = rows_per_cta / 16;
+    if (dtype == DType::Q8_0) {
+      switch (D) {
+        case 64: return pick_tc<64, kern::KvQ8>(rw);
+        case 128: return pick_tc<128, kern::KvQ8>(rw);
+        case 256: return pick_tc<256, kern::KvQ8>(rw);
+        default: return {};
+      }
+    }
     switch (D) {
-      case 32: return pick_tc<32>(rw);
-      case 64: return pick_tc<64>(rw);
-      case 128: return pick_tc<128>(rw);
-      case 256: return pick_tc<256>(rw);
+      case 32: return pick_tc<32, __half>(rw);
+      case 64: return pick_tc<64, __half>(rw);
+      case 128: return pick_tc<128, __half>(rw);
+      case 256: return pick_tc<256, __half>(rw);
       default: return {};
     }
   }
+  if (dtype == DType::Q8_0) return D % kern::kKvQ8Block == 0 ? pick_simt<kern::KvQ8>(D) : KernelPick{};
   return dtype == DType::F16 ? pick_simt<__half>(D) : pick_simt<float>(D);
 }
 
@@ -650,8 +847,10 @@ cudaError_t configure(const KernelPick& k, int device, int* device_slots) {
 
 bool tc_allowed(const AttnPagedArgs& a) {
   const int D = a.kv.head_dim;
-  return a.kv.dtype == DType::F16 && (D == 32 || D == 64 || D == 128 || D == 256) && a.kv.k_offset % 16 == 0 &&
-         a.kv.v_offset % 16 == 0;
+  const bool shape = a.kv.dtype == DType::F16   ? D == 32 || D == 64 || D == 128 || D == 256
+                     : a.kv.dtype == DType::Q8_0 ? D == 64 || D == 128 || D == 256
+                                                 : false;
+  return shape && a.kv.k_offset % 16 == 0 && a.kv.v_offset % 16 == 0;
 }
 
 KParams make_params(const AttnPagedArgs& a, const AttnPlan& plan) {
@@ -706,17 +905,26 @@ void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_bl
                                     : 0;
 }
 
-template <int D>
+template <int D, typename KV>
 KernelPick pick_decode() {
-  return {reinterpret_cast<const void*>(attn_decode_kernel<D>), tc_smem_bytes(D, 1)};
+  return {reinterpret_cast<const void*>(attn_decode_kernel<D, KV>), tc_smem_bytes<KV>(D, 1)};
 }
 
-KernelPick pick_decode_kernel(int D) {
+KernelPick pick_decode_kernel(DType dtype, int D) {
+  if (dtype == DType::Q8_0) {
+    switch (D) {
+      case 64: return pick_decode<64, kern::KvQ8>();
+      case 128: return pick_decode<128, kern::KvQ8>();
+      case 256: return pick_decode<256, kern::KvQ8>();
+      default: return {};
+    }
+  }
+  if (dtype != DType::F16) return {};
   switch (D) {
-    case 32: return pick_decode<32>();
-    case 64: return pick_decode<64>();
-    case 128: return pick_decode<128>();
-    case 256: return pick_decode<256>();
+    case 32: return pick_decode<32, __half>();
+    case 64: return pick_decode<64, __half>();
+    case 128: return pick_decode<128, __half>();
+    case 256: return pick_decode<256, __half>();
     default: return {};
   }
 }
@@ -724,11 +932,11 @@ KernelPick pick_decode_kernel(int D) {
 }  // namespace
 
 bool attention_decode_fits(DType kv_dtype, int head_dim, int n_head, int n_head_kv, int n_tokens) {
-  if (kv_dtype != DType::F16 || n_head_kv < 1 || n_head_kv > kAttnDecodeMaxKvHeads || n_head % n_head_kv != 0 ||
-      n_tokens < 1 || static_cast<int64_t>(n_tokens) * (n_head / n_head_kv) > kFuseRows) {
+  if (n_head_kv < 1 || n_head_kv > kAttnDecodeMaxKvHeads || n_head % n_head_kv != 0 || n_tokens < 1 ||
+      static_cast<int64_t>(n_tokens) * (n_head / n_head_kv) > kFuseRows) {
     return false;
   }
-  const KernelPick k = pick_decode_kernel(head_dim);
+  const KernelPick k = pick_decode_kernel(kv_dtype, head_dim);
   const long long smem_limit = smem_optin_limit();
   return k.fn != nullptr && (smem_limit == 0 || k.smem <= static_cast<size_t>(smem_limit));
 }
@@ -739,7 +947,7 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
     return cudaErrorNotSupported;
   }
   int slots = 0;
-  const cudaError_t e = configure(pick_decode_kernel(a.kv.head_dim), device, &slots);
+  const cudaError_t e = configure(pick_decode_kernel(a.kv.dtype, a.kv.head_dim), device, &slots);
   if (e != cudaSuccess) return e;
   const int R = a.n_tokens * (a.n_head / a.kv.n_head_kv);
   if (a.n_tokens == 1 && R > 1 && a.max_kv <= kAttnDecodeRowMaxKv) {  // one CTA per query row, one split
@@ -754,7 +962,7 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
 
 cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& plan, cudaStream_t s) {
   const AttnPagedArgs& at = a.attn;
-  const KernelPick k = pick_decode_kernel(at.kv.head_dim);
+  const KernelPick k = pick_decode_kernel(at.kv.dtype, at.kv.head_dim);
   const int64_t R = static_cast<int64_t>(at.n_tokens) * (at.n_head / std::max(at.kv.n_head_kv, 1));
   const bool row_blocks = plan.rows_per_cta == kFuseRows && plan.n_row_blocks == 1;
   const bool rows = plan.rows_per_cta == 1 && plan.n_row_blocks == R && plan.n_split == 1 && at.n_tokens == 1;
@@ -796,8 +1004,10 @@ cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& pla
 cudaError_t attention_paged_plan(
 const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
   const int D = a.kv.head_dim, Hkv = a.kv.n_head_kv;
+  const bool dtype_ok = a.kv.dtype == DType::F16 || a.kv.dtype == DType::F32 ||
+                        (a.kv.dtype == DType::Q8_0 && D % kern::kKvQ8Block == 0);
   if (D <= 0 || D > kAttnMaxHeadDim || Hkv <= 0 || a.n_head % Hkv != 0 || a.n_tokens <= 0 ||
-      a.kv.chunk_tokens <= 0 || (a.kv.dtype != DType::F16 && a.kv.dtype != DType::F32)) {
+      a.kv.chunk_tokens <= 0 || !dtype_ok) {
     return cudaErrorInvalidValue;
   }
   const int64_t R = static_cast<int64_t>(a.n_tokens) * (a.n_head / Hkv);

@@ -59,8 +59,8 @@ struct AttnPagedArgs {
 
 enum class AttnPath : int {
   kAuto,        // tensor cores when the shape allows, else SIMT
-  kTensorCore,  // F16 KV, head_dim in {32, 64, 128, 256}: mma.sync m16n8k16 flash attention
-  kSimt,        // any dtype (F32 / F16), head_dim <= kAttnMaxHeadDim: F32 FMA
+  kTensorCore,  // F16 KV, head_dim in {32, 64, 128, 256}, or Q8_0 in {64, 128, 256}: mma.sync m16n8k16
+  kSimt,        // any dtype (F32 / F16 / Q8_0), head_dim <= kAttnMaxHeadDim: F32 FMA
 };
 
 constexpr int kAttnMaxHeadDim = 512;
@@ -112,8 +112,9 @@ cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaS
 // the output gate and q8 activations. Each CTA preps the query rows it attends with and appends the new
 // positions its split holds; with more than one split attn_combine_kernel follows (a second launch).
 // Same bits as the two in sequence for q, k (into k_out), the appended KV rows, o and the activations. Fits where
-// attention_decode_fits: F16 KV, head_dim 32, 64, 128 or 256 within the device's shared memory, at most
-// 16 query rows per KV head (n_tokens * n_head / n_head_kv), n_head_kv <= kAttnDecodeMaxKvHeads.
+// attention_decode_fits: F16 KV of head_dim 32, 64, 128 or 256, or Q8_0 of 64, 128 or 256, within the
+// device's shared memory, at most 16 query rows per KV head (n_tokens * n_head / n_head_kv), n_head_kv <=
+// kAttnDecodeMaxKvHeads.
 // A plan for one token under a launch bound (attn.max_kv) of at most kAttnDecodeRowMaxKv takes one CTA
 // per query row and one split (no combine launch): a short context's prep and attention spread over
 // n_head CTAs instead of one row block per KV head. The same bits as the row-block plan of one split.

@@ -1,6 +1,7 @@
 // CUDA kernels of the attention layer's prep (launchers in attention_launch.h): kv_append writes K and V
-// rows at the device position into the paged cache; attention_prep does an attention layer's q/k
-// RMSNorm, RoPE at the device position and the KV append in one kernel.
+// rows at the device position into the paged cache (F32, F16, or Q8_0 blocks, each quantized by a warp);
+// attention_prep does an attention layer's q/k RMSNorm, RoPE at the device position and the KV append in
+// one kernel.
 // Non-obvious choice: attention_prep gives a warp to each (token, head row) of q, k and v, so every
 // row's norm is one warp's butterfly (kern::prep_head_row, shared with the fused decode kernel of
 // attention.cu): no CTA barrier, and the bits of the unfused norm, rotation and append.
@@ -37,6 +38,28 @@ __global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* 
   }
 }
 
+// Q8_0 KV (kern::KvQ8): one warp per (token, head) row of k or v, the row's blocks quantized by the warp.
+constexpr int kAppendQ8Warps = 8;
+
+__global__ void __launch_bounds__(32 * kAppendQ8Warps) kv_append_q8_kernel(const float* k, const float* v,
+                                                                           PagedKvArgs kv, const int32_t* d_pos,
+                                                                           int64_t n_rows) {
+  kern::dependency_sync();
+  const int pos0 = *d_pos;
+  if (pos0 < 0) return;
+  const int lane = threadIdx.x % 32, D = kv.head_dim, Hkv = kv.n_head_kv;
+  const int rb = kern::kv_row_bytes<kern::KvQ8>(D);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kAppendQ8Warps + threadIdx.x / 32; i < 2 * n_rows;
+       i += static_cast<int64_t>(gridDim.x) * kAppendQ8Warps) {
+    const bool is_v = i >= n_rows;
+    const int64_t th = is_v ? i - n_rows : i, t = th / Hkv, h = th - t * Hkv;
+    const int64_t pos = pos0 + t, c = pos / kv.chunk_tokens, r = pos - c * kv.chunk_tokens;
+    uint8_t* dst = const_cast<uint8_t*>(is_v ? kv.v_base[c] : kv.k_base[c]) + (is_v ? kv.v_offset : kv.k_offset) +
+                   (r * Hkv + h) * rb;
+    kern::store_kv_row<kern::KvQ8>(dst, (is_v ? v : k) + th * D, D, lane);
+  }
+}
+
 // ---- attention prep: q/k RMSNorm + RoPE + KV append ----
 
 // One warp per (token, head slot): slots [0, n_head) are q heads, then n_head_kv k heads, then n_head_kv
@@ -61,9 +84,9 @@ __global__ void __launch_bounds__(32 * kPrepWarps) attention_prep_kernel(AttnPre
     const int hv = slot - H - Hkv;
     if (pos0 < 0) return;
     const float* src = a.v + t * row + static_cast<int64_t>(hv) * D;
-    T* dst = reinterpret_cast<T*>(const_cast<uint8_t*>(a.kv.v_base[c]) + a.kv.v_offset) + r * row +
-             static_cast<int64_t>(hv) * D;
-    for (int i = lane; i < D; i += 32) kern::store_kv(dst + i, src[i]);
+    uint8_t* dst = const_cast<uint8_t*>(a.kv.v_base[c]) + a.kv.v_offset +
+                   (r * Hkv + hv) * static_cast<int64_t>(kern::kv_row_bytes<T>(D));
+    kern::store_kv_row<T>(dst, src, D, lane);
     return;
   }
   const bool is_q = slot < H;
@@ -75,9 +98,9 @@ __global__ void __launch_bounds__(32 * kPrepWarps) attention_prep_kernel(AttnPre
   float* out = is_q ? a.q + (static_cast<int64_t>(t) * H + h) * D : a.k + t * row + static_cast<int64_t>(h) * D;
   for (int i = lane; i < D; i += 32) out[i] = y[i];
   if (is_q || pos0 < 0) return;
-  T* dst = reinterpret_cast<T*>(const_cast<uint8_t*>(a.kv.k_base[c]) + a.kv.k_offset) + r * row +
-           static_cast<int64_t>(h) * D;
-  for (int i = lane; i < D; i += 32) kern::store_kv(dst + i, y[i]);
+  uint8_t* dst = const_cast<uint8_t*>(a.kv.k_base[c]) + a.kv.k_offset +
+                 (r * Hkv + h) * static_cast<int64_t>(kern::kv_row_bytes<T>(D));
+  kern::store_kv_row<T>(dst, y, D, lane);
 }
 
 }  // namespace
@@ -94,6 +117,11 @@ cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& 
   } else if (kv.dtype == DType::F32) {
     launch_kernel(kv_append_kernel<float>, blocks, 256, 0, s, k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
                   kv.chunk_tokens, row, d_pos, total);
+  } else if (kv.dtype == DType::Q8_0 && kv.head_dim % kern::kKvQ8Block == 0) {
+    const int64_t n_rows = n_tokens * kv.n_head_kv;
+    const unsigned q8_blocks =
+        static_cast<unsigned>(std::min<int64_t>((2 * n_rows + kAppendQ8Warps - 1) / kAppendQ8Warps, 4096));
+    launch_kernel(kv_append_q8_kernel, q8_blocks, 32 * kAppendQ8Warps, 0, s, k, v, kv, d_pos, n_rows);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -112,6 +140,8 @@ cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaS
     launch_kernel(attention_prep_kernel<__half>, grid, 32 * kPrepWarps, 0, s, a);
   } else if (a.kv.dtype == DType::F32) {
     launch_kernel(attention_prep_kernel<float>, grid, 32 * kPrepWarps, 0, s, a);
+  } else if (a.kv.dtype == DType::Q8_0 && a.kv.head_dim % kern::kKvQ8Block == 0) {
+    launch_kernel(attention_prep_kernel<kern::KvQ8>, grid, 32 * kPrepWarps, 0, s, a);
   } else {
     return cudaErrorInvalidValue;
   }

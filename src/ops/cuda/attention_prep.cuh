@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/norm_warp.cuh"
@@ -17,6 +18,53 @@ namespace ds::cuda::kern {
 
 __device__ __forceinline__ void store_kv(float* dst, float v) { *dst = v; }
 __device__ __forceinline__ void store_kv(__half* dst, float v) { *dst = __float2half_rn(v); }
+
+// The element type tag of a Q8_0 KV cache: a (position, head) row of D elements is D / 32 blocks of 34
+// bytes (an fp16 scale d, then 32 int8 codes), quant/blocks.h BlockQ8_0.
+struct KvQ8 {};
+constexpr int kKvQ8Block = 32;
+constexpr int kKvQ8BlockBytes = 34;
+
+// Bytes of one (position, head) row of D elements of the KV cache.
+template <typename T>
+__host__ __device__ constexpr int kv_row_bytes(int D) {
+  if constexpr (std::is_same_v<T, KvQ8>) {
+    return D / kKvQ8Block * kKvQ8BlockBytes;
+  } else {
+    return D * static_cast<int>(sizeof(T));
+  }
+}
+
+// One Q8_0 block of a row quantized by a full warp, lane l holding element l: quant::quantize_row_q8_0's
+// bits (d = amax / 127, codes lrintf(x / d) by the reciprocal, d stored as fp16). NaN elements leave amax
+// as it is (std::max's order) and code 0.
+__device__ __forceinline__ void quantize_kv_q8_block(float x, int8_t& code, __half& d_out) {
+  float amax = x == x ? fabsf(x) : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  code = static_cast<int8_t>(__float2int_rn(x * id));
+  d_out = __float2half_rn(d);
+}
+
+// One full warp stores the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into a KV
+// row at dst: converted element by element (F32, F16) or as Q8_0 blocks.
+template <typename T>
+__device__ __forceinline__ void store_kv_row(uint8_t* dst, const float* y, int D, int lane) {
+  if constexpr (std::is_same_v<T, KvQ8>) {
+    for (int b = 0; b < D / kKvQ8Block; ++b) {
+      int8_t code;
+      __half d;
+      quantize_kv_q8_block(y[b * kKvQ8Block + lane], code, d);
+      uint8_t* blk = dst + b * kKvQ8BlockBytes;
+      blk[2 + lane] = static_cast<uint8_t>(code);
+      if (lane == 0) *reinterpret_cast<__half*>(blk) = d;
+    }
+  } else {
+    for (int i = lane; i < D; i += 32) store_kv(reinterpret_cast<T*>(dst) + i, y[i]);
+  }
+}
 
 constexpr int kPrepPer = kern::kWarpRowPer;
 static_assert(kAttnPrepMaxHeadDim == 32 * kPrepPer, "one warp holds a head");

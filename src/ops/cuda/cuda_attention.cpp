@@ -57,12 +57,16 @@ Status check_cuda_ctx(const char* op, const OpContext& ctx) {
   return device_status(ctx.device.index);
 }
 
-int64_t kv_elem_bytes(DType t) { return t == DType::F16 ? 2 : 4; }
+// The alignment of a KV row's start: its element, or a Q8_0 block's fp16 scale.
+int64_t kv_elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
 Status check_table(const char* op, const KvTable& kv) {
   if (kv.slot_base == nullptr) return invalid_argument("{}: KV table has no slot array", op);
-  if (kv.dtype != DType::F32 && kv.dtype != DType::F16) {
-    return unsupported("{}: KV dtype {} (f32 or f16 only)", op, dtype_name(kv.dtype));
+  if (kv.dtype != DType::F32 && kv.dtype != DType::F16 && kv.dtype != DType::Q8_0) {
+    return unsupported("{}: KV dtype {} (f32, f16 or q8_0 only)", op, dtype_name(kv.dtype));
+  }
+  if (kv.dtype == DType::Q8_0 && kv.head_dim % 32 != 0) {
+    return unsupported("{}: a q8_0 KV cache needs head_dim a multiple of 32, not {}", op, kv.head_dim);
   }
   if (kv.chunk_tokens <= 0 || kv.chunk_tokens > INT32_MAX || kv.n_head_kv <= 0 || kv.n_head_kv > 65535 ||
       kv.head_dim <= 0) {

@@ -440,6 +440,9 @@ Status mul_sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& 
 }
 
 Status copy(const OpContext& ctx, const TensorView& src, const TensorView& dst) {
+  if (dst.dtype == DType::Q8_0) {  // the KV append quantizes on CUDA (kv_append), not copy
+    return unsupported("copy: to {} {} on CUDA", dtype_name(dst.dtype), dst.shape_string());
+  }
   DS_TRY(device_status(ctx.device.index));
   DS_TRY(check_device_memory("copy", {&src, &dst}));
   DeviceGuard guard(ctx.device.index);

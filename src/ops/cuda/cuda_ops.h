@@ -61,7 +61,8 @@ Status moe_route(const OpContext& ctx, const TensorView& logits, int64_t k, cons
 
 // One attention layer's view of a sequence's chunked KV: logical chunk c holds tokens
 // [c * chunk_tokens, (c + 1) * chunk_tokens); its K starts at slot_base[c] + k_offset and its V at
-// slot_base[c] + v_offset, each [chunk_tokens, n_head_kv, head_dim] of `dtype` (F32 or F16).
+// slot_base[c] + v_offset, each [chunk_tokens, n_head_kv, head_dim] of `dtype` (F32, F16, or Q8_0 blocks
+// along head_dim, a multiple of 32).
 struct KvTable {
   const void* const* slot_base = nullptr;  // device array, one entry per allocated chunk
   int64_t k_offset = 0;                    // bytes
@@ -73,7 +74,8 @@ struct KvTable {
 };
 
 // Writes k and v [head_dim, n_head_kv, n] (F32, contiguous) at positions [*d_pos, *d_pos + n) of the
-// table, converted to its dtype. The chunks for those positions must exist.
+// table, converted to its dtype (Q8_0: quant::quantize_row_q8_0's bits). The chunks for those positions
+// must exist.
 Status kv_append(const OpContext& ctx, const TensorView& k, const TensorView& v, const KvTable& kv,
                  const int32_t* d_pos);
 // Causal GQA attention of q [head_dim, n_head, n] (F32) for positions [*d_pos, *d_pos + n) over the
@@ -102,8 +104,8 @@ Status attention_prep(const OpContext& ctx, const TensorView& q_heads, const Ten
 // by the attention kernel's CTAs): the same bits of q, k (into k_out, k's shape, not k: k is read only),
 // the appended KV rows, o and act, except that one token under a bound max_kv <= 256 attends in one split
 // (one CTA per query row), where attention_paged_gated_q8 may split the positions (another order of sums).
-// Where attention_decode_q8_applies: F16 KV, head_dim 32, 64, 128 or 256, n_tokens * n_head / n_head_kv
-// <= 16 (the model's one-token decode), n_head_kv <= 256. Arguments as in the two entries.
+// Where attention_decode_q8_applies: F16 KV of head_dim 32, 64, 128 or 256 (Q8_0: 64, 128 or 256),
+// n_tokens * n_head / n_head_kv <= 16 (the model's one-token decode), n_head_kv <= 256. Arguments as in the two entries.
 bool attention_decode_q8_applies(DType kv_dtype, int64_t head_dim, int64_t n_head, int64_t n_head_kv,
                                  int64_t n_tokens);
 Status attention_decode_q8(const OpContext& ctx, const TensorView& q_heads, const TensorView& q_norm,
