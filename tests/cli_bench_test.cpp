@@ -109,6 +109,7 @@ TEST(BenchCli, ServedRowsDecodeThroughTheEngine) {
   ASSERT_FALSE(j.is_discarded());
   EXPECT_EQ(j.value("complete", false), true) << j.dump(2);
   EXPECT_EQ(j.value("kv_type", ""), "q8_0");
+  EXPECT_NE(r.output.find("threads, kv q8_0"), std::string::npos) << r.output;  // the model line says it too
   ASSERT_EQ(j["tests"].size(), 5u) << j["tests"].dump(2);
   for (size_t i = 3; i < 5; ++i) {
     const auto& t = j["tests"][i];

@@ -438,8 +438,9 @@ ds::Status run_speed(const Options& o, ds::Device device, ds::DType kv_dtype, Js
     std::printf("measured BF16 tensor-core peak: %.1f TFLOP/s -> prefill bound %.1f tok/s\n", lim.bf16_tflops,
                 peak_flops / (2 * wb.params));
   } else {
-    std::printf("model: %s (%s), %.2f GB weights read per token, %.2f B params per token, %d threads\n",
-                o.model.c_str(), ds::model_arch_name(cfg.arch), wb.per_token / 1e9, wb.params / 1e9, threads);
+    std::printf("model: %s (%s), %.2f GB weights read per token, %.2f B params per token, %d threads, kv %s\n",
+                o.model.c_str(), ds::model_arch_name(cfg.arch), wb.per_token / 1e9, wb.params / 1e9, threads,
+                ds::dtype_name(kv_dtype));
     std::printf("measured read bandwidth: %.1f GB/s -> decode bound %.2f tok/s\n", bw, bw * 1e9 / wb.per_token);
   }
   std::printf("%-10s %8s %12s %14s\n", "test", "depth", "tok/s", "of limit");
