@@ -13,8 +13,9 @@
 //     mma.sync.m16n8k16 (f16 in, f32 accumulate), each warp owning 16 rows. RW = row warps: 4 for
 //     prefill (64 rows, every warp all positions of a tile); 1 or 2 for decode (16 / 32 rows, the
 //     other warps take other positions of each tile and are merged at the end).
-//   attn_tc_kernel<D, RW, kern::KvQ8>: the same over a Q8_0 cache (D in {64, 128, 256}): each tile's blocks
-//     are double-buffered raw by cp.async and converted into one half tile before its products;
+//   attn_tc_kernel<D, RW, kern::KvQ8>: the same over a Q8_0 cache (D in {64, 128, 256}): each tile's
+//     blocks go raw into a ring of three stages by cp.async and are converted into one half tile before
+//     its products;
 //   attn_simt_kernel<T, E, RB>: F32, F16 or Q8_0 KV, any D <= 512 (Q8_0: a multiple of 32; E = ceil(D / 32)
 //     values per lane); warps stride over positions, a lane holds E dims of RB query rows; F32 FMA
 //     throughout.
@@ -74,16 +75,19 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 
 // A Q8_0 tile (KV = kern::KvQ8): a head row is RB bytes of blocks, copied by cp.async in pieces of P bytes
 // (16, 8 or 4: what RB and so every row's address allow) into a staged row of RS bytes; a stage holds the
-// K then the V rows of one tile, and kStages stages form a ring (a tile is half an F16 tile's bytes, so
-// two in flight keep as many bytes in flight per SM as the F16 kernel's one). head_dim 32 (34-byte rows: 2-byte pieces) has no tensor-core Q8_0 path.
+// K then the V rows of one tile, and kQ8Stages stages form a ring (a tile is half an F16 tile's bytes,
+// so two in flight keep as many bytes in flight per SM as the F16 kernel's one). head_dim 32 (34-byte
+// rows: 2-byte pieces) has no tensor-core Q8_0 path.
+constexpr int kQ8Stages = 3;  // two tiles in flight while one is converted and attended
+constexpr int q8_stage_bytes(int D) { return 2 * kBN * ((kern::kv_row_bytes<kern::KvQ8>(D) + 15) / 16 * 16); }
 template <int D>
 struct Q8Tile {
   static constexpr int RB = kern::kv_row_bytes<kern::KvQ8>(D);
   static constexpr int P = RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4;
   static constexpr int NP = RB / P;
   static constexpr int RS = (RB + 15) / 16 * 16;
-  static constexpr int kStageBytes = 2 * kBN * RS;
-  static constexpr int kStages = 3;  // two tiles in flight while one is converted and attended
+  static constexpr int kStageBytes = q8_stage_bytes(D);
+  static constexpr int kStages = kQ8Stages;
   static_assert(RB % 4 == 0, "cp.async pieces of at least 4 bytes");
 };
 
@@ -99,10 +103,7 @@ constexpr size_t tc_smem_bytes(int D, int RW) {
   const size_t part = (static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4;
   if constexpr (std::is_same_v<KV, kern::KvQ8>) {
     const size_t kv = static_cast<size_t>(2) * kBN * SK * 2;
-    const size_t stage = D == 64 ? Q8Tile<64>::kStageBytes
-                       : D == 128 ? Q8Tile<128>::kStageBytes
-                                  : Q8Tile<256>::kStageBytes;
-    const size_t raw = Q8Tile<256>::kStages * stage;
+    const size_t raw = static_cast<size_t>(kQ8Stages) * q8_stage_bytes(D);
     return q + (kv > part ? kv : part) + raw + 16;
   } else {
     const size_t kv = static_cast<size_t>(4) * kBN * SK * 2;
@@ -590,23 +591,21 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
         kern::store_kv_row<kern::KvQ8>(raw + (j - kv_begin) * Q::RS, y, D, lane);
         kern::store_kv_row<kern::KvQ8>(raw + (kBN + j - kv_begin) * Q::RS, p.v_in + in, D, lane);
       }
-      __syncwarp();  // y is rewritten by the next row
-      fence = fence || !first_tile;
-      continue;
-    }
-    const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
-    __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
-    __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
-    for (int i = lane; i < D; i += 32) {
-      const float vi = p.v_in[in + i];
-      if (k_out) p.k_out[in + i] = y[i];
-      if (append) {
-        kern::store_kv(kd + i, y[i]);
-        kern::store_kv(vd + i, vi);
-      }
-      if (first_tile) {
-        sK[(j - kv_begin) * SK + i] = __float2half_rn(y[i]);
-        sV[(j - kv_begin) * SK + i] = __float2half_rn(vi);
+    } else {
+      const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
+      __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
+      __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
+      for (int i = lane; i < D; i += 32) {
+        const float vi = p.v_in[in + i];
+        if (k_out) p.k_out[in + i] = y[i];
+        if (append) {
+          kern::store_kv(kd + i, y[i]);
+          kern::store_kv(vd + i, vi);
+        }
+        if (first_tile) {
+          sK[(j - kv_begin) * SK + i] = __float2half_rn(y[i]);
+          sV[(j - kv_begin) * SK + i] = __float2half_rn(vi);
+        }
       }
     }
     __syncwarp();  // y is rewritten by the next row

@@ -13,6 +13,7 @@
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/norm_warp.cuh"
 #include "ops/cuda/rope.cuh"
+#include "quant/blocks.h"
 
 namespace ds::cuda::kern {
 
@@ -22,8 +23,8 @@ __device__ __forceinline__ void store_kv(__half* dst, float v) { *dst = __float2
 // The element type tag of a Q8_0 KV cache: a (position, head) row of D elements is D / 32 blocks of 34
 // bytes (an fp16 scale d, then 32 int8 codes), quant/blocks.h BlockQ8_0.
 struct KvQ8 {};
-constexpr int kKvQ8Block = 32;
-constexpr int kKvQ8BlockBytes = 34;
+constexpr int kKvQ8Block = quant::kQK8_0;
+constexpr int kKvQ8BlockBytes = static_cast<int>(sizeof(quant::BlockQ8_0));
 
 // Bytes of one (position, head) row of D elements of the KV cache.
 template <typename T>

@@ -65,8 +65,9 @@ Status check_table(const char* op, const KvTable& kv) {
   if (kv.dtype != DType::F32 && kv.dtype != DType::F16 && kv.dtype != DType::Q8_0) {
     return unsupported("{}: KV dtype {} (f32, f16 or q8_0 only)", op, dtype_name(kv.dtype));
   }
-  if (kv.dtype == DType::Q8_0 && kv.head_dim % 32 != 0) {
-    return unsupported("{}: a q8_0 KV cache needs head_dim a multiple of 32, not {}", op, kv.head_dim);
+  if (kv.head_dim % dtype_block_size(kv.dtype) != 0) {
+    return unsupported("{}: a {} KV cache needs head_dim a multiple of {}, not {}", op, dtype_name(kv.dtype),
+                       dtype_block_size(kv.dtype), kv.head_dim);
   }
   if (kv.chunk_tokens <= 0 || kv.chunk_tokens > INT32_MAX || kv.n_head_kv <= 0 || kv.n_head_kv > 65535 ||
       kv.head_dim <= 0) {
