@@ -236,31 +236,51 @@ __device__ __forceinline__ void q8_codes_to_half(uint32_t q, __half2 d2, uint32_
 
 // The staged Q8_0 tile `raw` as the half tiles sK / sV the products read: element = half(code * d);
 // rows [n_rows, kBN) become zeros (P V then sees 0 * 0). A thread converts 8 elements at a time into one
-// 16-byte store (consecutive threads, consecutive stores: no bank conflicts); its codes come as 4-byte
-// words from the aligned address at or below them (a block is 2-byte aligned), realigned by byte permutes.
+// 16-byte store (consecutive threads, consecutive stores: no bank conflicts). Its pieces are one column
+// c8 of every kRowStep-th staged row, so the piece's offset in a row, and with it the alignment of its
+// codes (a block is 2-byte aligned; they come as 4-byte words from the aligned address at or below
+// them, realigned by one byte permute whose selector is fixed per thread), is the same for all of them.
+// The loads of kQ8ConvertBatch pieces are issued before the first of their conversions: a CTA of 4
+// warps has no other warp to hide a piece's shared-load latency behind.
+constexpr int kQ8ConvertBatch = 8;
 template <int D>
 __device__ __forceinline__ void tc_convert_q8(const uint8_t* raw, __half* sK, __half* sV, int n_rows) {
   using Q = Q8Tile<D>;
   constexpr int NC = D / 8, SK = D + 8;  // 8-element pieces a row
-#pragma unroll 4
-  for (int u = threadIdx.x; u < 2 * kBN * NC; u += kThreads) {
-    const int rr = u / NC, c8 = u - rr * NC;  // staged row rr: K rows [0, kBN), then V rows
-    const int row = rr < kBN ? rr : rr - kBN;
-    uint4 out = make_uint4(0, 0, 0, 0);
-    if (row < n_rows) {
-      const uint8_t* blk = raw + rr * Q::RS + (c8 / 4) * kern::kKvQ8BlockBytes;
-      const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(blk));
-      const uint8_t* codes = blk + 2 + (c8 % 4) * 8;
-      const int sh = static_cast<int>(reinterpret_cast<uintptr_t>(codes) & 3);  // 0 or 2
-      const uint32_t* w = reinterpret_cast<const uint32_t*>(codes - sh);
-      const uint32_t w0 = w[0], w1 = w[1];
-      const uint32_t w2 = sh != 0 ? w[2] : 0u;
-      const uint32_t q0 = sh != 0 ? __byte_perm(w0, w1, 0x5432) : w0;
-      const uint32_t q1 = sh != 0 ? __byte_perm(w1, w2, 0x5432) : w1;
-      q8_codes_to_half(q0, d2, out.x, out.y);
-      q8_codes_to_half(q1, d2, out.z, out.w);
+  constexpr int kRowStep = kThreads / NC;
+  constexpr int kPieces = 2 * kBN / kRowStep;  // a thread's pieces: K rows, then V rows
+  static_assert(kThreads % NC == 0 && kBN % kRowStep == 0 && kPieces % kQ8ConvertBatch == 0, "pieces tile the CTA");
+  const int c8 = static_cast<int>(threadIdx.x) % NC, r0 = static_cast<int>(threadIdx.x) / NC;
+  const int blk_off = (c8 / 4) * kern::kKvQ8BlockBytes, code_off = blk_off + 2 + (c8 % 4) * 8;
+  const uint8_t* first = raw + r0 * Q::RS;
+  const int sh = static_cast<int>(reinterpret_cast<uintptr_t>(first + code_off) & 3);  // 0 or 2, every row
+  const uint32_t sel = sh != 0 ? 0x5432u : 0x3210u;  // 0x3210: the first word as it is
+  const int word_off = code_off - sh;
+#pragma unroll
+  for (int b = 0; b < kPieces; b += kQ8ConvertBatch) {
+    uint32_t w[kQ8ConvertBatch][3];
+    __half d[kQ8ConvertBatch];
+#pragma unroll
+    for (int k = 0; k < kQ8ConvertBatch; ++k) {
+      const uint8_t* row = first + (b + k) * kRowStep * Q::RS;
+      d[k] = *reinterpret_cast<const __half*>(row + blk_off);
+      const uint32_t* wp = reinterpret_cast<const uint32_t*>(row + word_off);
+      w[k][0] = wp[0];
+      w[k][1] = wp[1];
+      w[k][2] = wp[2];  // past a row's last block: the next row's or the ring's padding, unused
     }
-    *reinterpret_cast<uint4*>((rr < kBN ? sK : sV) + row * SK + c8 * 8) = out;
+#pragma unroll
+    for (int k = 0; k < kQ8ConvertBatch; ++k) {
+      const int rr = r0 + (b + k) * kRowStep;  // staged row: K rows [0, kBN), then V rows
+      const bool is_k = (b + k) * kRowStep < kBN;  // known at compile time (r0 < kRowStep)
+      const int row = is_k ? rr : rr - kBN;
+      const __half2 d2 = __half2half2(d[k]);
+      uint4 out;
+      q8_codes_to_half(__byte_perm(w[k][0], w[k][1], sel), d2, out.x, out.y);
+      q8_codes_to_half(__byte_perm(w[k][1], w[k][2], sel), d2, out.z, out.w);
+      if (row >= n_rows) out = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>((is_k ? sK : sV) + row * SK + c8 * 8) = out;
+    }
   }
 }
 
