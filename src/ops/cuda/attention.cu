@@ -91,17 +91,20 @@ struct Q8Tile {
   static_assert(RB % 4 == 0, "cp.async pieces of at least 4 bytes");
 };
 
-// Shared memory of attn_tc_kernel<D, RW, KV>: Q [BM][D + 8] half, then
+// Shared memory of attn_tc_kernel<D, RW, KV> (and of attn_decode_kernel<D, KV>, RW = 1): Q [BM][D + 8]
+// half, then
 //  - F16: K and V [2 stages][kBN][D + 8] half;
-//  - Q8_0: K and V [kBN][D + 8] half (the converted tile), then the ring of Q8Tile<D> (and 16 bytes, as
-//    the conversion reads whole words past a row's last block);
-// the half K/V area is reused at the end for the per-warp partials.
+//  - Q8_0, RW > 1: K and V [kBN][D + 8] half (the converted tile), then the ring of Q8Tile<D> (and 16
+//    bytes, as the conversion reads whole words past a row's last block);
+//  - Q8_0, RW = 1 (on fragments): the ring alone (and the same 16 bytes);
+// the half K/V area (on fragments the ring) is reused at the end for the per-warp partials.
 template <typename KV>
 constexpr size_t tc_smem_bytes(int D, int RW) {
   const int BM = 16 * RW, KW = kWarps / RW, SK = D + 8;
   const size_t q = static_cast<size_t>(BM) * SK * 2;
   const size_t part = (static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4;
   if constexpr (std::is_same_v<KV, kern::KvQ8>) {
+    if (RW == 1) return q + static_cast<size_t>(kQ8Stages) * q8_stage_bytes(D) + 16;
     const size_t kv = static_cast<size_t>(2) * kBN * SK * 2;
     const size_t raw = static_cast<size_t>(kQ8Stages) * q8_stage_bytes(D);
     return q + (kv > part ? kv : part) + raw + 16;
@@ -461,11 +464,236 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
   write_rows(p, sO, sM, sL, KW, BM, D + kOPad, row0, row_end, g, s);
 }
 
+// ---- Q8_0 decode on fragments (RW = 1): no half tile ----
+// Each warp converts the codes of its own 16 positions straight into the mma's B fragments, so the CTA
+// needs no half K / V tile (its shared memory is Q and the ring, about 110 KB at head_dim 256: two CTAs
+// an SM) and a tile costs one CTA barrier instead of three. Both products run on a permutation of their
+// 16-element k or 8-column n groups that makes a lane's codes one word of a row:
+//  - Q K^T: the k index 2t, 2t + 1, 2t + 8, 2t + 9 of a k16 step (lane t = lane % 4) is head dim 4t .. 4t + 3
+//    of its 16, so Q is staged with its columns permuted (frag_q_col) and a lane's B fragment is one
+//    word of codes of its position;
+//  - P V: the output column n = lane / 4 of n-tile 4 b + j is head dim 32 b + 4 n + j, so a lane's B
+//    fragments of four n-tiles come from one word of each of its four positions, and the partials are
+//    stored back by frag_o_col.
+// The elements are half(code * d) as tc_convert_q8 makes them; only the products' summation order differs.
+__device__ __forceinline__ int frag_q_col(int d) {
+  const int p = d & 15, t = p >> 2, j = p & 3;
+  return (d & ~15) + 2 * t + (j & 1) + 8 * (j >> 1);
+}
+__device__ __forceinline__ int frag_o_col(int i, int n) { return 32 * (i >> 2) + 4 * n + (i & 3); }
+
+// 4 codes at byte `off` of a staged row (a 4-byte aligned address when `kAligned`, else 2 bytes past one).
+template <bool kAligned>
+__device__ __forceinline__ uint32_t frag_word(const uint8_t* at) {
+  if constexpr (kAligned) {
+    return *reinterpret_cast<const uint32_t*>(at);
+  } else {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(at - 2);
+    return __byte_perm(w[0], w[1], 0x5432);
+  }
+}
+
+// Two positions' words of codes a (scale da) and b (db) as the four half2 {a_j * da, b_j * db}, j = 0..3,
+// each rounded once, as q8_codes_to_half.
+__device__ __forceinline__ void q8_pair_to_half(uint32_t a, uint32_t b, __half2 dab, uint32_t (&out)[4]) {
+  const uint32_t ua = a ^ 0x80808080u, ub = b ^ 0x80808080u;
+  const uint32_t x01 = __byte_perm(ua, ub, 0x5140), x23 = __byte_perm(ua, ub, 0x7362);
+  const __half2 bias = __half2half2(__ushort_as_half(static_cast<unsigned short>(0x6480u)));  // 1152
+  uint32_t h[4] = {__byte_perm(x01, 0x64646464u, 0x4140), __byte_perm(x01, 0x64646464u, 0x4342),
+                   __byte_perm(x23, 0x64646464u, 0x4140), __byte_perm(x23, 0x64646464u, 0x4342)};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __half2 v = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&h[j]), bias), dab);
+    out[j] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// tc_attend for RW = 1 over a Q8_0 cache, on fragments: sQ holds the rows with frag_q_col's columns, raw
+// the ring (the first tile's group issued by the caller when kTile0Issued).
+template <int D, bool kTile0Issued>
+__device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half* sQ, uint8_t* raw, const CtaWork& w) {
+  using Q = Q8Tile<D>;
+  constexpr int KW = kWarps, BM = 16, PW = kBN / KW, NT = PW / 8, DT = D / 8, SK = D + 8;
+  constexpr int BB = kern::kKvQ8BlockBytes;
+  static_assert(PW == 16 && NT == 2 && Q::RS % 4 == 0, "a warp's 16 positions are one k16 step of P V");
+  const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
+            kv_end = w.kv_end;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp, t = lane & 3, c = lane >> 2;
+  const int ra = lane / 4;
+  const int lim_a = pos0 + min(row0 + ra, p.R - 1) / p.G;
+  const int lim_b = pos0 + min(row0 + ra + 8, p.R - 1) / p.G;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+  float O[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
+  const uint32_t q_addr = smem_addr(sQ + (lane & 15) * SK + (lane >> 4) * 8);
+
+  const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
+  if constexpr (!kTile0Issued) {
+    tc_load_tile_q8<D>(p, raw, kv_begin, g, kv_end);
+    cp_async_commit();
+  }
+  if (n_tiles > 1) tc_load_tile_q8<D>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
+  cp_async_commit();
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+    __syncthreads();     // ... for every thread, and every warp is done with the stage refilled next
+    if (tile + 2 < n_tiles) {
+      tc_load_tile_q8<D>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN, g, kv_end);
+    }
+    cp_async_commit();
+    const uint8_t* kst = raw + tile % Q::kStages * Q::kStageBytes;
+    const int n_rows = min(kBN, kv_end - kv_begin - tile * kBN);  // rows past it: stale bytes, zeroed here
+
+    // S = Q K^T over the warp's positions kw * 16 + nt * 8 + c (as this lane's B column).
+    float S[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) S[i][0] = S[i][1] = S[i][2] = S[i][3] = 0.0f;
+    const uint8_t* krow[NT];
+    bool kvalid[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int r = kw * PW + nt * 8 + c;
+      krow[nt] = kst + r * Q::RS;
+      kvalid[nt] = r < n_rows;
+    }
+#pragma unroll
+    for (int b = 0; b < D / 32; ++b) {
+      __half2 d2[NT];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const __half d = *reinterpret_cast<const __half*>(krow[nt] + b * BB);
+        d2[nt] = __half2half2(kvalid[nt] ? d : __ushort_as_half(0));
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4];
+        ldsm_x4(a, q_addr + (2 * b + h) * 32);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint8_t* at = krow[nt] + b * BB + 2 + 16 * h + 4 * t;
+          const uint32_t word = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+          uint32_t b0, b1;
+          q8_codes_to_half(word, d2[nt], b0, b1);
+          kern::mma_16816_f16_pure(S[nt], a, b0, b1);
+        }
+      }
+    }
+
+    // Scale into the log2 domain, mask the causal future, online softmax per row (as tc_attend).
+    const int jb = kv_begin + tile * kBN + kw * PW + t * 2;
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = jb + nt * 8 + e;
+        S[nt][e] = j <= lim_a ? S[nt][e] * p.scale_log2 : -INFINITY;
+        S[nt][2 + e] = j <= lim_b ? S[nt][2 + e] * p.scale_log2 : -INFINITY;
+        mx_a = fmaxf(mx_a, S[nt][e]);
+        mx_b = fmaxf(mx_b, S[nt][2 + e]);
+      }
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, o));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, o));
+    }
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a;
+    const float mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
+    const float corr_a = exp2f(m_a - mu_a), corr_b = exp2f(m_b - mu_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      S[nt][0] = exp2f(S[nt][0] - mu_a);
+      S[nt][1] = exp2f(S[nt][1] - mu_a);
+      S[nt][2] = exp2f(S[nt][2] - mu_b);
+      S[nt][3] = exp2f(S[nt][3] - mu_b);
+      sum_a += S[nt][0] + S[nt][1];
+      sum_b += S[nt][2] + S[nt][3];
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      O[i][0] *= corr_a;
+      O[i][1] *= corr_a;
+      O[i][2] *= corr_b;
+      O[i][3] *= corr_b;
+    }
+
+    // O += P V: this lane's B rows are the positions kw * 16 + 2t + {0, 1} (b0) and + {8, 9} (b1).
+    const uint32_t a[4] = {pack_half2(S[0][0], S[0][1]), pack_half2(S[0][2], S[0][3]), pack_half2(S[1][0], S[1][1]),
+                           pack_half2(S[1][2], S[1][3])};
+    const uint8_t* vrow[4];
+    bool vvalid[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int r = kw * PW + 2 * t + (k & 1) + 8 * (k >> 1);
+      vrow[k] = kst + (kBN + r) * Q::RS;
+      vvalid[k] = r < n_rows;
+    }
+#pragma unroll
+    for (int b = 0; b < D / 32; ++b) {
+      uint32_t wv[4];
+      __half dv[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t* at = vrow[k] + b * BB + 2 + 4 * c;
+        wv[k] = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+        const __half d = *reinterpret_cast<const __half*>(vrow[k] + b * BB);
+        dv[k] = vvalid[k] ? d : __ushort_as_half(0);
+      }
+      uint32_t b0[4], b1[4];
+      q8_pair_to_half(wv[0], wv[1], __halves2half2(dv[0], dv[1]), b0);
+      q8_pair_to_half(wv[2], wv[3], __halves2half2(dv[2], dv[3]), b1);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) kern::mma_16816_f16_pure(O[4 * b + j], a, b0[j], b1[j]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring before the partials go over it
+
+  float* sO = reinterpret_cast<float*>(raw);
+  float* sM = sO + KW * BM * (D + kOPad);
+  float* sL = sM + KW * BM;
+  static_assert((static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4 <=
+                    static_cast<size_t>(kQ8Stages) * q8_stage_bytes(D),
+                "the partials fit in the ring");
+  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 1);
+  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 2);
+  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 1);
+  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 2);
+  float* oa = sO + (kw * BM + ra) * (D + kOPad);
+  float* ob = oa + 8 * (D + kOPad);
+#pragma unroll
+  for (int i = 0; i < DT; ++i) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = frag_o_col(i, 2 * t + e);
+      oa[col] = O[i][e];
+      ob[col] = O[i][2 + e];
+    }
+  }
+  if (t == 0) {
+    sM[kw * BM + ra] = m_a;
+    sL[kw * BM + ra] = l_a;
+    sM[kw * BM + ra + 8] = m_b;
+    sL[kw * BM + ra + 8] = l_b;
+  }
+  __syncthreads();
+  write_rows(p, sO, sM, sL, KW, BM, D + kOPad, row0, row_end, g, s);
+}
+
 template <int D, int RW, typename KV>
 __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
   kern::dependency_sync();
+  constexpr bool kFrag = RW == 1 && std::is_same_v<KV, kern::KvQ8>;  // Q8_0 decode: on fragments
   constexpr int BM = 16 * RW, SK = D + 8;
-  constexpr int kStages = std::is_same_v<KV, kern::KvQ8> ? 1 : 2;  // half tiles (see tc_smem_bytes)
+  constexpr int kStages = kFrag ? 0 : std::is_same_v<KV, kern::KvQ8> ? 1 : 2;  // half tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + BM * SK;              // [kStages][kBN][SK]
@@ -481,9 +709,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
     const int rho = w.row0 + r;
     float v = 0.0f;
     if (rho < p.R) v = p.q[out_row(p, rho, w.g) * D + d];
-    sQ[r * SK + d] = __float2half_rn(v);
+    sQ[r * SK + (kFrag ? frag_q_col(d) : d)] = __float2half_rn(v);
   }
-  tc_attend<D, RW, KV>(p, sQ, sK, sV, raw, w);
+  if constexpr (kFrag) {
+    tc_attend_q8frag<D, false>(p, sQ, raw, w);  // its first barrier also covers sQ
+  } else {
+    tc_attend<D, RW, KV>(p, sQ, sK, sV, raw, w);
+  }
 }
 
 // ---- split combine ----
@@ -603,14 +835,13 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
       if (k_out) {
         for (int i = lane; i < D; i += 32) p.k_out[in + i] = y[i];
       }
-      if (append) {
-        kern::store_kv_row<kern::KvQ8>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off + off, y, D, lane);
-        kern::store_kv_row<kern::KvQ8>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off + off, p.v_in + in, D, lane);
-      }
-      if (first_tile) {
-        kern::store_kv_row<kern::KvQ8>(raw + (j - kv_begin) * Q::RS, y, D, lane);
-        kern::store_kv_row<kern::KvQ8>(raw + (kBN + j - kv_begin) * Q::RS, p.v_in + in, D, lane);
-      }
+      // Each row quantized once, into the cache and / or the first tile's stage.
+      uint8_t* kc = append ? const_cast<uint8_t*>(p.k_base[c]) + p.k_off + off : nullptr;
+      uint8_t* vc = append ? const_cast<uint8_t*>(p.v_base[c]) + p.v_off + off : nullptr;
+      uint8_t* ks = first_tile ? raw + (j - kv_begin) * Q::RS : nullptr;
+      uint8_t* vs = first_tile ? raw + (kBN + j - kv_begin) * Q::RS : nullptr;
+      kern::store_kv_row_q8(kc != nullptr ? kc : ks, kc != nullptr ? ks : nullptr, y, D, lane);
+      kern::store_kv_row_q8(vc != nullptr ? vc : vs, vc != nullptr ? vs : nullptr, p.v_in + in, D, lane);
     } else {
       const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
       __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
@@ -639,7 +870,7 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
     kern::prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t, p.n_rot,
                         p.log2_base, y, lane, cs + t * half);
     for (int d = lane; d < D; d += 32) {
-      sQ[(rho - w.row0) * SK + d] = __float2half_rn(y[d]);
+      sQ[(rho - w.row0) * SK + (std::is_same_v<KV, kern::KvQ8> ? frag_q_col(d) : d)] = __float2half_rn(y[d]);
       if (q_out) p.q_out[(static_cast<int64_t>(t) * p.H + h) * D + d] = y[d];
     }
     __syncwarp();
@@ -654,7 +885,7 @@ template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
   constexpr int SK = D + 8;
   constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
-  constexpr int kStages = kQ8 ? 1 : 2;  // half tiles (see tc_smem_bytes)
+  constexpr int kStages = kQ8 ? 0 : 2;  // F16 tiles (see tc_smem_bytes); Q8_0 runs on fragments
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + kFuseRows * SK;     // [kStages][kBN][SK]
@@ -662,10 +893,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   auto* raw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * SK);  // Q8_0: the ring of Q8Tile<D>
   // Before the dependency wait (the position is written by a copy ahead of the step's kernels, the KV
   // rows before it by earlier steps): the new positions' rotation angles (until the prep is done, in the
-  // second V stage, or with Q8_0 in the half V tile, which the first conversion fills) and the copies of
-  // the first tile's old positions. The prep's staging rows: the second K stage (Q8_0: the half K tile).
-  double2* cs = reinterpret_cast<double2*>(kQ8 ? sV : sV + kBN * SK);
-  float* y_all = reinterpret_cast<float*>(kQ8 ? sK : sK + kBN * SK);
+  // second V stage, or with Q8_0 in the ring's second stage, which the attention fills after the prep)
+  // and the copies of the first tile's old positions. The prep's staging rows: the second K stage (Q8_0:
+  // the ring's third stage).
+  static_assert(!kQ8 || (kFuseRows * D / 2 * sizeof(double2) <= static_cast<size_t>(q8_stage_bytes(D)) &&
+                         kWarps * D * sizeof(float) <= static_cast<size_t>(q8_stage_bytes(D))),
+                "the prep's staging fits a stage");
+  double2* cs = reinterpret_cast<double2*>(kQ8 ? raw + q8_stage_bytes(D) : reinterpret_cast<uint8_t*>(sV + kBN * SK));
+  float* y_all = reinterpret_cast<float*>(kQ8 ? raw + 2 * q8_stage_bytes(D) : reinterpret_cast<uint8_t*>(sK + kBN * SK));
   const CtaWork w = cta_range(p, gridDim.y > 1 ? 1 : kFuseRows);  // rows: one per CTA; row blocks: [0, R)
   if (w.live) {
     const int half = p.n_rot / 2;
@@ -688,7 +923,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   }
   decode_prep<D, KV>(p, sQ, sK, sV, raw, y_all, cs, w);
   kern::timeline_mark(0);  // q / k normalized and rotated, k / v appended
-  tc_attend<D, 1, KV, true>(p, sQ, sK, sV, raw, w);
+  if constexpr (kQ8) {
+    tc_attend_q8frag<D, true>(p, sQ, raw, w);
+  } else {
+    tc_attend<D, 1, KV, true>(p, sQ, sK, sV, raw, w);
+  }
   kern::timeline_mark(1);  // attended, gated, stored
 }
 
@@ -841,14 +1080,15 @@ KernelPick pick_kernel(AttnPath path, DType dtype, int D, int rows_per_cta) {
 
 // Sets the dynamic shared memory limit of fn once per device and returns how many CTAs of it fit on
 // the whole device.
-cudaError_t configure(const KernelPick& k, int device, int* device_slots) {
+cudaError_t configure(const KernelPick& k, int device, int* device_slots, int* per_sm_out = nullptr) {
   static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> slots;  // guarded by mu
+  static std::map<std::pair<const void*, int>, std::pair<int, int>> slots;  // guarded by mu
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(k.fn, device);
   const auto it = slots.find(key);
   if (it != slots.end()) {
-    *device_slots = it->second;
+    *device_slots = it->second.first;
+    if (per_sm_out != nullptr) *per_sm_out = it->second.second;
     return cudaSuccess;
   }
   cudaError_t e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem));
@@ -859,8 +1099,9 @@ cudaError_t configure(const KernelPick& k, int device, int* device_slots) {
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, kThreads, k.smem);
   if (e != cudaSuccess) return e;
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
-  slots[key] = sms * per_sm;
+  slots[key] = {sms * per_sm, per_sm};
   *device_slots = sms * per_sm;
+  if (per_sm_out != nullptr) *per_sm_out = per_sm;
   return cudaSuccess;
 }
 
@@ -905,6 +1146,20 @@ KParams make_params(const AttnPagedArgs& a, const AttnPlan& plan) {
     p.q8_ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(a.q8) + kern::q8_ds_offset(K, a.n_tokens));
   }
   return p;
+}
+
+// The CTAs a plan fills: all that fit (`slots`, per_sm an SM), but for a Q8_0 cache one an SM where the
+// splits of `base` (KV heads x row blocks) would hold fewer than kQ8MinSplitTiles tiles of the bound each
+// at full occupancy: the second CTA an SM of the fragment kernels (about 110 KB of shared memory at
+// head_dim 256) pays at 32K positions, and below that the splits' fixed work (prep, partials, the
+// combine's reads) costs more than it gives.
+constexpr int kQ8MinSplitTiles = 4;
+int split_slots(const AttnPagedArgs& a, int slots, int per_sm, int64_t base) {
+  const int64_t tiles = (std::max<int64_t>(a.max_kv, 1) + kBN - 1) / kBN;
+  if (a.kv.dtype == DType::Q8_0 && per_sm > 1 && tiles * base < static_cast<int64_t>(kQ8MinSplitTiles) * slots) {
+    return slots / per_sm;
+  }
+  return slots;
 }
 
 // The split count and scratch of a plan whose kernel fits `slots` CTAs on the device.
@@ -965,9 +1220,10 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
       a.kv.chunk_tokens <= 0 || a.kv.k_offset % 16 != 0 || a.kv.v_offset % 16 != 0) {
     return cudaErrorNotSupported;
   }
-  int slots = 0;
-  const cudaError_t e = configure(pick_decode_kernel(a.kv.dtype, a.kv.head_dim), device, &slots);
+  int slots = 0, per_sm = 1;
+  const cudaError_t e = configure(pick_decode_kernel(a.kv.dtype, a.kv.head_dim), device, &slots, &per_sm);
   if (e != cudaSuccess) return e;
+  slots = split_slots(a, slots, per_sm, a.kv.n_head_kv);
   const int R = a.n_tokens * (a.n_head / a.kv.n_head_kv);
   if (a.n_tokens == 1 && R > 1 && a.max_kv <= kAttnDecodeRowMaxKv) {  // one CTA per query row, one split
     fill_plan(a, AttnPath::kTensorCore, 1, R, slots, plan);
@@ -1042,10 +1298,11 @@ const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
   const int rows = path == AttnPath::kTensorCore ? tc_rows : simt_rows(simt_lanes(D));
   const KernelPick k = path == AttnPath::kTensorCore ? tc_pick : pick_kernel(path, a.kv.dtype, D, rows);
   if (k.fn == nullptr) return cudaErrorInvalidValue;
-  int slots = 0;
-  const cudaError_t e = configure(k, device, &slots);
+  int slots = 0, per_sm = 1;
+  const cudaError_t e = configure(k, device, &slots, &per_sm);
   if (e != cudaSuccess) return e;
   const int64_t n_row_blocks = (R + rows - 1) / rows;
+  slots = split_slots(a, slots, per_sm, n_row_blocks * Hkv);
   if (n_row_blocks > 65535) return cudaErrorInvalidValue;  // grid y: callers prefill in pieces
   fill_plan(a, path, rows, n_row_blocks, slots, plan);
   return cudaSuccess;

@@ -49,19 +49,39 @@ __device__ __forceinline__ void quantize_kv_q8_block(float x, int8_t& code, __ha
   d_out = __float2half_rn(d);
 }
 
+// One full warp quantizes the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into
+// Q8_0 blocks and stores them at dst and, where not null, at dst2. The elements of up to 8 blocks are
+// loaded before the first block's reduction: y is often another kernel's output, an L2 round trip each
+// (and a store to dst may alias y for all the compiler knows, so it would not move a later load ahead).
+__device__ __forceinline__ void store_kv_row_q8(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
+  constexpr int kBatch = 8;
+  const int nb = D / kKvQ8Block;
+  for (int b0 = 0; b0 < nb; b0 += kBatch) {
+    float x[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) x[k] = y[min(b0 + k, nb - 1) * kKvQ8Block + lane];  // past the row: unused
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (b0 + k >= nb) break;
+      int8_t code;
+      __half d;
+      quantize_kv_q8_block(x[k], code, d);
+      for (uint8_t* out : {dst, dst2}) {
+        if (out == nullptr) continue;
+        uint8_t* blk = out + (b0 + k) * kKvQ8BlockBytes;
+        blk[2 + lane] = static_cast<uint8_t>(code);
+        if (lane == 0) *reinterpret_cast<__half*>(blk) = d;
+      }
+    }
+  }
+}
+
 // One full warp stores the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into a KV
 // row at dst: converted element by element (F32, F16) or as Q8_0 blocks.
 template <typename T>
 __device__ __forceinline__ void store_kv_row(uint8_t* dst, const float* y, int D, int lane) {
   if constexpr (std::is_same_v<T, KvQ8>) {
-    for (int b = 0; b < D / kKvQ8Block; ++b) {
-      int8_t code;
-      __half d;
-      quantize_kv_q8_block(y[b * kKvQ8Block + lane], code, d);
-      uint8_t* blk = dst + b * kKvQ8BlockBytes;
-      blk[2 + lane] = static_cast<uint8_t>(code);
-      if (lane == 0) *reinterpret_cast<__half*>(blk) = d;
-    }
+    store_kv_row_q8(dst, nullptr, y, D, lane);
   } else {
     for (int i = lane; i < D; i += 32) store_kv(reinterpret_cast<T*>(dst) + i, y[i]);
   }
