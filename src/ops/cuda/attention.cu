@@ -287,6 +287,90 @@ __device__ __forceinline__ void tc_convert_q8(const uint8_t* raw, __half* sK, __
   }
 }
 
+// One tile's scores S (NT n-tiles of a warp's mma layout: this lane's positions jb + 8 nt + {0, 1}, rows a
+// and b = a + 8) into the log2 domain, the causal future masked (positions past lim_a / lim_b), then the
+// online softmax: the running maxima m and per-lane partial sums l updated, the accumulators O rescaled,
+// S replaced by the probabilities.
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_tile(float (&S)[NT][4], float (&O)[DT][4], int jb, int lim_a, int lim_b,
+                                                    float scale_log2, float& m_a, float& m_b, float& l_a, float& l_b) {
+  float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int j = jb + nt * 8 + e;
+      S[nt][e] = j <= lim_a ? S[nt][e] * scale_log2 : -INFINITY;
+      S[nt][2 + e] = j <= lim_b ? S[nt][2 + e] * scale_log2 : -INFINITY;
+      mx_a = fmaxf(mx_a, S[nt][e]);
+      mx_b = fmaxf(mx_b, S[nt][2 + e]);
+    }
+  }
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {  // the 4 lanes of a quad share a row
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, o));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, o));
+  }
+  const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+  const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a;  // a row with nothing visible yet stays at zero
+  const float mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
+  const float corr_a = exp2f(m_a - mu_a), corr_b = exp2f(m_b - mu_b);
+  m_a = mn_a;
+  m_b = mn_b;
+  float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    S[nt][0] = exp2f(S[nt][0] - mu_a);
+    S[nt][1] = exp2f(S[nt][1] - mu_a);
+    S[nt][2] = exp2f(S[nt][2] - mu_b);
+    S[nt][3] = exp2f(S[nt][3] - mu_b);
+    sum_a += S[nt][0] + S[nt][1];
+    sum_b += S[nt][2] + S[nt][3];
+  }
+  l_a = l_a * corr_a + sum_a;  // per-lane partial sums; the quad is reduced at the end
+  l_b = l_b * corr_b + sum_b;
+#pragma unroll
+  for (int i = 0; i < DT; ++i) {
+    O[i][0] *= corr_a;
+    O[i][1] *= corr_a;
+    O[i][2] *= corr_b;
+    O[i][3] *= corr_b;
+  }
+}
+
+// The end of a tensor-core attention: the warps' partials (O, the quad's l reduced here, m) staged at sO
+// ([KW][BM][D + kOPad] floats, then m and l), merged and written by write_rows. col(i, n): the head dim
+// of column n of output n-tile i.
+template <int D, int KW, int BM, typename Col>
+__device__ __forceinline__ void stage_and_write(const KParams& p, const float (&O)[D / 8][4], float m_a, float m_b,
+                                                float l_a, float l_b, float* sO, int kw, int ra, int lane,
+                                                const CtaWork& w, Col col) {
+  float* sM = sO + KW * BM * (D + kOPad);
+  float* sL = sM + KW * BM;
+  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 1);
+  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 2);
+  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 1);
+  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 2);
+  float* oa = sO + (kw * BM + ra) * (D + kOPad);
+  float* ob = oa + 8 * (D + kOPad);
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    const int c0 = col(i, (lane & 3) * 2), c1 = col(i, (lane & 3) * 2 + 1);
+    oa[c0] = O[i][0];
+    oa[c1] = O[i][1];
+    ob[c0] = O[i][2];
+    ob[c1] = O[i][3];
+  }
+  if ((lane & 3) == 0) {
+    sM[kw * BM + ra] = m_a;
+    sL[kw * BM + ra] = l_a;
+    sM[kw * BM + ra + 8] = m_b;
+    sL[kw * BM + ra + 8] = l_b;
+  }
+  __syncthreads();
+  write_rows(p, sO, sM, sL, KW, BM, D + kOPad, w.row0, w.row_end, w.g, w.s);
+}
+
 // The tensor-core attention of packed rows [row0, row_end) of KV head g over the positions [kv_begin,
 // kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
 // or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
@@ -296,8 +380,7 @@ template <int D, int RW, typename KV, bool kTile0Issued = false>
 __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV, uint8_t* raw,
                                           const CtaWork& w) {
   constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
-  const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
-            kv_end = w.kv_end;
+  const int g = w.g, pos0 = w.pos0, row0 = w.row0, kv_begin = w.kv_begin, kv_end = w.kv_end;
   constexpr int KW = kWarps / RW;  // warps sharing the same rows, splitting each tile's positions
   constexpr int BM = 16 * RW;      // rows per CTA
   constexpr int PW = kBN / KW;     // positions per warp per tile
@@ -374,50 +457,8 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
       }
     }
 
-    // Scale into the log2 domain, mask the causal future, online softmax per row.
-    const int jb = kv_begin + tile * kBN + kw * PW + (lane & 3) * 2;
-    float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = jb + nt * 8 + e;
-        S[nt][e] = j <= lim_a ? S[nt][e] * p.scale_log2 : -INFINITY;
-        S[nt][2 + e] = j <= lim_b ? S[nt][2 + e] * p.scale_log2 : -INFINITY;
-        mx_a = fmaxf(mx_a, S[nt][e]);
-        mx_b = fmaxf(mx_b, S[nt][2 + e]);
-      }
-    }
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {  // the 4 lanes of a quad share a row
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, o));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, o));
-    }
-    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-    const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a;  // a row with nothing visible yet stays at zero
-    const float mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
-    const float corr_a = exp2f(m_a - mu_a), corr_b = exp2f(m_b - mu_b);
-    m_a = mn_a;
-    m_b = mn_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      S[nt][0] = exp2f(S[nt][0] - mu_a);
-      S[nt][1] = exp2f(S[nt][1] - mu_a);
-      S[nt][2] = exp2f(S[nt][2] - mu_b);
-      S[nt][3] = exp2f(S[nt][3] - mu_b);
-      sum_a += S[nt][0] + S[nt][1];
-      sum_b += S[nt][2] + S[nt][3];
-    }
-    l_a = l_a * corr_a + sum_a;  // per-lane partial sums; the quad is reduced at the end
-    l_b = l_b * corr_b + sum_b;
-#pragma unroll
-    for (int i = 0; i < DT; ++i) {
-      O[i][0] *= corr_a;
-      O[i][1] *= corr_a;
-      O[i][2] *= corr_b;
-      O[i][3] *= corr_b;
-    }
+    online_softmax_tile(S, O, kv_begin + tile * kBN + kw * PW + (lane & 3) * 2, lim_a, lim_b, p.scale_log2, m_a, m_b, l_a,
+                        l_b);
     // O += P V: the score accumulators of two n-tiles are the A fragment of one k-step.
 #pragma unroll
     for (int kk = 0; kk < PW / 16; ++kk) {
@@ -437,31 +478,8 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
   cp_async_wait<0>();
 
   // Stage the per-warp partials over the (now free) K/V area and merge them.
-  float* sO = reinterpret_cast<float*>(sK);
-  float* sM = sO + KW * BM * (D + kOPad);
-  float* sL = sM + KW * BM;
-  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 1);
-  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 2);
-  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 1);
-  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 2);
-  float* oa = sO + (kw * BM + ra) * (D + kOPad);
-  float* ob = oa + 8 * (D + kOPad);
-#pragma unroll
-  for (int i = 0; i < DT; ++i) {
-    const int col = i * 8 + (lane & 3) * 2;
-    oa[col] = O[i][0];
-    oa[col + 1] = O[i][1];
-    ob[col] = O[i][2];
-    ob[col + 1] = O[i][3];
-  }
-  if ((lane & 3) == 0) {
-    sM[kw * BM + ra] = m_a;
-    sL[kw * BM + ra] = l_a;
-    sM[kw * BM + ra + 8] = m_b;
-    sL[kw * BM + ra + 8] = l_b;
-  }
-  __syncthreads();
-  write_rows(p, sO, sM, sL, KW, BM, D + kOPad, row0, row_end, g, s);
+  stage_and_write<D, KW, BM>(p, O, m_a, m_b, l_a, l_b, reinterpret_cast<float*>(sK), kw, ra, lane, w,
+                             [](int i, int n) { return i * 8 + n; });
 }
 
 // ---- Q8_0 decode on fragments (RW = 1): no half tile ----
@@ -516,8 +534,7 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
   constexpr int KW = kWarps, BM = 16, PW = kBN / KW, NT = PW / 8, DT = D / 8, SK = D + 8;
   constexpr int BB = kern::kKvQ8BlockBytes;
   static_assert(PW == 16 && NT == 2 && Q::RS % 4 == 0, "a warp's 16 positions are one k16 step of P V");
-  const int g = w.g, s = w.s, pos0 = w.pos0, row0 = w.row0, row_end = w.row_end, kv_begin = w.kv_begin,
-            kv_end = w.kv_end;
+  const int g = w.g, pos0 = w.pos0, row0 = w.row0, kv_begin = w.kv_begin, kv_end = w.kv_end;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp, t = lane & 3, c = lane >> 2;
   const int ra = lane / 4;
   const int lim_a = pos0 + min(row0 + ra, p.R - 1) / p.G;
@@ -580,50 +597,7 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
       }
     }
 
-    // Scale into the log2 domain, mask the causal future, online softmax per row (as tc_attend).
-    const int jb = kv_begin + tile * kBN + kw * PW + t * 2;
-    float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = jb + nt * 8 + e;
-        S[nt][e] = j <= lim_a ? S[nt][e] * p.scale_log2 : -INFINITY;
-        S[nt][2 + e] = j <= lim_b ? S[nt][2 + e] * p.scale_log2 : -INFINITY;
-        mx_a = fmaxf(mx_a, S[nt][e]);
-        mx_b = fmaxf(mx_b, S[nt][2 + e]);
-      }
-    }
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, o));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, o));
-    }
-    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-    const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a;
-    const float mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
-    const float corr_a = exp2f(m_a - mu_a), corr_b = exp2f(m_b - mu_b);
-    m_a = mn_a;
-    m_b = mn_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      S[nt][0] = exp2f(S[nt][0] - mu_a);
-      S[nt][1] = exp2f(S[nt][1] - mu_a);
-      S[nt][2] = exp2f(S[nt][2] - mu_b);
-      S[nt][3] = exp2f(S[nt][3] - mu_b);
-      sum_a += S[nt][0] + S[nt][1];
-      sum_b += S[nt][2] + S[nt][3];
-    }
-    l_a = l_a * corr_a + sum_a;
-    l_b = l_b * corr_b + sum_b;
-#pragma unroll
-    for (int i = 0; i < DT; ++i) {
-      O[i][0] *= corr_a;
-      O[i][1] *= corr_a;
-      O[i][2] *= corr_b;
-      O[i][3] *= corr_b;
-    }
+    online_softmax_tile(S, O, kv_begin + tile * kBN + kw * PW + t * 2, lim_a, lim_b, p.scale_log2, m_a, m_b, l_a, l_b);
 
     // O += P V: this lane's B rows are the positions kw * 16 + 2t + {0, 1} (b0) and + {8, 9} (b1).
     const uint32_t a[4] = {pack_half2(S[0][0], S[0][1]), pack_half2(S[0][2], S[0][3]), pack_half2(S[1][0], S[1][1]),
@@ -657,35 +631,11 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the ring before the partials go over it
 
-  float* sO = reinterpret_cast<float*>(raw);
-  float* sM = sO + KW * BM * (D + kOPad);
-  float* sL = sM + KW * BM;
   static_assert((static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4 <=
                     static_cast<size_t>(kQ8Stages) * q8_stage_bytes(D),
                 "the partials fit in the ring");
-  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 1);
-  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 2);
-  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 1);
-  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 2);
-  float* oa = sO + (kw * BM + ra) * (D + kOPad);
-  float* ob = oa + 8 * (D + kOPad);
-#pragma unroll
-  for (int i = 0; i < DT; ++i) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = frag_o_col(i, 2 * t + e);
-      oa[col] = O[i][e];
-      ob[col] = O[i][2 + e];
-    }
-  }
-  if (t == 0) {
-    sM[kw * BM + ra] = m_a;
-    sL[kw * BM + ra] = l_a;
-    sM[kw * BM + ra + 8] = m_b;
-    sL[kw * BM + ra + 8] = l_b;
-  }
-  __syncthreads();
-  write_rows(p, sO, sM, sL, KW, BM, D + kOPad, row0, row_end, g, s);
+  stage_and_write<D, KW, BM>(p, O, m_a, m_b, l_a, l_b, reinterpret_cast<float*>(raw), kw, ra, lane, w,
+                             [](int i, int n) { return frag_o_col(i, n); });
 }
 
 template <int D, int RW, typename KV>
