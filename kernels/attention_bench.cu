@@ -54,7 +54,7 @@ bool g_fail = false;
 DType g_kv = DType::F16;  // --kv q8_0: Q8_0 blocks
 
 // Bytes of one head's row of the cache.
-int64_t kv_row_bytes() { return g_kv == DType::Q8_0 ? kD / 32 * 34 : kD * 2; }
+int64_t kv_row_bytes() { return dtype_row_bytes(g_kv, kD); }
 
 // ---- v1: the first production kernel, with F16 KV ----
 constexpr int kV1Warps = 8;

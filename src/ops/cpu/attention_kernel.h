@@ -16,6 +16,7 @@
 #include "core/half.h"
 #include "ops/cpu/attention_cpu.h"
 #include "quant/blocks.h"
+#include "quant/quant.h"
 
 // The vector helpers are internal to each file, so the baseline build's note that an 8-lane vector
 // is passed differently without AVX does not matter.
@@ -65,18 +66,13 @@ inline void widen_rows(const uint16_t* chunk, int64_t j0, int64_t j1, int64_t Hk
   }
 }
 
-// Rows [j0, j1) of head g of a Q8_0 chunk (each head row D / 32 blocks), dequantized as
-// dequantize_row_q8_0 does (code * fp16 scale): dst[(j - j0) * D + d].
+// Rows [j0, j1) of head g of a Q8_0 chunk (each head row D / 32 blocks), dequantized:
+// dst[(j - j0) * D + d].
 inline void dequant_rows_q8_0(const quant::BlockQ8_0* chunk, int64_t j0, int64_t j1, int64_t Hkv, int64_t g,
                               int64_t D, float* dst) {
   const int64_t nb = D / quant::kQK8_0;
   for (int64_t j = j0; j < j1; ++j) {
-    const quant::BlockQ8_0* src = chunk + (j * Hkv + g) * nb;
-    float* out = dst + (j - j0) * D;
-    for (int64_t b = 0; b < nb; ++b, out += quant::kQK8_0) {
-      const float d = fp16_to_f32(src[b].d);
-      for (int i = 0; i < quant::kQK8_0; ++i) out[i] = static_cast<float>(src[b].qs[i]) * d;
-    }
+    quant::dequantize_row(DType::Q8_0, chunk + (j * Hkv + g) * nb, dst + (j - j0) * D, D);
   }
 }
 

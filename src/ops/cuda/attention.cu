@@ -14,8 +14,9 @@
 //     prefill (64 rows, every warp all positions of a tile); 1 or 2 for decode (16 / 32 rows, the
 //     other warps take other positions of each tile and are merged at the end).
 //   attn_tc_kernel<D, RW, kern::KvQ8>: the same over a Q8_0 cache (D in {64, 128, 256}): each tile's
-//     blocks go raw into a ring of three stages by cp.async and are converted into one half tile before
-//     its products;
+//     blocks go raw into a ring of three stages by cp.async; with RW > 1 a landed tile is converted into
+//     one half tile before its products, with RW = 1 (decode, and attn_decode_kernel) each warp converts
+//     its positions' codes straight into the mma fragments (tc_attend_q8frag);
 //   attn_simt_kernel<T, E, RB>: F32, F16 or Q8_0 KV, any D <= 512 (Q8_0: a multiple of 32; E = ceil(D / 32)
 //     values per lane); warps stride over positions, a lane holds E dims of RB query rows; F32 FMA
 //     throughout.
@@ -500,7 +501,7 @@ __device__ __forceinline__ int frag_q_col(int d) {
 }
 __device__ __forceinline__ int frag_o_col(int i, int n) { return 32 * (i >> 2) + 4 * n + (i & 3); }
 
-// 4 codes at byte `off` of a staged row (a 4-byte aligned address when `kAligned`, else 2 bytes past one).
+// The 4 codes at `at` in a staged row (a 4-byte aligned address when kAligned, else 2 bytes past one).
 template <bool kAligned>
 __device__ __forceinline__ uint32_t frag_word(const uint8_t* at) {
   if constexpr (kAligned) {
@@ -790,8 +791,8 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
       uint8_t* vc = append ? const_cast<uint8_t*>(p.v_base[c]) + p.v_off + off : nullptr;
       uint8_t* ks = first_tile ? raw + (j - kv_begin) * Q::RS : nullptr;
       uint8_t* vs = first_tile ? raw + (kBN + j - kv_begin) * Q::RS : nullptr;
-      kern::store_kv_row_q8(kc != nullptr ? kc : ks, kc != nullptr ? ks : nullptr, y, D, lane);
-      kern::store_kv_row_q8(vc != nullptr ? vc : vs, vc != nullptr ? vs : nullptr, p.v_in + in, D, lane);
+      kern::store_kv_row_q8(kc, ks, y, D, lane);
+      kern::store_kv_row_q8(vc, vs, p.v_in + in, D, lane);
     } else {
       const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
       __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
@@ -1098,27 +1099,24 @@ KParams make_params(const AttnPagedArgs& a, const AttnPlan& plan) {
   return p;
 }
 
-// The CTAs a plan fills: all that fit (`slots`, per_sm an SM), but for a Q8_0 cache one an SM where the
-// splits of `base` (KV heads x row blocks) would hold fewer than kQ8MinSplitTiles tiles of the bound each
-// at full occupancy: the second CTA an SM of the fragment kernels (about 110 KB of shared memory at
-// head_dim 256) pays at 32K positions, and below that the splits' fixed work (prep, partials, the
-// combine's reads) costs more than it gives.
+// A Q8_0 plan fills one CTA an SM where its splits would hold fewer than kQ8MinSplitTiles tiles of the
+// bound each at full occupancy: the second CTA an SM of the fragment kernels (about 110 KB of shared
+// memory at head_dim 256) pays at 32K positions, and below that the splits' fixed work (prep, partials,
+// the combine's reads) costs more than it gives.
 constexpr int kQ8MinSplitTiles = 4;
-int split_slots(const AttnPagedArgs& a, int slots, int per_sm, int64_t base) {
+
+// The split count and scratch of a plan whose kernel fits `slots` CTAs on the device, per_sm an SM.
+void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_blocks, int slots, int per_sm,
+               AttnPlan* plan) {
+  const int64_t base = n_row_blocks * a.kv.n_head_kv;
   const int64_t tiles = (std::max<int64_t>(a.max_kv, 1) + kBN - 1) / kBN;
   if (a.kv.dtype == DType::Q8_0 && per_sm > 1 && tiles * base < static_cast<int64_t>(kQ8MinSplitTiles) * slots) {
-    return slots / per_sm;
+    slots /= per_sm;
   }
-  return slots;
-}
-
-// The split count and scratch of a plan whose kernel fits `slots` CTAs on the device.
-void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_blocks, int slots, AttnPlan* plan) {
-  const int64_t base = n_row_blocks * a.kv.n_head_kv;
   // Fill the device once: the split count is fixed here, each CTA's share of the real KV is computed
   // on the device. More splits than kBN tiles of the bound would only add empty CTAs.
   int64_t n_split = base < slots ? slots / base : 1;
-  n_split = std::min<int64_t>({n_split, (std::max<int64_t>(a.max_kv, 1) + kBN - 1) / kBN, kMaxSplit});
+  n_split = std::min<int64_t>({n_split, tiles, kMaxSplit});
   n_split = std::max<int64_t>(n_split, 1);
   plan->path = path;
   plan->rows_per_cta = rows;
@@ -1173,15 +1171,14 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
   int slots = 0, per_sm = 1;
   const cudaError_t e = configure(pick_decode_kernel(a.kv.dtype, a.kv.head_dim), device, &slots, &per_sm);
   if (e != cudaSuccess) return e;
-  slots = split_slots(a, slots, per_sm, a.kv.n_head_kv);
   const int R = a.n_tokens * (a.n_head / a.kv.n_head_kv);
   if (a.n_tokens == 1 && R > 1 && a.max_kv <= kAttnDecodeRowMaxKv) {  // one CTA per query row, one split
-    fill_plan(a, AttnPath::kTensorCore, 1, R, slots, plan);
+    fill_plan(a, AttnPath::kTensorCore, 1, R, slots, per_sm, plan);
     plan->n_split = 1;
     plan->scratch_bytes = 0;
     return cudaSuccess;
   }
-  fill_plan(a, AttnPath::kTensorCore, kFuseRows, 1, slots, plan);
+  fill_plan(a, AttnPath::kTensorCore, kFuseRows, 1, slots, per_sm, plan);
   return cudaSuccess;
 }
 
@@ -1252,9 +1249,8 @@ const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
   const cudaError_t e = configure(k, device, &slots, &per_sm);
   if (e != cudaSuccess) return e;
   const int64_t n_row_blocks = (R + rows - 1) / rows;
-  slots = split_slots(a, slots, per_sm, n_row_blocks * Hkv);
   if (n_row_blocks > 65535) return cudaErrorInvalidValue;  // grid y: callers prefill in pieces
-  fill_plan(a, path, rows, n_row_blocks, slots, plan);
+  fill_plan(a, path, rows, n_row_blocks, slots, per_sm, plan);
   return cudaSuccess;
 }
 

@@ -50,9 +50,10 @@ __device__ __forceinline__ void quantize_kv_q8_block(float x, int8_t& code, __ha
 }
 
 // One full warp quantizes the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into
-// Q8_0 blocks and stores them at dst and, where not null, at dst2. The elements of up to 8 blocks are
-// loaded before the first block's reduction: y is often another kernel's output, an L2 round trip each
-// (and a store to dst may alias y for all the compiler knows, so it would not move a later load ahead).
+// Q8_0 blocks and stores them at dst and at dst2 (either may be null: only the other is written). The
+// elements of up to 8 blocks are loaded before the first block's reduction: y is often another kernel's
+// output, an L2 round trip each (and a store to dst may alias y for all the compiler knows, so it would
+// not move a later load ahead).
 __device__ __forceinline__ void store_kv_row_q8(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
   constexpr int kBatch = 8;
   const int nb = D / kKvQ8Block;
