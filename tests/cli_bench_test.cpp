@@ -95,31 +95,34 @@ TEST(BenchCli, JsonHasEveryFigureOnTheCpu) {
 
 TEST(BenchCli, ServedRowsDecodeThroughTheEngine) {
   // --served: one more row per depth, the decode through the engine with the server's default sampling
-  // (here with a q8_0 KV cache, which the report names).
+  // (here with a q8_0 and a q4_0 KV cache, which the report names).
   TempDir dir("served");
   const std::string model = make_tiny_model(dir);
   const std::string json_path = dir.path() + "/bench.json";
-  const RunResult r = run_exe(
-      "bench " + model + " --pp 8 --tg 6 --depth 0,12 --reps 2 -t 2 --served --kv-type q8_0 --json " + json_path,
-      dir.path());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("tg6-srv"), std::string::npos) << r.output;
-  std::ifstream in(json_path);
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  ASSERT_FALSE(j.is_discarded());
-  EXPECT_EQ(j.value("complete", false), true) << j.dump(2);
-  EXPECT_EQ(j.value("kv_type", ""), "q8_0");
-  EXPECT_NE(r.output.find("threads, kv q8_0"), std::string::npos) << r.output;  // the model line says it too
-  ASSERT_EQ(j["tests"].size(), 5u) << j["tests"].dump(2);
-  for (size_t i = 3; i < 5; ++i) {
-    const auto& t = j["tests"][i];
-    SCOPED_TRACE(t.dump());
-    EXPECT_EQ(t.value("test", ""), "tg6-served");
-    EXPECT_EQ(t.value("kind", ""), "decode_served");
-    EXPECT_EQ(t.value("depth", int64_t{-1}), i == 3 ? 0 : 12);
-    EXPECT_GT(t.value("tok_s", 0.0), 0.0);
-    EXPECT_EQ(t["rep_tok_s"].size(), 2u);
-    EXPECT_GT(t.value("fraction_of_limit", 0.0), 0.0);
+  for (const std::string kv : {"q8_0", "q4_0"}) {
+    SCOPED_TRACE(kv);
+    const RunResult r = run_exe("bench " + model + " --pp 8 --tg 6 --depth 0,12 --reps 2 -t 2 --served --kv-type " +
+                                    kv + " --json " + json_path,
+                                dir.path());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("tg6-srv"), std::string::npos) << r.output;
+    std::ifstream in(json_path);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j.value("complete", false), true) << j.dump(2);
+    EXPECT_EQ(j.value("kv_type", ""), kv);
+    EXPECT_NE(r.output.find("threads, kv " + kv), std::string::npos) << r.output;  // the model line says it too
+    ASSERT_EQ(j["tests"].size(), 5u) << j["tests"].dump(2);
+    for (size_t i = 3; i < 5; ++i) {
+      const auto& t = j["tests"][i];
+      SCOPED_TRACE(t.dump());
+      EXPECT_EQ(t.value("test", ""), "tg6-served");
+      EXPECT_EQ(t.value("kind", ""), "decode_served");
+      EXPECT_EQ(t.value("depth", int64_t{-1}), i == 3 ? 0 : 12);
+      EXPECT_GT(t.value("tok_s", 0.0), 0.0);
+      EXPECT_EQ(t["rep_tok_s"].size(), 2u);
+      EXPECT_GT(t.value("fraction_of_limit", 0.0), 0.0);
+    }
   }
 }
 
@@ -135,7 +138,7 @@ TEST(BenchCli, RejectsBadArgumentsClearly) {
       {"--device cuda:", "--device 'cuda:': expected cpu or cuda:N"},
       {"--device cuda:x1", "--device 'cuda:x1': expected cpu or cuda:N"},
       {"--device cuda:-1", "--device 'cuda:-1': expected cpu or cuda:N"},
-      {"--kv-type q4_0", "--kv-type 'q4_0': expected f16, f32 or q8_0"},
+      {"--kv-type q5_0", "--kv-type 'q5_0': expected f16, f32, q8_0 or q4_0"},
       {"--prefill-chunk -4", "--prefill-chunk -4: must be 0 (auto) or positive"},
       {"--reps 0", "--reps 0: must be at least 1"},
       {"--pp 0", "--pp 0: prompt lengths must be at least 1"},

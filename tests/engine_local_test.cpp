@@ -289,9 +289,10 @@ TEST_P(EngineSnapshotTest, SnapshotsAreKeptApartByKvType) {
   EXPECT_EQ(hit.tokens, ref16.tokens);
 }
 
-TEST_P(EngineSnapshotTest, Q8_0KvCacheHitsOnlyItsOwnSnapshots) {
-  // A q8_0 engine (the tiny preset's head_dim is 64) misses an f16 engine's disk snapshots, and after a
-  // restart restores its own and generates the same tokens as without them.
+TEST_P(EngineSnapshotTest, QuantKvCacheHitsOnlyItsOwnSnapshots) {
+  // A q8_0 or q4_0 engine (the tiny preset's head_dim is 64) misses the disk snapshots of every other KV
+  // type (f16's; q4_0 also q8_0's), and after a restart restores its own and generates the same tokens as
+  // without them.
   const auto p1 = conversation(3, 12);
   {
     auto e16 = open(0, true, "f16");
@@ -299,22 +300,32 @@ TEST_P(EngineSnapshotTest, Q8_0KvCacheHitsOnlyItsOwnSnapshots) {
     gen(*e16, p1);
     e16->flush_snapshots();
   }
-  GenerateResult miss;
-  {
-    auto e8 = open(0, true, "q8_0");
-    ASSERT_NE(e8, nullptr);
-    EXPECT_EQ(e8->model().options().kv_dtype, DType::Q8_0);
-    miss = gen(*e8, p1);
-    EXPECT_EQ(miss.cached_tokens, 0);
-    EXPECT_EQ(e8->stats().cache_disk_hits, 0u);
-    e8->flush_snapshots();
+  std::vector<std::string> fingerprints;  // snapshot identities of the KV types opened so far
+  for (const char* kv : {"f16", "f32"}) {
+    auto e = open(0, false, kv);
+    ASSERT_NE(e, nullptr);
+    fingerprints.push_back(e->fingerprint_text());
   }
-  auto again = open(0, true, "q8_0");
-  ASSERT_NE(again, nullptr);
-  const auto hit = gen(*again, p1);
-  EXPECT_EQ(hit.cached_tokens, static_cast<int64_t>(p1.size()));
-  EXPECT_EQ(again->stats().cache_disk_hits, 1u);
-  EXPECT_EQ(hit.tokens, miss.tokens);
+  for (const auto& [kv, dt] : {std::pair<std::string, DType>{"q8_0", DType::Q8_0}, {"q4_0", DType::Q4_0}}) {
+    GenerateResult miss;
+    {
+      auto e = open(0, true, kv);
+      ASSERT_NE(e, nullptr);
+      EXPECT_EQ(e->model().options().kv_dtype, dt);
+      for (const std::string& f : fingerprints) EXPECT_NE(e->fingerprint_text(), f) << kv;
+      fingerprints.push_back(e->fingerprint_text());
+      miss = gen(*e, p1);
+      EXPECT_EQ(miss.cached_tokens, 0) << kv;
+      EXPECT_EQ(e->stats().cache_disk_hits, 0u) << kv;
+      e->flush_snapshots();
+    }
+    auto again = open(0, true, kv);
+    ASSERT_NE(again, nullptr);
+    const auto hit = gen(*again, p1);
+    EXPECT_EQ(hit.cached_tokens, static_cast<int64_t>(p1.size())) << kv;
+    EXPECT_EQ(again->stats().cache_disk_hits, 1u) << kv;
+    EXPECT_EQ(hit.tokens, miss.tokens) << kv;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, EngineSnapshotTest, ::testing::Values("qwen35", "qwen35moe"));
@@ -350,14 +361,17 @@ TEST(EngineKvType, DefaultsByDeviceAndRejectsTheRest) {
   EXPECT_EQ(*engine_parse_kv_type("f32", gpu), DType::F32);
   EXPECT_EQ(*engine_parse_kv_type("q8_0", cpu), DType::Q8_0);
   EXPECT_EQ(*engine_parse_kv_type("q8_0", gpu), DType::Q8_0);
-  for (const char* bad : {"q4_0", "Q8_0", "q8", "F16", "fp16", "bf16", " f16", "q8_0 "}) {
+  EXPECT_EQ(*engine_parse_kv_type("q4_0", cpu), DType::Q4_0);
+  EXPECT_EQ(*engine_parse_kv_type("q4_0", gpu), DType::Q4_0);
+  for (const char* bad : {"q5_0", "q4_1", "Q4_0", "Q8_0", "q8", "q4", "F16", "fp16", "bf16", " f16", "q8_0 "}) {
     EXPECT_EQ(engine_parse_kv_type(bad, cpu).status().code(), StatusCode::kInvalidArgument) << bad;
   }
   EngineOptions o;
-  o.kv_type = "q4_0";
+  o.kv_type = "q5_0";
   auto e = LocalEngine::open(tiny_model("qwen35"), o);
   ASSERT_FALSE(e.is_ok());
-  EXPECT_NE(e.status().to_string().find("expected f16, f32 or q8_0"), std::string::npos) << e.status().to_string();
+  EXPECT_NE(e.status().to_string().find("expected f16, f32, q8_0 or q4_0"), std::string::npos)
+      << e.status().to_string();
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Builds tiny qwen35 / qwen35moe models with deterministic random F32 weights in memory, for the
 // model and state tests. 6 layers with full attention at layers 2 and 5, nv > nk; head_dim 16 unless
-// asked (a q8_0 KV cache needs a multiple of 32).
+// asked (a q8_0 or q4_0 KV cache needs a multiple of 32).
 #pragma once
 
 #include <random>

@@ -2,6 +2,7 @@
 // (chunked vs recurrent, fast vs reference, outputs and final state).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "core/half.h"
@@ -9,7 +10,6 @@
 #include "ops/delta_net.h"
 #include "ops/rms_norm.h"
 #include "ops_test_util.h"
-#include "quant/blocks.h"
 #include "quant/quant.h"
 
 namespace ds {
@@ -83,16 +83,19 @@ TEST(OpsAttention, F16CacheMatchesReference) {
   EXPECT_EQ(attention(test::fast_ctx(), q.t, kt, vt, n_kv, pos0, 0.2f, of.t).code(), StatusCode::kInvalidArgument);
 }
 
-// Q8_0 chunks: the fast path against the reference, and both against F32 attention over the
-// dequantized cache (the same values, so the F32 tolerance holds).
-TEST(OpsAttention, Q8_0CacheMatchesReferenceAndDequantizedF32) {
+// Block-quantized chunks (Q8_0, Q4_0): the fast path against the reference, and both against F32
+// attention over the dequantized cache (the same values, so the F32 tolerance holds for either dtype).
+class OpsAttentionQuantKv : public ::testing::TestWithParam<DType> {};
+
+TEST_P(OpsAttentionQuantKv, CacheMatchesReferenceAndDequantizedF32) {
+  const DType dt = GetParam();
   std::mt19937 rng(16);
   // GQA, several chunks with a partial tail, prefill (many queries) and decode (one, split KV range).
   for (AttnCase c : {AttnCase{32, 1, 1, 4, 1, 0}, AttnCase{64, 6, 2, 8, 9, 30}, AttnCase{32, 4, 4, 16, 20, 0},
                      AttnCase{128, 8, 2, 64, 1, 200}, AttnCase{256, 4, 1, 64, 5, 130}, AttnCase{96, 6, 3, 8, 17, 3}}) {
     const int64_t n_kv = c.pos0 + c.n_tokens, n_chunks = (n_kv + c.chunk - 1) / c.chunk;
     const int64_t chunk_elems = c.chunk * c.n_head_kv * c.head_dim;
-    const int64_t chunk_bytes = dtype_row_bytes(DType::Q8_0, chunk_elems);
+    const int64_t chunk_bytes = dtype_row_bytes(dt, chunk_elems);
     std::vector<std::vector<uint8_t>> kq, vq;
     std::vector<Host> kf, vf;  // the dequantized values
     std::vector<TensorView> kqt, vqt, kft, vft;
@@ -101,24 +104,26 @@ TEST(OpsAttention, Q8_0CacheMatchesReferenceAndDequantizedF32) {
         Host x({c.head_dim, c.n_head_kv, c.chunk});
         x.random(rng, -2, 2);
         q->emplace_back(static_cast<size_t>(chunk_bytes));
-        quant::quantize_row(DType::Q8_0, x.v.data(), q->back().data(), chunk_elems);
+        quant::quantize_row(dt, x.v.data(), q->back().data(), chunk_elems);
       }
     }
-    // The tail past n_kv holds NaN scales: neither path may read it.
-    const int64_t tail_blocks = (n_chunks * c.chunk - n_kv) * c.n_head_kv * c.head_dim / 32;
+    // The tail past n_kv holds NaN scales (both block types start with their fp16 scale): neither path
+    // may read it.
+    const int64_t n_blocks = chunk_elems / dtype_block_size(dt), bb = dtype_block_bytes(dt);
+    const int64_t tail_blocks = (n_chunks * c.chunk - n_kv) * c.n_head_kv * c.head_dim / dtype_block_size(dt);
+    const uint16_t nan_scale = 0x7e00;
     for (auto* q : {&kq, &vq}) {
-      auto* blocks = reinterpret_cast<quant::BlockQ8_0*>(q->back().data());
-      for (int64_t b = chunk_elems / 32 - tail_blocks; b < chunk_elems / 32; ++b) blocks[b].d = 0x7e00;
+      for (int64_t b = n_blocks - tail_blocks; b < n_blocks; ++b) std::memcpy(q->back().data() + b * bb, &nan_scale, 2);
     }
     for (int64_t i = 0; i < n_chunks; ++i) {
       kf.emplace_back(std::initializer_list<int64_t>{c.head_dim, c.n_head_kv, c.chunk});
       vf.emplace_back(std::initializer_list<int64_t>{c.head_dim, c.n_head_kv, c.chunk});
-      quant::dequantize_row(DType::Q8_0, kq[i].data(), kf.back().v.data(), chunk_elems);
-      quant::dequantize_row(DType::Q8_0, vq[i].data(), vf.back().v.data(), chunk_elems);
+      quant::dequantize_row(dt, kq[i].data(), kf.back().v.data(), chunk_elems);
+      quant::dequantize_row(dt, vq[i].data(), vf.back().v.data(), chunk_elems);
     }
     for (int64_t i = 0; i < n_chunks; ++i) {
-      kqt.push_back(TensorView::contiguous(kq[i].data(), DType::Q8_0, {c.head_dim, c.n_head_kv, c.chunk}));
-      vqt.push_back(TensorView::contiguous(vq[i].data(), DType::Q8_0, {c.head_dim, c.n_head_kv, c.chunk}));
+      kqt.push_back(TensorView::contiguous(kq[i].data(), dt, {c.head_dim, c.n_head_kv, c.chunk}));
+      vqt.push_back(TensorView::contiguous(vq[i].data(), dt, {c.head_dim, c.n_head_kv, c.chunk}));
       kft.push_back(kf[i].t);
       vft.push_back(vf[i].t);
     }
@@ -138,12 +143,13 @@ TEST(OpsAttention, Q8_0CacheMatchesReferenceAndDequantizedF32) {
   }
 }
 
-TEST(OpsAttention, Q8_0CacheRefusesBadHeadDimAndMixedDtypes) {
+TEST_P(OpsAttentionQuantKv, CacheRefusesBadHeadDimAndMixedDtypes) {
+  const DType dt = GetParam();
   const int64_t D = 40, H = 2, Hkv = 1, C = 4;
-  std::vector<uint8_t> kb(static_cast<size_t>(C * Hkv * 2 * 34)), vb(kb.size());
-  // A Q8_0 view whose rows are not whole blocks (built by hand: TensorView::contiguous checks them).
+  std::vector<uint8_t> kb(static_cast<size_t>(C * Hkv * dtype_row_bytes(dt, 64))), vb(kb.size());
+  // A view whose rows are not whole blocks (built by hand: TensorView::contiguous checks them).
   auto view = [&](std::vector<uint8_t>& b) {
-    TensorView t = TensorView::contiguous(b.data(), DType::Q8_0, {64, Hkv, C});
+    TensorView t = TensorView::contiguous(b.data(), dt, {64, Hkv, C});
     t.ne[0] = D;
     return t;
   };
@@ -153,13 +159,16 @@ TEST(OpsAttention, Q8_0CacheRefusesBadHeadDimAndMixedDtypes) {
   q.random(rng);
   const Status s = attention(test::fast_ctx(), q.t, kt, vt, 1, 0, 1.0f, o.t);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
-  EXPECT_NE(s.message().find("q8_0"), std::string::npos) << s.message();
-  // Q8_0 K beside F32 V.
+  EXPECT_NE(s.message().find(dtype_name(dt)), std::string::npos) << s.message();
+  // A quantized K beside F32 V.
   Host q64({64, H, 1}), o64({64, H, 1}), vf({64, Hkv, C});
   q64.random(rng);
-  std::vector<TensorView> kq{TensorView::contiguous(kb.data(), DType::Q8_0, {64, Hkv, C})}, vm{vf.t};
+  std::vector<TensorView> kq{TensorView::contiguous(kb.data(), dt, {64, Hkv, C})}, vm{vf.t};
   EXPECT_EQ(attention(test::fast_ctx(), q64.t, kq, vm, 1, 0, 1.0f, o64.t).code(), StatusCode::kInvalidArgument);
 }
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, OpsAttentionQuantKv, ::testing::Values(DType::Q8_0, DType::Q4_0),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
 TEST(OpsAttention, RejectsTooFewKvPositions) {
   Host k({8, 1, 4}), v({8, 1, 4}), q({8, 2, 3}), o({8, 2, 3});

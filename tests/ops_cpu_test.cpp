@@ -115,9 +115,12 @@ TEST(OpsCpu, CopyHandlesStridedSource) {
   EXPECT_EQ(dst.v[11], 19.0f);
 }
 
-// The Q8_0 KV append: each row's blocks are quant::quantize_row's bytes (the bits the CUDA append
-// writes too), whatever the source's row stride.
-TEST(OpsCpu, CopyToQ8_0IsQuantizeRow) {
+// The block-quantized KV append (Q8_0, Q4_0): each row's blocks are quant::quantize_row's bytes (the
+// bits the CUDA append writes too), whatever the source's row stride.
+class OpsCpuCopyQuant : public ::testing::TestWithParam<DType> {};
+
+TEST_P(OpsCpuCopyQuant, CopyIsQuantizeRow) {
+  const DType dt = GetParam();
   std::mt19937 rng(6);
   for (auto [n, rows] : {std::pair<int64_t, int64_t>{32, 2}, {64, 5}, {256, 3}, {1024, 2}}) {
     Host src({n + 8, rows});  // the first n columns of each row
@@ -126,29 +129,33 @@ TEST(OpsCpu, CopyToQ8_0IsQuantizeRow) {
     src.v[static_cast<size_t>((rows - 1) * (n + 8) + n - 1)] = -1e4f;  // a block with one large value
     TensorView s = src.t;
     s.ne[0] = n;
-    const int64_t row_bytes = dtype_row_bytes(DType::Q8_0, n);
+    const int64_t row_bytes = dtype_row_bytes(dt, n);
     std::vector<uint8_t> got(static_cast<size_t>(row_bytes * rows), 0xAB), want(got.size());
-    ASSERT_TRUE(copy(test::fast_ctx(), s, TensorView::contiguous(got.data(), DType::Q8_0, {n, rows})).is_ok());
+    ASSERT_TRUE(copy(test::fast_ctx(), s, TensorView::contiguous(got.data(), dt, {n, rows})).is_ok());
     for (int64_t r = 0; r < rows; ++r) {
-      quant::quantize_row(DType::Q8_0, src.v.data() + r * (n + 8), want.data() + r * row_bytes, n);
+      quant::quantize_row(dt, src.v.data() + r * (n + 8), want.data() + r * row_bytes, n);
     }
     EXPECT_EQ(got, want) << n << " x " << rows;
   }
   // Rows that are not whole blocks, or not contiguous, are refused.
   Host src({48, 2});
   std::vector<uint8_t> dst(256);
-  TensorView bad = TensorView::contiguous(dst.data(), DType::Q8_0, {64, 2});
+  TensorView bad = TensorView::contiguous(dst.data(), dt, {64, 2});
   bad.ne[0] = 48;
   EXPECT_EQ(copy(test::fast_ctx(), src.t, bad).code(), StatusCode::kInvalidArgument);
   Host src64({64, 2});
-  TensorView strided = TensorView::contiguous(dst.data(), DType::Q8_0, {64, 2});
+  TensorView strided = TensorView::contiguous(dst.data(), dt, {64, 2});
   strided.nb[0] = 17;
   EXPECT_EQ(copy(test::fast_ctx(), src64.t, strided).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(copy(test::fast_ctx(), src64.t, TensorView::contiguous(dst.data(), DType::Q8_0, {32, 4})).code(),
+  EXPECT_EQ(copy(test::fast_ctx(), src64.t, TensorView::contiguous(dst.data(), dt, {32, 4})).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(copy(test::fast_ctx(), src64.t, TensorView::contiguous(dst.data(), DType::Q4_0, {64, 2})).code(),
+  // A block type that is no KV cache type.
+  EXPECT_EQ(copy(test::fast_ctx(), src64.t, TensorView::contiguous(dst.data(), DType::Q5_0, {64, 2})).code(),
             StatusCode::kInvalidArgument);
 }
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, OpsCpuCopyQuant, ::testing::Values(DType::Q8_0, DType::Q4_0),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
 TEST(OpsCpu, Conv1dMatchesReferenceAndCarriesState) {
   std::mt19937 rng(4);
@@ -208,8 +215,10 @@ TEST(OpsCpu, RegistryListsCpuOps) {
   EXPECT_TRUE(op_supported("matmul", DeviceKind::kCpu, DType::Q4_K));
   EXPECT_TRUE(op_supported("attention", DeviceKind::kCpu, DType::F32));
   EXPECT_TRUE(op_supported("attention", DeviceKind::kCpu, DType::F16));
-  EXPECT_TRUE(op_supported("attention", DeviceKind::kCpu, DType::Q8_0));
-  EXPECT_TRUE(op_supported("copy", DeviceKind::kCpu, DType::Q8_0));
+  for (DType kv : {DType::Q8_0, DType::Q4_0}) {
+    EXPECT_TRUE(op_supported("attention", DeviceKind::kCpu, kv)) << dtype_name(kv);
+    EXPECT_TRUE(op_supported("copy", DeviceKind::kCpu, kv)) << dtype_name(kv);
+  }
   EXPECT_FALSE(op_supported("matmul", DeviceKind::kCpu, DType::Q2_K));
   EXPECT_FALSE(op_supported("matmul", DeviceKind::kCuda, DType::Q4_K));
 }

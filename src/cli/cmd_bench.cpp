@@ -48,7 +48,7 @@ struct Options {
   bool timeline = false;       // CUDA: the decode step's kernel timeline (ops/cuda/timeline.h)
   bool served = false;         // also decode through the engine (sampler included), as serve does
   std::string device = "cpu";  // "cpu" or "cuda:N"
-  std::string kv_type;         // "f32" / "f16" / "q8_0"; empty = f16 on CUDA, f32 on the CPU
+  std::string kv_type;         // "f32" / "f16" / "q8_0" / "q4_0"; empty = f16 on CUDA, f32 on the CPU
   std::string json_path;       // --json: every figure, for scripts
   std::vector<int64_t> ttft;   // prompt lengths for the time-to-first-token benchmark
   std::string cache_dir;       // disk tier directory for --ttft (a temporary one if empty)
@@ -731,8 +731,8 @@ void setup(CLI::App& app, int& exit_code) {
                "Also decode through the engine, sampler included (the server's default sampling), as a user of "
                "serve gets it: one more row per depth");
   app.add_option("--kv-type", o->kv_type,
-                 "Attention KV cache type: f16, f32 or q8_0 (head_dim a multiple of 32) (default f16 on CUDA, f32 on "
-                 "the CPU)");
+                 "Attention KV cache type: f16, f32, q8_0 or q4_0 (q8_0 / q4_0: head_dim a multiple of 32) (default "
+                 "f16 on CUDA, f32 on the CPU)");
   app.add_option("--verify", o->verify,
                  "Also time speculative verify steps of these many tokens (1 to 8) at each depth: all rejected "
                  "and all accepted")

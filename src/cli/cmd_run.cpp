@@ -109,8 +109,8 @@ void setup(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   app.add_option("--device", o->engine.device, "cpu or cuda:N")->capture_default_str();
   app.add_option("--kv-type", o->engine.kv_type,
-                 "Attention KV cache type: f16, f32 or q8_0 (head_dim a multiple of 32) (default f16 on CUDA, "
-                 "f32 on the CPU)");
+                 "Attention KV cache type: f16, f32, q8_0 or q4_0 (q8_0 / q4_0: head_dim a multiple of 32) "
+                 "(default f16 on CUDA, f32 on the CPU)");
   app.add_flag_function(
       "--no-cuda-graph", [o](int64_t) { o->engine.cuda_graphs = false; },
       "CUDA: run every decode step op by op instead of replaying a captured graph");

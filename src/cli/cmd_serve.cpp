@@ -110,8 +110,8 @@ void setup(CLI::App& app, int& exit_code) {
       "--no-cuda-graph", [args](int64_t) { args->engine.cuda_graphs = false; },
       "CUDA: run every decode step op by op instead of replaying a captured graph");
   app.add_option("--kv-type", args->engine.kv_type,
-                 "Attention KV cache type: f16, f32 or q8_0 (head_dim a multiple of 32) (default f16 on CUDA, "
-                 "f32 on the CPU)");
+                 "Attention KV cache type: f16, f32, q8_0 or q4_0 (q8_0 / q4_0: head_dim a multiple of 32) "
+                 "(default f16 on CUDA, f32 on the CPU)");
   app.add_option("--kv-cache-dir", args->engine.kv_cache_dir,
                  "Directory for prefix snapshots on disk; they survive restarts (default: off)");
   app.add_option_function<int64_t>(

@@ -102,9 +102,10 @@ struct EngineOptions {
   // on CUDA 4096 on devices of 28 GiB or more, else 1024.
   int64_t prefill_chunk = 0;
   // Attention KV cache type (engine_parse_kv_type): "f16", "f32", "q8_0" (8-bit blocks, 8.5 bits an
-  // element; models whose head_dim is a multiple of 32), or empty = f16 on CUDA (the tensor-core
-  // attention kernels read F16 KV; half the memory), f32 on the CPU. Snapshots are kept apart by it: a
-  // cache written with one type is a miss for the others.
+  // element), "q4_0" (4-bit blocks, 4.5 bits an element; both for models whose head_dim is a multiple
+  // of 32), or empty = f16 on CUDA (the tensor-core attention kernels read F16 KV; half the memory),
+  // f32 on the CPU. Snapshots are kept apart by it: a cache written with one type is a miss for the
+  // others.
   std::string kv_type;
   // Prefix snapshots (see engine/local_engine.h).
   int64_t cache_ram_bytes = -1;     // in-memory snapshot budget; -1 = 25% of available RAM, 0 = off
@@ -131,7 +132,8 @@ inline bool engine_drafts(const EngineOptions& options) { return options.draft =
 Result<Device> engine_parse_device(const std::string& text);
 
 // The KV cache type of EngineOptions::kv_type on `device`: kInvalidArgument for anything but "", "f16",
-// "f32" and "q8_0" (whether the model's head_dim allows q8_0 is checked when the model opens).
+// "f32", "q8_0" and "q4_0" (whether the model's head_dim allows the block types is checked when the model
+// opens).
 Result<DType> engine_parse_kv_type(const std::string& text, Device device);
 
 // Loads a GGUF model and returns the local engine for it. Errors name the file and the problem.

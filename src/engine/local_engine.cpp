@@ -48,7 +48,8 @@ Result<DType> engine_parse_kv_type(const std::string& text, Device device) {
   if (text == "f16") return DType::F16;
   if (text == "f32") return DType::F32;
   if (text == "q8_0") return DType::Q8_0;
-  return invalid_argument("--kv-type '{}': expected f16, f32 or q8_0", text);
+  if (text == "q4_0") return DType::Q4_0;
+  return invalid_argument("--kv-type '{}': expected f16, f32, q8_0 or q4_0", text);
 }
 
 Result<Device> engine_parse_device(const std::string& text) {

@@ -133,7 +133,8 @@ Status attention_forward(const LayerCall& call, const AttentionWeights& w, int64
     const int64_t ci = p / chunk, off = p % chunk, len = std::min(n - t0, chunk - off);
     TensorView kc = st.k_chunk(attn_index, ci), vc = st.v_chunk(attn_index, ci);
     const int64_t row = Hkv * D;
-    const int64_t row_bytes = st.layout().kv_row_bytes();  // a position's Hkv head rows (Q8_0: D / 32 blocks each)
+    // A position's Hkv head rows in bytes (Q8_0, Q4_0: D / 32 blocks a head row).
+    const int64_t row_bytes = st.layout().kv_row_bytes();
     TensorView kdst = TensorView::contiguous(kc.as<uint8_t>() + off * row_bytes, kc.dtype, {row, len}, kc.device);
     TensorView vdst = TensorView::contiguous(vc.as<uint8_t>() + off * row_bytes, vc.dtype, {row, len}, vc.device);
     DS_TRY(copy(ctx, TensorView::contiguous(k.as<float>() + t0 * row, DType::F32, {row, len}, k.device), kdst));

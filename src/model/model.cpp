@@ -15,6 +15,7 @@
 #include "gguf/gguf.h"  // complete type for the owned GgufFile
 #include "model/model_internal.h"
 #include "model/weight_specs.h"
+#include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/get_rows.h"
 #include "ops/matmul.h"
@@ -174,12 +175,15 @@ Status Model::init(const ModelOptions& options) {
                             options.prefill_chunk, options.kv_chunk_tokens);
   }
   if (options_.prefill_chunk == 0) options_.prefill_chunk = cuda ? cuda_auto_prefill_chunk() : kPrefillChunkCpu;
-  if (options.kv_dtype != DType::F32 && options.kv_dtype != DType::F16 && options.kv_dtype != DType::Q8_0) {
-    return unsupported("model: KV cache dtype {} is not supported (f32, f16 or q8_0)", dtype_name(options.kv_dtype));
+  if (!attention_kv_dtype_supported(options.kv_dtype)) {
+    return unsupported("model: KV cache dtype {} is not supported (f32, f16, q8_0 or q4_0)",
+                       dtype_name(options.kv_dtype));
   }
-  if (options.kv_dtype == DType::Q8_0 && config_.head_dim % dtype_block_size(DType::Q8_0) != 0) {
-    return unsupported("model: KV cache dtype q8_0 needs head_dim a multiple of {}; this model's head_dim is {} "
-                       "(use f16 or f32)", dtype_block_size(DType::Q8_0), config_.head_dim);
+  // A block type's head row is whole blocks (F32 and F16 have blocks of one element).
+  if (config_.head_dim % dtype_block_size(options.kv_dtype) != 0) {
+    return unsupported("model: KV cache dtype {} needs head_dim a multiple of {}; this model's head_dim is {} "
+                       "(use f16 or f32)", dtype_name(options.kv_dtype), dtype_block_size(options.kv_dtype),
+                       config_.head_dim);
   }
   if (cuda && options.reference_ops) {
     return unsupported("model: reference_ops are CPU-only; device {} was requested", options.device.to_string());

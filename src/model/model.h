@@ -61,8 +61,8 @@ struct ModelOptions {
   // C). options() reports the value in use.
   int64_t prefill_chunk = 0;
   int64_t kv_chunk_tokens = 64; // tokens per KV chunk (block table granularity)
-  DType kv_dtype = DType::F32;  // attention KV cache: F32, F16 (half the memory) or Q8_0 (8.5 bits an
-                                // element; head_dim a multiple of 32)
+  DType kv_dtype = DType::F32;  // attention KV cache: F32, F16 (half the memory), Q8_0 (8.5 bits an
+                                // element) or Q4_0 (4.5 bits an element; both head_dim a multiple of 32)
   int64_t max_kv_slots = 0;     // KV pool bound in chunks; 0 = enough for 4 full sequences
   Device device{};              // cpu, or cuda:N (builds with the CUDA backend)
   bool reference_ops = false;   // run the scalar reference ops (tests, debugging; CPU only)

@@ -7,6 +7,10 @@
 
 namespace ds {
 
+bool attention_kv_dtype_supported(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::Q8_0 || t == DType::Q4_0;
+}
+
 Status attention(const OpContext& ctx, const TensorView& q, std::span<const TensorView> k_chunks,
                  std::span<const TensorView> v_chunks, int64_t n_kv, int64_t pos0, float scale,
                  const TensorView& o) {
@@ -25,8 +29,8 @@ Status attention(const OpContext& ctx, const TensorView& q, std::span<const Tens
     return invalid_argument("attention: K chunk {} does not fit q {} (head_dim, GQA)", k0.shape_string(),
                             q.shape_string());
   }
-  if (k0.dtype != DType::F32 && k0.dtype != DType::F16 && k0.dtype != DType::Q8_0) {
-    return unsupported("attention: KV chunk {}: dtype must be f32, f16 or q8_0", k0.shape_string());
+  if (!attention_kv_dtype_supported(k0.dtype)) {
+    return unsupported("attention: KV chunk {}: dtype must be f32, f16, q8_0 or q4_0", k0.shape_string());
   }
   if (head_dim % dtype_block_size(k0.dtype) != 0) {
     return unsupported("attention: KV chunk {}: {} needs head_dim a multiple of {}, not {}", k0.shape_string(),

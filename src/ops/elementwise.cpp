@@ -1,10 +1,8 @@
-// Element-wise dispatchers (add, mul, silu, sigmoid, swiglu, mul_sigmoid) and copy (F32 to F32, F16 or
-// Q8_0: the KV cache append).
+// Element-wise dispatchers (add, mul, silu, sigmoid, swiglu, mul_sigmoid) and copy (F32 to F32, F16,
+// Q8_0 or Q4_0: the KV cache append).
 #include "ops/elementwise.h"
 
 #include <cstring>
-
-#include "core/half.h"
 
 #include "ops/op_check.h"
 #include "ops/op_impl.h"
@@ -102,7 +100,7 @@ Status mul_sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& 
 
 Status copy(const OpContext& ctx, const TensorView& src, const TensorView& dst) {
   DS_TRY(ops::check_tensor("copy", "src", ctx, src, DType::F32));
-  if (dst.dtype != DType::F16 && dst.dtype != DType::Q8_0) {
+  if (dst.dtype != DType::F16 && dst.dtype != DType::Q8_0 && dst.dtype != DType::Q4_0) {
     DS_TRY(ops::check_tensor("copy", "dst", ctx, dst, DType::F32));
   }
   DS_TRY(ops::check_tensor("copy", "dst", ctx, dst, dst.dtype));
@@ -122,14 +120,11 @@ Status copy(const OpContext& ctx, const TensorView& src, const TensorView& dst) 
       for (int64_t i1 = 0; i1 < src.ne[1]; ++i1) {
         const auto* s = static_cast<const uint8_t*>(src.data) + i1 * src.nb[1] + i2 * src.nb[2] + i3 * src.nb[3];
         auto* d = static_cast<uint8_t*>(dst.data) + i1 * dst.nb[1] + i2 * dst.nb[2] + i3 * dst.nb[3];
-        const float* sf = reinterpret_cast<const float*>(s);
-        if (dst.dtype == DType::F16) {
-          uint16_t* dh = reinterpret_cast<uint16_t*>(d);
-          for (int64_t i = 0; i < src.ne[0]; ++i) dh[i] = f32_to_fp16(sf[i]);
-        } else if (dst.dtype == DType::Q8_0) {
-          quant::quantize_row(DType::Q8_0, sf, d, src.ne[0]);  // the bits every backend writes
+        if (dst.dtype == DType::F32) {
+          std::memmove(d, s, row);  // src and dst may overlap
         } else {
-          std::memmove(d, s, row);
+          // F16 rounded to nearest even; Q8_0 / Q4_0 blocks: the bits every backend writes.
+          quant::quantize_row(dst.dtype, reinterpret_cast<const float*>(s), d, src.ne[0]);
         }
       }
     }

@@ -9,8 +9,8 @@
 //     A gate of x's shape may be row-strided: rows of ne[0] contiguous at one stride nb[1] (a multiple of
 //     4 bytes, nb[2] = ne[1] nb[1], nb[3] = ne[2] nb[2]), e.g. the gate halves of interleaved
 //     [q_h; gate_h] attention heads. It must not overlap y.
-// copy: dst = src for tensors of one shape; src F32, dst F32, F16 (converted, round to nearest even)
-//   or Q8_0 (rows of a multiple of 32 elements, each block quantized as quant::quantize_row does).
+// copy: dst = src for tensors of one shape; src F32, dst F32, F16 (converted, round to nearest even),
+//   Q8_0 or Q4_0 (rows of a multiple of 32 elements, each block quantized as quant::quantize_row does).
 //   Both may be strided in dims 1..3 (ne[0] contiguous), e.g. a KV chunk row range.
 #pragma once
 

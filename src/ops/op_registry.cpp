@@ -25,8 +25,8 @@ std::vector<OpSupport>& registry() {
                            "moe_route"}) {
       t.push_back({op, DeviceKind::kCpu, DType::F32});
     }
-    // F16 and Q8_0 KV caches: attention reads their chunks, copy writes them.
-    for (DType kv : {DType::F16, DType::Q8_0}) {
+    // F16, Q8_0 and Q4_0 KV caches: attention reads their chunks, copy writes them.
+    for (DType kv : {DType::F16, DType::Q8_0, DType::Q4_0}) {
       t.push_back({"attention", DeviceKind::kCpu, kv});
       t.push_back({"copy", DeviceKind::kCpu, kv});
     }

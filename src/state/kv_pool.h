@@ -31,7 +31,7 @@ class KvPool {
 
   // K or V of one attention layer (index among attention layers) in a slot:
   // [kv_chunk_tokens, n_head_kv, head_dim] of kv_dtype, i.e. ne {head_dim, n_head_kv, kv_chunk_tokens}
-  // (for Q8_0, nb[0] is the 34-byte block and a head row is head_dim / 32 blocks).
+  // (for Q8_0 / Q4_0, nb[0] is the 34- / 18-byte block and a head row is head_dim / 32 blocks).
   TensorView k_view(int32_t slot, int64_t attn_index) const;
   TensorView v_view(int32_t slot, int64_t attn_index) const;
   uint8_t* slot_data(int32_t slot) const;  // kv_slot_bytes() bytes

@@ -36,7 +36,7 @@ struct SectionSpec {
   SectionKind kind = SectionKind::kLogits;
   int64_t layer = -1;       // the model layer (all but logits)
   int64_t attn_index = -1;  // K / V: the layer's index among attention layers
-  // Rows of ne[0] elements (a K / V section's head rows: head_dim / 32 blocks each for Q8_0).
+  // Rows of ne[0] elements (a K / V section's head rows: head_dim / 32 blocks each for Q8_0 / Q4_0).
   int64_t n_bytes() const { return dtype_row_bytes(dtype, ne[0]) * ne[1] * ne[2] * ne[3]; }
 };
 

@@ -27,8 +27,8 @@
 //   u64 XXH3-64 of the payload, payload bytes.
 // Sections, in this order: "logits" [n_vocab] (if flag bit 1); per attention layer in the range
 // "blk.N.attn.k" and
-// "blk.N.attn.v" ne {head_dim, n_head_kv, b - f} in the layout's KV dtype (F32, F16, or Q8_0: each
-// head's row head_dim / 32 blocks of 34 bytes); per recurrent layer in the range (if flag bit 0)
+// "blk.N.attn.v" ne {head_dim, n_head_kv, b - f} in the layout's KV dtype (F32, F16, or Q8_0 / Q4_0: each
+// head's row head_dim / 32 blocks of 34 / 18 bytes); per recurrent layer in the range (if flag bit 0)
 // "blk.N.deltanet.conv" ne {conv_dim, K-1} and "blk.N.deltanet.ssm" ne {dv, dk, nv}.
 #pragma once
 

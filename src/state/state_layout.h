@@ -19,9 +19,9 @@ struct StateLayout {
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;
   int64_t kv_chunk_tokens = 64;       // tokens per KV chunk (block table granularity)
-  DType kv_dtype = DType::F32;        // F32, F16 (half the memory) or Q8_0 (34 bytes per 32 elements;
-                                      // head_dim a multiple of 32): each (position, head) row is
-                                      // head_dim / 32 consecutive blocks
+  DType kv_dtype = DType::F32;        // F32, F16 (half the memory), Q8_0 (34 bytes per 32 elements) or
+                                      // Q4_0 (18 bytes per 32; both head_dim a multiple of 32): each
+                                      // (position, head) row is head_dim / 32 consecutive blocks
   // DeltaNet, per recurrent layer: conv state [(conv_kernel - 1), conv_dim], SSM state [nv, dk, dv]
   int64_t conv_kernel = 0;
   int64_t conv_dim = 0;

@@ -1,8 +1,9 @@
 // The CPU attention inner kernel, compiled once per ISA: attention.cpp (baseline), attention_avx2.cpp
 // and attention_avx512.cpp include it with DS_ATTN_NS set to a distinct namespace, so each build is
 // its own symbol. Non-obvious choice: 8-lane GCC vector types instead of intrinsics, so the same
-// source lowers to SSE pairs, AVX2 or AVX-512 (VL) code with the flags of the including file. F16 and
-// Q8_0 chunks are converted to F32 rows of the task's KV head once per chunk, then read by the F32 code.
+// source lowers to SSE pairs, AVX2 or AVX-512 (VL) code with the flags of the including file. F16, Q8_0
+// and Q4_0 chunks are converted (quant::dequantize_row) to F32 rows of the task's KV head once per chunk,
+// then read by the F32 code.
 #ifndef DS_ATTN_NS
 #error "define DS_ATTN_NS before including attention_kernel.h"
 #endif
@@ -13,9 +14,7 @@
 
 #include <vector>
 
-#include "core/half.h"
 #include "ops/cpu/attention_cpu.h"
-#include "quant/blocks.h"
 #include "quant/quant.h"
 
 // The vector helpers are internal to each file, so the baseline build's note that an 8-lane vector
@@ -58,21 +57,13 @@ inline void axpy(float* y, float a, const float* x, int64_t n) {  // y += a * x
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-// Rows [j0, j1) of head g of an F16 chunk, as floats: dst[(j - j0) * D + d].
-inline void widen_rows(const uint16_t* chunk, int64_t j0, int64_t j1, int64_t Hkv, int64_t g, int64_t D, float* dst) {
+// Rows [j0, j1) of head g of a chunk of dtype t (F16 widened; Q8_0 / Q4_0: each head row D / 32
+// blocks, dequantized), as floats: dst[(j - j0) * D + d].
+inline void dequant_rows(DType t, const TensorView& chunk, int64_t j0, int64_t j1, int64_t Hkv, int64_t g, int64_t D,
+                         float* dst) {
+  const int64_t row_bytes = dtype_row_bytes(t, D);
   for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* src = chunk + (j * Hkv + g) * D;
-    for (int64_t d = 0; d < D; ++d) dst[(j - j0) * D + d] = fp16_to_f32(src[d]);
-  }
-}
-
-// Rows [j0, j1) of head g of a Q8_0 chunk (each head row D / 32 blocks), dequantized:
-// dst[(j - j0) * D + d].
-inline void dequant_rows_q8_0(const quant::BlockQ8_0* chunk, int64_t j0, int64_t j1, int64_t Hkv, int64_t g,
-                              int64_t D, float* dst) {
-  const int64_t nb = D / quant::kQK8_0;
-  for (int64_t j = j0; j < j1; ++j) {
-    quant::dequantize_row(DType::Q8_0, chunk + (j * Hkv + g) * nb, dst + (j - j0) * D, D);
+    quant::dequantize_row(t, chunk.as<uint8_t>() + (j * Hkv + g) * row_bytes, dst + (j - j0) * D, D);
   }
 }
 
@@ -94,7 +85,7 @@ inline void attend_block(const AttnArgs& a, int64_t t0, int64_t t1, int64_t g, i
   std::fill(m, m + rows, -INFINITY);
   std::fill(l, l + rows, 0.0f);
   std::fill(acc, acc + rows * D, 0.0f);
-  thread_local std::vector<float> kbuf, vbuf;  // an F16 or Q8_0 chunk's rows of head g, as floats
+  thread_local std::vector<float> kbuf, vbuf;  // an F16, Q8_0 or Q4_0 chunk's rows of head g, as floats
   const DType dtype = a.k_chunks[0].dtype;
   for (int64_t c = j0 / C; c * C < j1; ++c) {
     const int64_t cj0 = std::max(j0, c * C), cj1 = std::min(j1, (c + 1) * C);
@@ -106,15 +97,8 @@ inline void attend_block(const AttnArgs& a, int64_t t0, int64_t t1, int64_t g, i
       // Converted once per chunk for the whole GQA group and query block, then read as F32 rows.
       kbuf.resize(static_cast<size_t>(C * D));
       vbuf.resize(static_cast<size_t>(C * D));
-      const TensorView& kc = a.k_chunks[static_cast<size_t>(c)];
-      const TensorView& vc = a.v_chunks[static_cast<size_t>(c)];
-      if (dtype == DType::F16) {
-        widen_rows(kc.as<uint16_t>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, kbuf.data());
-        widen_rows(vc.as<uint16_t>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, vbuf.data());
-      } else {
-        dequant_rows_q8_0(kc.as<quant::BlockQ8_0>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, kbuf.data());
-        dequant_rows_q8_0(vc.as<quant::BlockQ8_0>(), cj0 - c * C, cj1 - c * C, Hkv, g, D, vbuf.data());
-      }
+      dequant_rows(dtype, a.k_chunks[static_cast<size_t>(c)], cj0 - c * C, cj1 - c * C, Hkv, g, D, kbuf.data());
+      dequant_rows(dtype, a.v_chunks[static_cast<size_t>(c)], cj0 - c * C, cj1 - c * C, Hkv, g, D, vbuf.data());
       k_row = kbuf.data();
       v_row = vbuf.data();
       stride = D;
