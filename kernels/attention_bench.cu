@@ -4,8 +4,9 @@
 // Build (after the CMake build in build-gpu, for the production kernels in libdeltaserve_cuda):
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc kernels/attention_bench.cu \
 //     build-gpu/libdeltaserve_cuda.a -o build-gpu/attention_bench
-// Run: build-gpu/attention_bench [--kv q8_0] [out.tsv]   (about 10-20 s; --kv q8_0: the Q8_0 cache, timings
-//      only, no check against the reference but the layer decode's fused-against-chain bits, no v1)
+// Run: build-gpu/attention_bench [--kv q8_0|q4_0] [out.tsv]   (about 10-20 s; --kv q8_0 / q4_0: the Q8_0 or
+//      Q4_0 cache, timings only, no check against the reference but the layer decode's fused-against-chain
+//      bits, no v1)
 // Versions:
 //   v1 simple: the first production kernel: one CTA per (head, token), its 8 warps stride over the
 //              visible positions with their own online softmax, merged at the end; every query head
@@ -51,7 +52,7 @@ namespace {
 constexpr int kD = 256, kH = 24, kHkv = 4, kChunk = 64;
 FILE* g_tsv = nullptr;
 bool g_fail = false;
-DType g_kv = DType::F16;  // --kv q8_0: Q8_0 blocks
+DType g_kv = DType::F16;  // --kv q8_0 / q4_0: Q8_0 or Q4_0 blocks
 
 // Bytes of one head's row of the cache.
 int64_t kv_row_bytes() { return dtype_row_bytes(g_kv, kD); }
@@ -139,15 +140,15 @@ __global__ void fill_random_float(float* p, int64_t n, uint32_t seed) {
   }
 }
 
-// Q8_0 blocks of 34 bytes: the scale 1/64, random codes.
-__global__ void fill_random_q8(uint8_t* p, int64_t n_blocks, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_blocks * 34;
+// Q8_0 (Q4_0) blocks of bb = 34 (18) bytes: the scale 1/64, random codes.
+__global__ void fill_random_blocks(uint8_t* p, int64_t n_blocks, int bb, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_blocks * bb;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
     h ^= h >> 15;
     h *= 0x2C1B3C6Du;
     h ^= h >> 12;
-    const int64_t b = i % 34;
+    const int64_t b = i % bb;
     p[i] = b == 0 ? 0x00 : b == 1 ? 0x24 : static_cast<uint8_t>(h);  // fp16 0x2400 = 1/64, little-endian
   }
 }
@@ -165,8 +166,9 @@ KvCopy make_copy(int64_t n_kv, uint32_t seed) {
   KvCopy c;
   c.n_chunks = (n_kv + kChunk - 1) / kChunk;
   CK(cudaMalloc(&c.slots, c.n_chunks * 2 * KvCopy::per()));
-  if (g_kv == DType::Q8_0) {
-    fill_random_q8<<<1024, 256>>>(c.slots, c.n_chunks * 2 * KvCopy::per() / 34, seed);
+  if (g_kv != DType::F16) {
+    const int bb = static_cast<int>(dtype_block_bytes(g_kv));
+    fill_random_blocks<<<1024, 256>>>(c.slots, c.n_chunks * 2 * KvCopy::per() / bb, bb, seed);
   } else {
     fill_random_half<<<1024, 256>>>(reinterpret_cast<__half*>(c.slots), c.n_chunks * KvCopy::per(), seed);
   }
@@ -508,11 +510,11 @@ int main(int argc, char** argv) {
   int argi = 1;
   if (argc > argi + 1 && std::string(argv[argi]) == "--kv") {
     const std::string kv = argv[argi + 1];
-    if (kv != "q8_0" && kv != "f16") {
-      std::fprintf(stderr, "attention_bench: --kv %s: expected f16 or q8_0\n", kv.c_str());
+    if (kv != "q8_0" && kv != "q4_0" && kv != "f16") {
+      std::fprintf(stderr, "attention_bench: --kv %s: expected f16, q8_0 or q4_0\n", kv.c_str());
       return 2;
     }
-    g_kv = kv == "q8_0" ? DType::Q8_0 : DType::F16;
+    g_kv = kv == "q8_0" ? DType::Q8_0 : kv == "q4_0" ? DType::Q4_0 : DType::F16;
     argi += 2;
   }
   if (argc > argi) g_tsv = std::fopen(argv[argi], "w");
@@ -521,7 +523,7 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::printf("KV cache %s\n", g_kv == DType::Q8_0 ? "q8_0" : "f16");
+  std::printf("KV cache %s\n", dtype_name(g_kv));
   Runner run;
   if (g_kv == DType::F16) check_versions(run, s);  // the reference reads F16
   const double read_gbs = measure_read_gbs();

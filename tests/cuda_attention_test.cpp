@@ -1,15 +1,15 @@
 // The CUDA attention path against the CPU ops on the same data. A KV pool and sequence state are built
 // on the CPU with random K/V (positions past the last token hold NaN, so a kernel that reads them fails),
 // their slots are mirrored to device memory in a permuted order behind a device slot array, and
-// attention_paged is compared with the CPU attention op: F32, F16 and Q8_0 KV, head_dim 32..512, GQA ratios
-// 1/4/6/8, 1..300 query tokens, positions 0..5000, chunks of 16 and 64, max_kv bounds far above the
-// need (empty splits). Also: both kernels on the same data, the public attention op on F16 and Q8_0
-// chunks, kv_append (bit-exact against a CPU copy; Q8_0 against quant::quantize_row), rope_neox_at, attention_prep (bit-exact against the chain of
-// norms, rotations and append it fuses), attention_paged_gated_q8 (bit-exact against attention, output
-// gate and quantizer), attention_decode_q8 (bit-exact against attention_prep then
-// attention_paged_gated_q8, also replayed as a graph), get_rows_trusted, and one decode step
-// captured as a CUDA graph and replayed at several positions. Outputs start as NaN. Skipped without a
-// CUDA build or device.
+// attention_paged is compared with the CPU attention op: F32, F16, Q8_0 and Q4_0 KV, head_dim 32..512,
+// GQA ratios 1/4/6/8, 1..300 query tokens, positions 0..5000, chunks of 16 and 64, max_kv bounds far
+// above the need (empty splits). Also: both kernels on the same data, the public attention op on F16,
+// Q8_0 and Q4_0 chunks, kv_append (bit-exact against a CPU copy; Q8_0 and Q4_0 against
+// quant::quantize_row), rope_neox_at, attention_prep (bit-exact against the chain of norms, rotations and
+// append it fuses), attention_paged_gated_q8 (bit-exact against attention, output gate and quantizer),
+// attention_decode_q8 (bit-exact against attention_prep then attention_paged_gated_q8, also replayed as
+// a graph), get_rows_trusted, and one decode step captured as a CUDA graph and replayed at several
+// positions. Outputs start as NaN. Skipped without a CUDA build or device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,13 +51,14 @@ using test::Host;
 
 // Tolerances on max |cuda - cpu| relative to max |cpu| over the whole output (stated once):
 //  - F32 arithmetic paths (SIMT kernel, F32 or F16 KV): both sides sum in F32 in different orders.
-//  - tensor-core path: q and the softmax weights are rounded to F16 (2^-12 relative each); with Q8_0 KV
-//    the dequantized K and V too (the CPU uses them in F32).
+//  - tensor-core path: q and the softmax weights are rounded to F16 (2^-12 relative each); with Q8_0 or
+//    Q4_0 KV the dequantized K and V too (the CPU uses them in F32).
 constexpr double kTolF32Path = 1e-5;
 constexpr double kTolTensorCore = 2e-3;
 
+bool kv_blocks(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
 bool tc_shape(DType t, int64_t D) {
-  if (t == DType::Q8_0) return D == 64 || D == 128 || D == 256;
+  if (kv_blocks(t)) return D == 64 || D == 128 || D == 256;
   return t == DType::F16 && (D == 32 || D == 64 || D == 128 || D == 256);
 }
 double tol_for(DType t, int64_t D) { return tc_shape(t, D) ? kTolTensorCore : kTolF32Path; }
@@ -143,13 +144,13 @@ class CudaAttentionTest : public test::CudaTest {
         for (const TensorView& v : {p->seq->k_chunk(a, c), p->seq->v_chunk(a, c)}) {
           for (int64_t t = 0; t < chunk; ++t) {
             const bool live = c * chunk + t < n_kv;
-            for (float& x : pos_row) x = live ? u(rng_) : NAN;
-            if (dtype == DType::Q8_0) {  // a position past the last holds NaN scales
+            for (float& x : pos_row) x = live ? u(rng_) : kv_blocks(dtype) ? 0.0f : NAN;
+            if (kv_blocks(dtype)) {  // a position past the last holds NaN scales
               uint8_t* dst = v.as<uint8_t>() + t * dtype_row_bytes(dtype, row);
               quant::quantize_row(dtype, pos_row.data(), dst, row);
               for (int64_t b = 0; !live && b < row / 32; ++b) {
                 const uint16_t nan_scale = f32_to_fp16(NAN);
-                std::memcpy(dst + 34 * b, &nan_scale, 2);
+                std::memcpy(dst + dtype_block_bytes(dtype) * b, &nan_scale, 2);
               }
             } else if (dtype == DType::F16) {
               for (int64_t i = 0; i < row; ++i) v.as<uint16_t>()[t * row + i] = f32_to_fp16(pos_row[i]);
@@ -252,7 +253,7 @@ class CudaAttentionTest : public test::CudaTest {
 TEST_F(CudaAttentionTest, PagedMatchesCpuAcrossShapes) {
   const int64_t kGroups[] = {1, 4, 6, 8};
   int64_t idx = 0;
-  for (DType dtype : {DType::F32, DType::F16, DType::Q8_0}) {
+  for (DType dtype : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
     for (int64_t D : {32, 64, 128, 256}) {
       for (int64_t n : {1, 2, 5, 16, 17, 64, 300}) {
         for (int64_t pos0 : {0, 1, 63, 64, 1000, 5000}) {
@@ -274,7 +275,7 @@ TEST_F(CudaAttentionTest, PagedMatchesCpuAcrossShapes) {
 // Qwen3.5 27B (24 heads over 4 KV heads) and 35B-A3B (16 over 2), head_dim 256, with a graph-sized
 // bound of 32K positions.
 TEST_F(CudaAttentionTest, PagedRealModelShapes) {
-  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0}) {
+  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0, DType::Q4_0}) {
     for (auto [H, Hkv] : {std::pair<int64_t, int64_t>{24, 4}, {16, 2}}) {
       for (int64_t n : {1, 4, 16, 17, 128}) {
         for (int64_t pos0 : {0, 777, 4096}) {
@@ -315,12 +316,12 @@ TEST_F(CudaAttentionTest, SmallSharedMemoryDeviceTakesSimtAtHeadDim256) {
   EXPECT_EQ(plan_path(256), cuda::AttnPath::kTensorCore);
 }
 
-// Head dims the tensor-core kernel does not take run on the SIMT kernel (F16 and F32 KV; Q8_0 at the
-// multiples of 32).
+// Head dims the tensor-core kernel does not take run on the SIMT kernel (F16 and F32 KV; Q8_0 and Q4_0
+// at the multiples of 32).
 TEST_F(CudaAttentionTest, PagedOddHeadDims) {
-  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0}) {
+  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0, DType::Q4_0}) {
     for (int64_t D : {16, 48, 96, 200, 320, 512}) {
-      if (dtype == DType::Q8_0 && D % 32 != 0) continue;
+      if (kv_blocks(dtype) && D % 32 != 0) continue;
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {70, 3}, {129, 40}}) {
         check_paged(dtype, D, 2, 3, 16, pos0, n, 4 * (pos0 + n), 2.0f);
         if (too_many_failures()) return;
@@ -329,10 +330,11 @@ TEST_F(CudaAttentionTest, PagedOddHeadDims) {
   }
 }
 
-// Both kernels through the launcher on the same F16 (and Q8_0) data, several split counts implied by max_kv.
+// Both kernels through the launcher on the same F16 (and Q8_0, Q4_0) data, several split counts implied by
+// max_kv.
 TEST_F(CudaAttentionTest, TensorCoreAndSimtAgree) {
   const int64_t D = 128, Hkv = 2, G = 6, H = Hkv * G, chunk = 64;
-  for (DType dtype : {DType::F16, DType::Q8_0}) {
+  for (DType dtype : {DType::F16, DType::Q8_0, DType::Q4_0}) {
   for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {900, 2}, {300, 33}}) {
     SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " pos0=" << pos0 << " n=" << n);
     auto p = make_paged(dtype, D, Hkv, chunk, pos0 + n);
@@ -373,9 +375,9 @@ TEST_F(CudaAttentionTest, TensorCoreAndSimtAgree) {
   }
 }
 
-// The public op (host pos0, a list of chunks) on F16 and Q8_0 chunks goes through the same kernels.
-TEST_F(CudaAttentionTest, PublicAttentionOnF16AndQ8Chunks) {
-  for (DType dtype : {DType::F16, DType::Q8_0}) {
+// The public op (host pos0, a list of chunks) on F16, Q8_0 and Q4_0 chunks goes through the same kernels.
+TEST_F(CudaAttentionTest, PublicAttentionOnF16AndBlockChunks) {
+  for (DType dtype : {DType::F16, DType::Q8_0, DType::Q4_0}) {
   for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 7}, {37, 1}, {200, 20}}) {
     const int64_t D = 64, Hkv = 2, H = 8, chunk = 16, n_kv = pos0 + n;
     auto p = make_paged(dtype, D, Hkv, chunk, n_kv);
@@ -394,7 +396,7 @@ TEST_F(CudaAttentionTest, PublicAttentionOnF16AndQ8Chunks) {
 
 // kv_append writes exactly the CPU's conversion of k / v at [pos0, pos0 + n) and nothing else.
 TEST_F(CudaAttentionTest, KvAppendMatchesCpuCopy) {
-  for (DType dtype : {DType::F32, DType::F16, DType::Q8_0}) {
+  for (DType dtype : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
     for (int64_t chunk : {16, 64}) {
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {60, 10}, {63, 1}, {64, 64}, {5, 200}}) {
         SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " chunk=" << chunk << " pos0=" << pos0
@@ -405,9 +407,17 @@ TEST_F(CudaAttentionTest, KvAppendMatchesCpuCopy) {
         k.random(rng_, -70000.0f, 70000.0f);  // F16 overflow to inf included
         v.random(rng_);
         if (dtype == DType::Q8_0) k.v[5] = NAN;  // a NaN element: code 0, its block's scale from the rest
+        if (dtype == DType::Q4_0) {  // ties of |x| (the first sets the scale's sign) and a block of zeros
+          for (int i = 0; i < 96; ++i) k.v[i] = static_cast<float>(i % 7) - 3.0f;
+          k.v[3] = 9.0f;
+          k.v[7] = -9.0f;
+          std::fill(k.v.begin() + 32, k.v.begin() + 64, 0.0f);
+          k.v[64 + 30] = -5.0f;
+          k.v[64 + 31] = 5.0f;
+        }
         for (int64_t t = 0; t < n; ++t) {  // the expected result, on the CPU chunks
           const int64_t pos = pos0 + t, c = pos / chunk, r = pos % chunk;
-          if (dtype == DType::Q8_0) {
+          if (kv_blocks(dtype)) {
             const int64_t rb = dtype_row_bytes(dtype, row);
             quant::quantize_row(dtype, &k.v[static_cast<size_t>(t * row)], p->kh[c].as<uint8_t>() + r * rb, row);
             quant::quantize_row(dtype, &v.v[static_cast<size_t>(t * row)], p->vh[c].as<uint8_t>() + r * rb, row);
@@ -465,11 +475,11 @@ TEST_F(CudaAttentionTest, AttentionPrepMatchesTheChain) {
     int64_t D, H, Hkv, n_rot;
   };
   const float eps = 1e-6f, base = 1e7f;
-  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0}) {
+  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0, DType::Q4_0}) {
     for (const Case& cs : {Case{256, 16, 2, 64}, Case{128, 8, 4, 32}, Case{96, 6, 2, 96}, Case{40, 3, 1, 8}}) {
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {61, 5}, {4097, 1}}) {
         const int64_t D = cs.D, H = cs.H, Hkv = cs.Hkv, chunk = 16;
-        if (dtype == DType::Q8_0 && D % 32 != 0) continue;
+        if (kv_blocks(dtype) && D % 32 != 0) continue;
         SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D=" << D << " H=" << H << " Hkv=" << Hkv
                                           << " n_rot=" << cs.n_rot << " pos0=" << pos0 << " n=" << n);
         bufs_.clear();
@@ -526,7 +536,7 @@ TEST_F(CudaAttentionTest, AttentionPrepMatchesTheChain) {
 // quantize_q8: o and every activation byte equal. Tight bounds give one split (the combine kernel then
 // gates the attention kernel's rows), the loose one many splits; tensor-core and SIMT head dims.
 TEST_F(CudaAttentionTest, GatedQ8MatchesTheChain) {
-  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0}) {
+  for (DType dtype : {DType::F16, DType::F32, DType::Q8_0, DType::Q4_0}) {
     for (auto [D, H, Hkv] : {std::tuple<int64_t, int64_t, int64_t>{256, 24, 4}, {256, 16, 2}, {128, 8, 4},
                              {96, 6, 2}, {32, 2, 1}}) {
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {61, 5}, {4097, 1}}) {
@@ -607,7 +617,7 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
   };
   const float eps = 1e-6f, base = 1e7f;
   int64_t n_checked = 0;
-  for (DType dtype : {DType::F16, DType::Q8_0}) {
+  for (DType dtype : {DType::F16, DType::Q8_0, DType::Q4_0}) {
   for (const Shape& sh : {Shape{256, 24, 4, 64}, Shape{256, 16, 2, 64}, Shape{128, 8, 4, 32}, Shape{64, 4, 1, 64},
                           Shape{32, 2, 1, 16}}) {
     // {63, 2, 1024}: the two new positions fall in two splits, each appended by its own CTA.
@@ -668,7 +678,7 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
     }
   }
   }
-  EXPECT_GE(n_checked, 40 + 36);  // F16, then Q8_0 (no head_dim 32)
+  EXPECT_GE(n_checked, 40 + 36 + 36);  // F16, then Q8_0 and Q4_0 (no head_dim 32)
 }
 
 // attention_decode_q8 captured once as a CUDA graph (bounds 256, 1024 and 4096) and replayed at positions
@@ -678,7 +688,7 @@ TEST_F(CudaAttentionTest, DecodeQ8MatchesTheChain) {
 TEST_F(CudaAttentionTest, DecodeQ8ReplaysAsGraph) {
   const int64_t D = 256, H = 16, Hkv = 2, n_rot = 64;
   const float eps = 1e-6f, base = 1e7f, scale = 1.0f / std::sqrt(static_cast<float>(D));
-  for (DType dtype : {DType::F16, DType::Q8_0}) {
+  for (DType dtype : {DType::F16, DType::Q8_0, DType::Q4_0}) {
   for (const int64_t max_kv : {int64_t{256}, int64_t{1024}, int64_t{4096}}) {
     SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " max_kv=" << max_kv);
     bufs_.clear();
@@ -846,12 +856,15 @@ TEST_F(CudaAttentionTest, RejectsBadArguments) {
   EXPECT_FALSE(cuda::attention_decode_q8(ctx_, dq1, dw, dk1, dw, dv1, 1e-6f, 64, 1e4f, p->table, d_pos, 64, 0.125f,
                                          dg1, dqo1, up(Host({64, 1, 1})), do1, dact)
                    .is_ok());
-  // Q8_0: the tensor-core head dims but 32 (34-byte rows), and head_dim a multiple of 32 anywhere.
-  EXPECT_TRUE(cuda::attention_decode_q8_applies(DType::Q8_0, 256, 16, 2, 1));
-  EXPECT_TRUE(cuda::attention_decode_q8_applies(DType::Q8_0, 64, 8, 2, 2));
-  EXPECT_FALSE(cuda::attention_decode_q8_applies(DType::Q8_0, 32, 2, 1, 1));
-  {
-    auto q80 = make_paged(DType::Q8_0, 64, 2, 16, 40);
+  // Q8_0 and Q4_0: the tensor-core head dims but 32 (34- and 18-byte rows), and head_dim a multiple of 32
+  // anywhere.
+  for (DType kv : {DType::Q8_0, DType::Q4_0}) {
+    EXPECT_TRUE(cuda::attention_decode_q8_applies(kv, 256, 16, 2, 1));
+    EXPECT_TRUE(cuda::attention_decode_q8_applies(kv, 64, 8, 2, 2));
+    EXPECT_FALSE(cuda::attention_decode_q8_applies(kv, 32, 2, 1, 1));
+  }
+  for (DType kv : {DType::Q8_0, DType::Q4_0}) {
+    auto q80 = make_paged(kv, 64, 2, 16, 40);
     bad = q80->table;
     bad.head_dim = 48;
     Host q48b({48, 8, 2});

@@ -887,7 +887,7 @@ TEST_P(CudaModelArch, DebugHookSeesHostCopies) {
   EXPECT_TRUE(bitwise_equal(seen["result_output"], gpu->logits(*st)));
 }
 
-// ---- F16 and Q8_0 KV ----
+// ---- F16, Q8_0 and Q4_0 KV ----
 
 // The CUDA model against the CPU model, both with a `kv` cache, over a 100-token prompt and `steps`
 // steps decoding the CPU's greedy tokens: every step's logits within `bound` (max|diff| / max|cpu|), the
@@ -935,18 +935,28 @@ TEST_P(CudaModelArch, HalfKvCloseToCpuHalfKv) {
   kv_close_to_cpu(tiny(OutType::kF32), DType::F16, 16, 2 * kTolF32, "cuda-f16kv");
 }
 
-// Q8_0 KV: the same codes but where an F32 input differs in its last bit across a rounding boundary
-// (one code step, 1/127 of its block's largest magnitude), so a looser bound than F16 KV. The KV is
-// quantized on both: the logits are further from the F32-KV model's than from the CPU's.
-TEST_P(CudaModelArch, Q8KvCloseToCpuQ8Kv) {
-  DS_REQUIRE_GPU();
-  auto gpu_f32 = load(tiny(OutType::kF32), kGpu, ModelOptions{});
+// A block-quantized KV cache (`kv`): kv_close_to_cpu within `bound`, and the CUDA logits further from
+// the CUDA F32-KV model's than from the CPU's (the KV is quantized on both).
+void quant_kv_close_to_cpu(const std::string& path, DType kv, double bound, const char* tag) {
+  auto gpu_f32 = load(path, kGpu, ModelOptions{});
   ASSERT_TRUE(gpu_f32);
   double from_f32 = 0;
-  const double worst =
-      kv_close_to_cpu(tiny(OutType::kF32), DType::Q8_0, 32, 2e-2, "cuda-q8kv", gpu_f32.get(), &from_f32);
-  std::printf("[cuda-q8kv] from the F32 KV %.3g\n", from_f32);
-  EXPECT_GT(from_f32, worst) << "the Q8_0 cache reads like the F32 one";
+  const double worst = kv_close_to_cpu(path, kv, 32, bound, tag, gpu_f32.get(), &from_f32);
+  std::printf("[%s] from the F32 KV %.3g\n", tag, from_f32);
+  EXPECT_GT(from_f32, worst) << "the " << dtype_name(kv) << " cache reads like the F32 one";
+}
+
+// Q8_0 KV: the same codes but where an F32 input differs in its last bit across a rounding boundary
+// (one code step, 1/127 of its block's largest magnitude), so a looser bound than F16 KV.
+TEST_P(CudaModelArch, Q8KvCloseToCpuQ8Kv) {
+  DS_REQUIRE_GPU();
+  quant_kv_close_to_cpu(tiny(OutType::kF32), DType::Q8_0, 2e-2, "cuda-q8kv");
+}
+
+// Q4_0 KV: the same with a code step of 1/8 of its block's largest magnitude, so a looser bound again.
+TEST_P(CudaModelArch, Q4KvCloseToCpuQ4Kv) {
+  DS_REQUIRE_GPU();
+  quant_kv_close_to_cpu(tiny(OutType::kF32), DType::Q4_0, 1e-1, "cuda-q4kv");
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, CudaModelArch, ::testing::Values(TestArch::kQwen35, TestArch::kQwen35Moe),

@@ -13,11 +13,13 @@
 //     mma.sync.m16n8k16 (f16 in, f32 accumulate), each warp owning 16 rows. RW = row warps: 4 for
 //     prefill (64 rows, every warp all positions of a tile); 1 or 2 for decode (16 / 32 rows, the
 //     other warps take other positions of each tile and are merged at the end).
-//   attn_tc_kernel<D, RW, kern::KvQ8>: the same over a Q8_0 cache (D in {64, 128, 256}): each tile's
-//     blocks go raw into a ring of three stages by cp.async; with RW > 1 a landed tile is converted into
-//     one half tile before its products, with RW = 1 (decode, and attn_decode_kernel) each warp converts
-//     its positions' codes straight into the mma fragments (tc_attend_q8frag);
-//   attn_simt_kernel<T, E, RB>: F32, F16 or Q8_0 KV, any D <= 512 (Q8_0: a multiple of 32; E = ceil(D / 32)
+//   attn_tc_kernel<D, RW, kern::KvQ8 / kern::KvQ4>: the same over a Q8_0 or Q4_0 cache (D in {64, 128,
+//     256}): each tile's blocks go raw into a ring of three stages by cp.async; a landed tile is
+//     converted into one half tile before its products, except Q8_0 with RW = 1 (decode, and
+//     attn_decode_kernel), where each warp converts its positions' codes straight into the mma
+//     fragments (tc_attend_q8frag);
+//   attn_simt_kernel<T, E, RB>: F32, F16, Q8_0 or Q4_0 KV, any D <= 512 (the block types: a multiple of
+//     32; E = ceil(D / 32)
 //     values per lane); warps stride over positions, a lane holds E dims of RB query rows; F32 FMA
 //     throughout.
 // Non-obvious choice: the split length is computed on the device from the actual position
@@ -74,29 +76,33 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// A Q8_0 tile (KV = kern::KvQ8): a head row is RB bytes of blocks, copied by cp.async in pieces of P bytes
-// (16, 8 or 4: what RB and so every row's address allow) into a staged row of RS bytes; a stage holds the
-// K then the V rows of one tile, and kQ8Stages stages form a ring (a tile is half an F16 tile's bytes,
-// so two in flight keep as many bytes in flight per SM as the F16 kernel's one). head_dim 32 (34-byte
-// rows: 2-byte pieces) has no tensor-core Q8_0 path.
-constexpr int kQ8Stages = 3;  // two tiles in flight while one is converted and attended
-constexpr int q8_stage_bytes(int D) { return 2 * kBN * ((kern::kv_row_bytes<kern::KvQ8>(D) + 15) / 16 * 16); }
-template <int D>
-struct Q8Tile {
-  static constexpr int RB = kern::kv_row_bytes<kern::KvQ8>(D);
+// A tile of a block-quantized cache (KV = kern::KvQ8 or kern::KvQ4): a head row is RB bytes of blocks,
+// copied by cp.async in pieces of P bytes (16, 8 or 4: what RB and so every row's address allow) into a
+// staged row of RS bytes; a stage holds the K then the V rows of one tile, and kBlockStages stages form a
+// ring (a Q8_0 tile is half an F16 tile's bytes, so two in flight keep as many bytes in flight per SM as
+// the F16 kernel's one). head_dim 32 (34- or 18-byte rows: 2-byte pieces) has no tensor-core path.
+constexpr int kBlockStages = 3;  // two tiles in flight while one is converted and attended
+template <typename KV>
+constexpr int block_stage_bytes(int D) {
+  return 2 * kBN * ((kern::kv_row_bytes<KV>(D) + 15) / 16 * 16);
+}
+template <int D, typename KV>
+struct BlockTile {
+  static constexpr int RB = kern::kv_row_bytes<KV>(D);
   static constexpr int P = RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4;
   static constexpr int NP = RB / P;
   static constexpr int RS = (RB + 15) / 16 * 16;
-  static constexpr int kStageBytes = q8_stage_bytes(D);
-  static constexpr int kStages = kQ8Stages;
+  static constexpr int kStageBytes = block_stage_bytes<KV>(D);
+  static constexpr int kStages = kBlockStages;
   static_assert(RB % 4 == 0, "cp.async pieces of at least 4 bytes");
 };
 
 // Shared memory of attn_tc_kernel<D, RW, KV> (and of attn_decode_kernel<D, KV>, RW = 1): Q [BM][D + 8]
 // half, then
 //  - F16: K and V [2 stages][kBN][D + 8] half;
-//  - Q8_0, RW > 1: K and V [kBN][D + 8] half (the converted tile), then the ring of Q8Tile<D> (and 16
-//    bytes, as the conversion reads whole words past a row's last block);
+//  - Q8_0 or Q4_0 on a half tile (Q4_0, and Q8_0 with RW > 1): K and V [kBN][D + 8] half (the converted
+//    tile), then the ring of BlockTile<D, KV> (and 16 bytes, as the conversion reads whole words past a
+//    row's last block);
 //  - Q8_0, RW = 1 (on fragments): the ring alone (and the same 16 bytes);
 // the half K/V area (on fragments the ring) is reused at the end for the per-warp partials.
 template <typename KV>
@@ -104,10 +110,10 @@ constexpr size_t tc_smem_bytes(int D, int RW) {
   const int BM = 16 * RW, KW = kWarps / RW, SK = D + 8;
   const size_t q = static_cast<size_t>(BM) * SK * 2;
   const size_t part = (static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4;
-  if constexpr (std::is_same_v<KV, kern::KvQ8>) {
-    if (RW == 1) return q + static_cast<size_t>(kQ8Stages) * q8_stage_bytes(D) + 16;
+  if constexpr (kern::kKvBlocks<KV>) {
+    const size_t raw = static_cast<size_t>(kBlockStages) * block_stage_bytes<KV>(D);
+    if (RW == 1 && std::is_same_v<KV, kern::KvQ8>) return q + raw + 16;
     const size_t kv = static_cast<size_t>(2) * kBN * SK * 2;
-    const size_t raw = static_cast<size_t>(kQ8Stages) * q8_stage_bytes(D);
     return q + (kv > part ? kv : part) + raw + 16;
   } else {
     const size_t kv = static_cast<size_t>(4) * kBN * SK * 2;
@@ -189,13 +195,13 @@ __device__ __forceinline__ void tc_load_tile(const KParams& p, __half* sK, __hal
 }
 
 // Issues the copies of positions [j0, min(j0 + kBN, copy_end)) of KV head g into the stage `raw` (K rows,
-// then V rows); the rows past copy_end are left (tc_convert_q8 zeroes those past the range, the fused
+// then V rows); the rows past copy_end are left (tc_convert_blocks zeroes those past the range, the fused
 // decode's prep writes the new positions' rows). A tile inside one KV chunk (every tile with chunks of a
 // multiple of kBN) steps thread i through pieces i, i + kThreads, ... of its rows by fixed increments;
 // the general path locates every piece on its own.
-template <int D>
-__device__ __forceinline__ void tc_load_tile_q8(const KParams& p, uint8_t* raw, int j0, int g, int copy_end) {
-  using Q = Q8Tile<D>;
+template <int D, typename KV>
+__device__ __forceinline__ void tc_load_tile_blocks(const KParams& p, uint8_t* raw, int j0, int g, int copy_end) {
+  using Q = BlockTile<D, KV>;
   const int n = min(kBN, copy_end - j0) * Q::NP;
   const int c0 = j0 / p.C, r0 = j0 - c0 * p.C;
   if (r0 + kBN <= p.C) {
@@ -225,47 +231,63 @@ __device__ __forceinline__ void tc_load_tile_q8(const KParams& p, uint8_t* raw, 
   }
 }
 
-// 4 int8 codes (one word) as 2 half2 of code * d, each rounded once (the product of an int8 and a half
-// is exact before rounding, so the bits of __float2half_rn(code * d)): a code c becomes the half
-// 1024 + (c ^ 0x80) by byte permutes (exact), less 1152, times d.
-__device__ __forceinline__ void q8_codes_to_half(uint32_t q, __half2 d2, uint32_t& lo, uint32_t& hi) {
-  const uint32_t u = q ^ 0x80808080u;
-  const __half2 bias = __half2half2(__ushort_as_half(static_cast<unsigned short>(0x6480u)));  // 1152
+// 4 bytes (one word) u_j as 2 half2 of (u_j - bias) * d, each rounded once: a byte becomes the half
+// 1024 + u_j by byte permutes (exact), less the half `bias` (1024 + the code's offset: exact), times d.
+__device__ __forceinline__ void bytes_to_half(uint32_t u, unsigned short bias, __half2 d2, uint32_t& lo, uint32_t& hi) {
+  const __half2 b2 = __half2half2(__ushort_as_half(bias));
   uint32_t a = __byte_perm(u, 0x64646464u, 0x4140), b = __byte_perm(u, 0x64646464u, 0x4342);
-  const __half2 ha = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&a), bias), d2);
-  const __half2 hb = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&b), bias), d2);
+  const __half2 ha = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&a), b2), d2);
+  const __half2 hb = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&b), b2), d2);
   lo = *reinterpret_cast<const uint32_t*>(&ha);
   hi = *reinterpret_cast<const uint32_t*>(&hb);
 }
 
-// The staged Q8_0 tile `raw` as the half tiles sK / sV the products read: element = half(code * d);
-// rows [n_rows, kBN) become zeros (P V then sees 0 * 0). A thread converts 8 elements at a time into one
-// 16-byte store (consecutive threads, consecutive stores: no bank conflicts). Its pieces are one column
-// c8 of every kRowStep-th staged row, so the piece's offset in a row, and with it the alignment of its
-// codes (a block is 2-byte aligned; they come as 4-byte words from the aligned address at or below
-// them, realigned by one byte permute whose selector is fixed per thread), is the same for all of them.
-// The loads of kQ8ConvertBatch pieces are issued before the first of their conversions: a CTA of 4
+// 4 int8 codes (one word) as 2 half2 of code * d, each rounded once (the product of an int8 and a half
+// is exact before rounding, so the bits of __float2half_rn(code * d)): a code c is the byte c ^ 0x80,
+// less 128 (the half 1152).
+__device__ __forceinline__ void q8_codes_to_half(uint32_t q, __half2 d2, uint32_t& lo, uint32_t& hi) {
+  bytes_to_half(q ^ 0x80808080u, 0x6480u, d2, lo, hi);
+}
+
+// 4 Q4_0 codes, one in the low 4 bits of each byte of n (the others zero), as 2 half2 of (c - 8) * d,
+// each rounded once (exact before rounding, as q8_codes_to_half): less 8 (the half 1032).
+__device__ __forceinline__ void q4_codes_to_half(uint32_t n, __half2 d2, uint32_t& lo, uint32_t& hi) {
+  bytes_to_half(n, 0x6408u, d2, lo, hi);
+}
+
+// The staged tile `raw` of a block-quantized cache as the half tiles sK / sV the products read: element =
+// half(code * d) (Q8_0) or half((code - 8) * d) (Q4_0); rows [n_rows, kBN) become zeros (P V then sees
+// 0 * 0). A thread converts 8 elements at a time into one 16-byte store (consecutive threads,
+// consecutive stores: no bank conflicts). Its pieces are one column c8 of every kRowStep-th staged row,
+// so the piece's offset in a row, and with it the alignment of its codes (a block is 2-byte aligned;
+// they come as 4-byte words from the aligned address at or below them, realigned by one byte permute
+// whose selector is fixed per thread), is the same for all of them. A Q8_0 piece is 8 consecutive code
+// bytes; a Q4_0 piece is the low (elements 0-15 of a block) or high (16-31) nibbles of 8 consecutive
+// bytes. The loads of kConvertBatch pieces are issued before the first of their conversions: a CTA of 4
 // warps has no other warp to hide a piece's shared-load latency behind.
-constexpr int kQ8ConvertBatch = 8;
-template <int D>
-__device__ __forceinline__ void tc_convert_q8(const uint8_t* raw, __half* sK, __half* sV, int n_rows) {
-  using Q = Q8Tile<D>;
+constexpr int kConvertBatch = 8;
+template <int D, typename KV>
+__device__ __forceinline__ void tc_convert_blocks(const uint8_t* raw, __half* sK, __half* sV, int n_rows) {
+  using Q = BlockTile<D, KV>;
+  constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
   constexpr int NC = D / 8, SK = D + 8;  // 8-element pieces a row
   constexpr int kRowStep = kThreads / NC;
   constexpr int kPieces = 2 * kBN / kRowStep;  // a thread's pieces: K rows, then V rows
-  static_assert(kThreads % NC == 0 && kBN % kRowStep == 0 && kPieces % kQ8ConvertBatch == 0, "pieces tile the CTA");
+  static_assert(kThreads % NC == 0 && kBN % kRowStep == 0 && kPieces % kConvertBatch == 0, "pieces tile the CTA");
   const int c8 = static_cast<int>(threadIdx.x) % NC, r0 = static_cast<int>(threadIdx.x) / NC;
-  const int blk_off = (c8 / 4) * kern::kKvQ8BlockBytes, code_off = blk_off + 2 + (c8 % 4) * 8;
+  const int blk_off = (c8 / 4) * kern::kv_block_bytes<KV>();
+  const int code_off = blk_off + 2 + (kQ8 ? c8 % 4 : c8 % 2) * 8;
+  const int nib_shift = !kQ8 && c8 % 4 >= 2 ? 4 : 0;  // Q4_0: the high nibbles hold elements 16-31
   const uint8_t* first = raw + r0 * Q::RS;
   const int sh = static_cast<int>(reinterpret_cast<uintptr_t>(first + code_off) & 3);  // 0 or 2, every row
   const uint32_t sel = sh != 0 ? 0x5432u : 0x3210u;  // 0x3210: the first word as it is
   const int word_off = code_off - sh;
 #pragma unroll
-  for (int b = 0; b < kPieces; b += kQ8ConvertBatch) {
-    uint32_t w[kQ8ConvertBatch][3];
-    __half d[kQ8ConvertBatch];
+  for (int b = 0; b < kPieces; b += kConvertBatch) {
+    uint32_t w[kConvertBatch][3];
+    __half d[kConvertBatch];
 #pragma unroll
-    for (int k = 0; k < kQ8ConvertBatch; ++k) {
+    for (int k = 0; k < kConvertBatch; ++k) {
       const uint8_t* row = first + (b + k) * kRowStep * Q::RS;
       d[k] = *reinterpret_cast<const __half*>(row + blk_off);
       const uint32_t* wp = reinterpret_cast<const uint32_t*>(row + word_off);
@@ -274,14 +296,20 @@ __device__ __forceinline__ void tc_convert_q8(const uint8_t* raw, __half* sK, __
       w[k][2] = wp[2];  // past a row's last block: the next row's or the ring's padding, unused
     }
 #pragma unroll
-    for (int k = 0; k < kQ8ConvertBatch; ++k) {
+    for (int k = 0; k < kConvertBatch; ++k) {
       const int rr = r0 + (b + k) * kRowStep;  // staged row: K rows [0, kBN), then V rows
       const bool is_k = (b + k) * kRowStep < kBN;  // known at compile time (r0 < kRowStep)
       const int row = is_k ? rr : rr - kBN;
       const __half2 d2 = __half2half2(d[k]);
+      const uint32_t c0 = __byte_perm(w[k][0], w[k][1], sel), c1 = __byte_perm(w[k][1], w[k][2], sel);
       uint4 out;
-      q8_codes_to_half(__byte_perm(w[k][0], w[k][1], sel), d2, out.x, out.y);
-      q8_codes_to_half(__byte_perm(w[k][1], w[k][2], sel), d2, out.z, out.w);
+      if constexpr (kQ8) {
+        q8_codes_to_half(c0, d2, out.x, out.y);
+        q8_codes_to_half(c1, d2, out.z, out.w);
+      } else {
+        q4_codes_to_half((c0 >> nib_shift) & 0x0F0F0F0Fu, d2, out.x, out.y);
+        q4_codes_to_half((c1 >> nib_shift) & 0x0F0F0F0Fu, d2, out.z, out.w);
+      }
       if (row >= n_rows) out = make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>((is_k ? sK : sV) + row * SK + c8 * 8) = out;
     }
@@ -375,12 +403,12 @@ __device__ __forceinline__ void stage_and_write(const KParams& p, const float (&
 // The tensor-core attention of packed rows [row0, row_end) of KV head g over the positions [kv_begin,
 // kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
 // or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
-// KV: __half (F16 tiles, double-buffered by cp.async) or kern::KvQ8 (raw: the ring of Q8Tile<D>, each
-// stage converted into the one half tile sK / sV after it lands).
+// KV: __half (F16 tiles, double-buffered by cp.async) or kern::KvQ8 / kern::KvQ4 (raw: the ring of
+// BlockTile<D, KV>, each stage converted into the one half tile sK / sV after it lands).
 template <int D, int RW, typename KV, bool kTile0Issued = false>
 __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __half* sK, __half* sV, uint8_t* raw,
                                           const CtaWork& w) {
-  constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
+  constexpr bool kBlocks = kern::kKvBlocks<KV>;
   const int g = w.g, pos0 = w.pos0, row0 = w.row0, kv_begin = w.kv_begin, kv_end = w.kv_end;
   constexpr int KW = kWarps / RW;  // warps sharing the same rows, splitting each tile's positions
   constexpr int BM = 16 * RW;      // rows per CTA
@@ -405,24 +433,24 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
   if constexpr (!kTile0Issued) {  // else the caller's group of copies holds the first tile
-    if constexpr (kQ8) {
-      tc_load_tile_q8<D>(p, raw, kv_begin, g, kv_end);
+    if constexpr (kBlocks) {
+      tc_load_tile_blocks<D, KV>(p, raw, kv_begin, g, kv_end);
     } else {
       tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g, kv_end);
     }
     cp_async_commit();
   }
-  using Q = Q8Tile<D>;
-  if constexpr (kQ8) {  // the second tile's group (empty where there is none)
-    if (n_tiles > 1) tc_load_tile_q8<D>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
+  using Q = BlockTile<D, KV>;
+  if constexpr (kBlocks) {  // the second tile's group (empty where there is none)
+    if (n_tiles > 1) tc_load_tile_blocks<D, KV>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
     cp_async_commit();
   }
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int stage = kQ8 ? 0 : tile & 1;  // Q8_0: one half tile, converted from raw stage tile % 3
-    if constexpr (kQ8) {
+    const int stage = kBlocks ? 0 : tile & 1;  // blocks: one half tile, converted from raw stage tile % 3
+    if constexpr (kBlocks) {
       if (tile + 2 < n_tiles) {
-        tc_load_tile_q8<D>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN, g,
-                           kv_end);
+        tc_load_tile_blocks<D, KV>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN,
+                                   g, kv_end);
       }
       cp_async_commit();
       cp_async_wait<2>();  // this tile's group has landed (the next two may be in flight)
@@ -435,8 +463,9 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
       cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
     }
     __syncthreads();
-    if constexpr (kQ8) {
-      tc_convert_q8<D>(raw + tile % Q::kStages * Q::kStageBytes, sK, sV, min(kBN, kv_end - kv_begin - tile * kBN));
+    if constexpr (kBlocks) {
+      tc_convert_blocks<D, KV>(raw + tile % Q::kStages * Q::kStageBytes, sK, sV,
+                               min(kBN, kv_end - kv_begin - tile * kBN));
       __syncthreads();
     }
 
@@ -494,7 +523,7 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
 //  - P V: the output column n = lane / 4 of n-tile 4 b + j is head dim 32 b + 4 n + j, so a lane's B
 //    fragments of four n-tiles come from one word of each of its four positions, and the partials are
 //    stored back by frag_o_col.
-// The elements are half(code * d) as tc_convert_q8 makes them; only the products' summation order differs.
+// The elements are half(code * d) as tc_convert_blocks makes them; only the products' summation order differs.
 __device__ __forceinline__ int frag_q_col(int d) {
   const int p = d & 15, t = p >> 2, j = p & 3;
   return (d & ~15) + 2 * t + (j & 1) + 8 * (j >> 1);
@@ -531,7 +560,7 @@ __device__ __forceinline__ void q8_pair_to_half(uint32_t a, uint32_t b, __half2 
 // the ring (the first tile's group issued by the caller when kTile0Issued).
 template <int D, bool kTile0Issued>
 __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half* sQ, uint8_t* raw, const CtaWork& w) {
-  using Q = Q8Tile<D>;
+  using Q = BlockTile<D, kern::KvQ8>;
   constexpr int KW = kWarps, BM = 16, PW = kBN / KW, NT = PW / 8, DT = D / 8, SK = D + 8;
   constexpr int BB = kern::kKvQ8BlockBytes;
   static_assert(PW == 16 && NT == 2 && Q::RS % 4 == 0, "a warp's 16 positions are one k16 step of P V");
@@ -548,16 +577,17 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
   if constexpr (!kTile0Issued) {
-    tc_load_tile_q8<D>(p, raw, kv_begin, g, kv_end);
+    tc_load_tile_blocks<D, kern::KvQ8>(p, raw, kv_begin, g, kv_end);
     cp_async_commit();
   }
-  if (n_tiles > 1) tc_load_tile_q8<D>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
+  if (n_tiles > 1) tc_load_tile_blocks<D, kern::KvQ8>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
   cp_async_commit();
   for (int tile = 0; tile < n_tiles; ++tile) {
     cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
     __syncthreads();     // ... for every thread, and every warp is done with the stage refilled next
     if (tile + 2 < n_tiles) {
-      tc_load_tile_q8<D>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN, g, kv_end);
+      tc_load_tile_blocks<D, kern::KvQ8>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN,
+                                         g, kv_end);
     }
     cp_async_commit();
     const uint8_t* kst = raw + tile % Q::kStages * Q::kStageBytes;
@@ -633,7 +663,7 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
   __syncthreads();  // every warp is done with the ring before the partials go over it
 
   static_assert((static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4 <=
-                    static_cast<size_t>(kQ8Stages) * q8_stage_bytes(D),
+                    static_cast<size_t>(kBlockStages) * block_stage_bytes<kern::KvQ8>(D),
                 "the partials fit in the ring");
   stage_and_write<D, KW, BM>(p, O, m_a, m_b, l_a, l_b, reinterpret_cast<float*>(raw), kw, ra, lane, w,
                              [](int i, int n) { return frag_o_col(i, n); });
@@ -644,12 +674,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
   kern::dependency_sync();
   constexpr bool kFrag = RW == 1 && std::is_same_v<KV, kern::KvQ8>;  // Q8_0 decode: on fragments
   constexpr int BM = 16 * RW, SK = D + 8;
-  constexpr int kStages = kFrag ? 0 : std::is_same_v<KV, kern::KvQ8> ? 1 : 2;  // half tiles (see tc_smem_bytes)
+  constexpr int kStages = kFrag ? 0 : kern::kKvBlocks<KV> ? 1 : 2;  // half tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + BM * SK;              // [kStages][kBN][SK]
   __half* sV = sK + kStages * kBN * SK;   // [kStages][kBN][SK]
-  auto* raw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * SK);  // Q8_0: the ring of Q8Tile<D>
+  auto* raw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * SK);  // blocks: the ring of BlockTile<D, KV>
 
   const CtaWork w = cta_work(p, BM);
   if (!w.live) return;
@@ -761,7 +791,8 @@ constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
 // y: kWarps * D floats of shared memory (a warp's staging row); cs: the rotation angles of the new
 // positions, n_rot / 2 per token; sK / sV: the first tile's stage, whose copies (issued before the
 // dependency wait) leave the new positions' rows to this function.
-// KV = kern::KvQ8: the new rows of the first tile go into its raw stage as Q8_0 blocks (sK / sV unused).
+// KV = kern::KvQ8 / kern::KvQ4: the new rows of the first tile go into its raw stage as blocks (sK / sV
+// unused here).
 template <int D, typename KV>
 __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV, uint8_t* raw, float* y_all,
                             const double2* cs, const CtaWork& w) {
@@ -780,8 +811,8 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
     // Into the cache: by the k_out CTA, and by any CTA that reads the row back from a later tile (row
     // plans: the same bytes).
     const bool append = k_out || !first_tile;
-    if constexpr (std::is_same_v<KV, kern::KvQ8>) {
-      using Q = Q8Tile<D>;
+    if constexpr (kern::kKvBlocks<KV>) {
+      using Q = BlockTile<D, KV>;
       const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * Q::RB;
       if (k_out) {
         for (int i = lane; i < D; i += 32) p.k_out[in + i] = y[i];
@@ -791,8 +822,8 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
       uint8_t* vc = append ? const_cast<uint8_t*>(p.v_base[c]) + p.v_off + off : nullptr;
       uint8_t* ks = first_tile ? raw + (j - kv_begin) * Q::RS : nullptr;
       uint8_t* vs = first_tile ? raw + (kBN + j - kv_begin) * Q::RS : nullptr;
-      kern::store_kv_row_q8(kc, ks, y, D, lane);
-      kern::store_kv_row_q8(vc, vs, p.v_in + in, D, lane);
+      kern::store_kv_row_blocks<KV>(kc, ks, y, D, lane);
+      kern::store_kv_row_blocks<KV>(vc, vs, p.v_in + in, D, lane);
     } else {
       const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
       __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
@@ -835,23 +866,29 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
 template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
   constexpr int SK = D + 8;
-  constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
-  constexpr int kStages = kQ8 ? 0 : 2;  // F16 tiles (see tc_smem_bytes); Q8_0 runs on fragments
+  constexpr bool kFrag = std::is_same_v<KV, kern::KvQ8>;  // Q8_0 runs on fragments
+  constexpr bool kBlocks = kern::kKvBlocks<KV>;
+  constexpr int kStages = kFrag ? 0 : kBlocks ? 1 : 2;  // half tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + kFuseRows * SK;     // [kStages][kBN][SK]
   __half* sV = sK + kStages * kBN * SK;  // [kStages][kBN][SK]
-  auto* raw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * SK);  // Q8_0: the ring of Q8Tile<D>
+  auto* raw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * SK);  // blocks: the ring of BlockTile<D, KV>
   // Before the dependency wait (the position is written by a copy ahead of the step's kernels, the KV
-  // rows before it by earlier steps): the new positions' rotation angles (until the prep is done, in the
-  // second V stage, or with Q8_0 in the ring's second stage, which the attention fills after the prep)
-  // and the copies of the first tile's old positions. The prep's staging rows: the second K stage (Q8_0:
-  // the ring's third stage).
-  static_assert(!kQ8 || (kFuseRows * D / 2 * sizeof(double2) <= static_cast<size_t>(q8_stage_bytes(D)) &&
-                         kWarps * D * sizeof(float) <= static_cast<size_t>(q8_stage_bytes(D))),
-                "the prep's staging fits a stage");
-  double2* cs = reinterpret_cast<double2*>(kQ8 ? raw + q8_stage_bytes(D) : reinterpret_cast<uint8_t*>(sV + kBN * SK));
-  float* y_all = reinterpret_cast<float*>(kQ8 ? raw + 2 * q8_stage_bytes(D) : reinterpret_cast<uint8_t*>(sK + kBN * SK));
+  // rows before it by earlier steps): the new positions' rotation angles and the copies of the first
+  // tile's old positions. Until the prep is done, the angles live in the second V stage (F16), the ring's
+  // second stage (Q8_0, which the attention fills after the prep) or the half K tile (Q4_0, which the
+  // first conversion fills after the prep); the prep's staging rows in the second K stage, the ring's
+  // third stage or the half V tile.
+  constexpr size_t kStageRoom = kFrag ? block_stage_bytes<KV>(D) : static_cast<size_t>(kBN) * SK * 2;
+  static_assert(kFuseRows * D / 2 * sizeof(double2) <= kStageRoom && kWarps * D * sizeof(float) <= kStageRoom,
+                "the prep's staging fits");
+  uint8_t* cs_at = kFrag ? raw + block_stage_bytes<KV>(D)
+                         : reinterpret_cast<uint8_t*>(kBlocks ? sK : sV + kBN * SK);
+  uint8_t* y_at = kFrag ? raw + 2 * block_stage_bytes<KV>(D)
+                        : reinterpret_cast<uint8_t*>(kBlocks ? sV : sK + kBN * SK);
+  double2* cs = reinterpret_cast<double2*>(cs_at);
+  float* y_all = reinterpret_cast<float*>(y_at);
   const CtaWork w = cta_range(p, gridDim.y > 1 ? 1 : kFuseRows);  // rows: one per CTA; row blocks: [0, R)
   if (w.live) {
     const int half = p.n_rot / 2;
@@ -859,8 +896,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
       const int t = i / half;
       cs[i] = kern::rope_neox_cos_sin(static_cast<int64_t>(w.pos0) + t, i - t * half, p.n_rot, p.log2_base);
     }
-    if constexpr (kQ8) {
-      tc_load_tile_q8<D>(p, raw, w.kv_begin, w.g, min(w.kv_end, w.pos0));
+    if constexpr (kBlocks) {
+      tc_load_tile_blocks<D, KV>(p, raw, w.kv_begin, w.g, min(w.kv_end, w.pos0));
     } else {
       tc_load_tile<D>(p, sK, sV, w.kv_begin, w.kv_end, w.g, min(w.kv_end, w.pos0));
     }
@@ -874,7 +911,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   }
   decode_prep<D, KV>(p, sQ, sK, sV, raw, y_all, cs, w);
   kern::timeline_mark(0);  // q / k normalized and rotated, k / v appended
-  if constexpr (kQ8) {
+  if constexpr (kFrag) {
     tc_attend_q8frag<D, true>(p, sQ, raw, w);
   } else {
     tc_attend<D, 1, KV, true>(p, sQ, sK, sV, raw, w);
@@ -882,15 +919,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   kern::timeline_mark(1);  // attended, gated, stored
 }
 
-// ---- SIMT path (F32 or F16 KV, any head_dim <= 512; Q8_0, head_dim a multiple of 32) ----
+// ---- SIMT path (F32 or F16 KV, any head_dim <= 512; Q8_0 and Q4_0, head_dim a multiple of 32) ----
 
 // Element d of a KV row (a head's row of the cache) as a float.
 template <typename T>
 __device__ __forceinline__ float kv_element(const uint8_t* row, int d) {
   if constexpr (std::is_same_v<T, kern::KvQ8>) {
-    const uint8_t* blk = row + d / kern::kKvQ8Block * kern::kKvQ8BlockBytes;
-    return static_cast<float>(static_cast<int8_t>(blk[2 + d % kern::kKvQ8Block])) *
+    const uint8_t* blk = row + d / kern::kKvBlock * kern::kKvQ8BlockBytes;
+    return static_cast<float>(static_cast<int8_t>(blk[2 + d % kern::kKvBlock])) *
            __half2float(*reinterpret_cast<const __half*>(blk));
+  } else if constexpr (std::is_same_v<T, kern::KvQ4>) {
+    const uint8_t* blk = row + d / kern::kKvBlock * kern::kKvQ4BlockBytes;
+    const int i = d % kern::kKvBlock, b = blk[2 + i % 16];
+    return static_cast<float>((i < 16 ? b & 0xF : b >> 4) - 8) * __half2float(*reinterpret_cast<const __half*>(blk));
   } else {
     return to_float(reinterpret_cast<const T*>(row)[d]);
   }
@@ -1006,17 +1047,22 @@ KernelPick pick_simt(int D) {
   }
 }
 
+// The tensor-core kernels of a block-quantized cache: head_dim 64, 128 or 256.
+template <typename KV>
+KernelPick pick_tc_blocks(int D, int rw) {
+  switch (D) {
+    case 64: return pick_tc<64, KV>(rw);
+    case 128: return pick_tc<128, KV>(rw);
+    case 256: return pick_tc<256, KV>(rw);
+    default: return {};
+  }
+}
+
 KernelPick pick_kernel(AttnPath path, DType dtype, int D, int rows_per_cta) {
   if (path == AttnPath::kTensorCore) {
     const int rw = rows_per_cta / 16;
-    if (dtype == DType::Q8_0) {
-      switch (D) {
-        case 64: return pick_tc<64, kern::KvQ8>(rw);
-        case 128: return pick_tc<128, kern::KvQ8>(rw);
-        case 256: return pick_tc<256, kern::KvQ8>(rw);
-        default: return {};
-      }
-    }
+    if (dtype == DType::Q8_0) return pick_tc_blocks<kern::KvQ8>(D, rw);
+    if (dtype == DType::Q4_0) return pick_tc_blocks<kern::KvQ4>(D, rw);
     switch (D) {
       case 32: return pick_tc<32, __half>(rw);
       case 64: return pick_tc<64, __half>(rw);
@@ -1025,7 +1071,8 @@ KernelPick pick_kernel(AttnPath path, DType dtype, int D, int rows_per_cta) {
       default: return {};
     }
   }
-  if (dtype == DType::Q8_0) return D % kern::kKvQ8Block == 0 ? pick_simt<kern::KvQ8>(D) : KernelPick{};
+  if (dtype == DType::Q8_0) return D % kern::kKvBlock == 0 ? pick_simt<kern::KvQ8>(D) : KernelPick{};
+  if (dtype == DType::Q4_0) return D % kern::kKvBlock == 0 ? pick_simt<kern::KvQ4>(D) : KernelPick{};
   return dtype == DType::F16 ? pick_simt<__half>(D) : pick_simt<float>(D);
 }
 
@@ -1059,8 +1106,8 @@ cudaError_t configure(const KernelPick& k, int device, int* device_slots, int* p
 bool tc_allowed(const AttnPagedArgs& a) {
   const int D = a.kv.head_dim;
   const bool shape = a.kv.dtype == DType::F16   ? D == 32 || D == 64 || D == 128 || D == 256
-                     : a.kv.dtype == DType::Q8_0 ? D == 64 || D == 128 || D == 256
-                                                 : false;
+                     : a.kv.dtype == DType::Q8_0 || a.kv.dtype == DType::Q4_0 ? D == 64 || D == 128 || D == 256
+                                                                                  : false;
   return shape && a.kv.k_offset % 16 == 0 && a.kv.v_offset % 16 == 0;
 }
 
@@ -1132,15 +1179,19 @@ KernelPick pick_decode() {
   return {reinterpret_cast<const void*>(attn_decode_kernel<D, KV>), tc_smem_bytes<KV>(D, 1)};
 }
 
-KernelPick pick_decode_kernel(DType dtype, int D) {
-  if (dtype == DType::Q8_0) {
-    switch (D) {
-      case 64: return pick_decode<64, kern::KvQ8>();
-      case 128: return pick_decode<128, kern::KvQ8>();
-      case 256: return pick_decode<256, kern::KvQ8>();
-      default: return {};
-    }
+template <typename KV>
+KernelPick pick_decode_blocks(int D) {
+  switch (D) {
+    case 64: return pick_decode<64, KV>();
+    case 128: return pick_decode<128, KV>();
+    case 256: return pick_decode<256, KV>();
+    default: return {};
   }
+}
+
+KernelPick pick_decode_kernel(DType dtype, int D) {
+  if (dtype == DType::Q8_0) return pick_decode_blocks<kern::KvQ8>(D);
+  if (dtype == DType::Q4_0) return pick_decode_blocks<kern::KvQ4>(D);
   if (dtype != DType::F16) return {};
   switch (D) {
     case 32: return pick_decode<32, __half>();
@@ -1227,7 +1278,7 @@ cudaError_t attention_paged_plan(
 const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
   const int D = a.kv.head_dim, Hkv = a.kv.n_head_kv;
   const bool dtype_ok = a.kv.dtype == DType::F16 || a.kv.dtype == DType::F32 ||
-                        (a.kv.dtype == DType::Q8_0 && D % kern::kKvQ8Block == 0);
+                        ((a.kv.dtype == DType::Q8_0 || a.kv.dtype == DType::Q4_0) && D % kern::kKvBlock == 0);
   if (D <= 0 || D > kAttnMaxHeadDim || Hkv <= 0 || a.n_head % Hkv != 0 || a.n_tokens <= 0 ||
       a.kv.chunk_tokens <= 0 || !dtype_ok) {
     return cudaErrorInvalidValue;

@@ -1,5 +1,6 @@
 // CUDA kernels of the attention layer's prep (launchers in attention_launch.h): kv_append writes K and V
-// rows at the device position into the paged cache (F32, F16, or Q8_0 blocks, each quantized by a warp);
+// rows at the device position into the paged cache (F32, F16, or Q8_0 / Q4_0 blocks, a row quantized by a
+// warp);
 // attention_prep does an attention layer's q/k RMSNorm, RoPE at the device position and the KV append in
 // one kernel.
 // Non-obvious choice: attention_prep gives a warp to each (token, head row) of q, k and v, so every
@@ -38,25 +39,27 @@ __global__ void kv_append_kernel(const float* k, const float* v, const uint8_t* 
   }
 }
 
-// Q8_0 KV (kern::KvQ8): one warp per (token, head) row of k or v, the row's blocks quantized by the warp.
-constexpr int kAppendQ8Warps = 8;
+// Q8_0 / Q4_0 KV (KV = kern::KvQ8 / kern::KvQ4): one warp per (token, head) row of k or v, the row's
+// blocks quantized by the warp.
+constexpr int kAppendBlockWarps = 8;
 
-__global__ void __launch_bounds__(32 * kAppendQ8Warps) kv_append_q8_kernel(const float* k, const float* v,
-                                                                           PagedKvArgs kv, const int32_t* d_pos,
-                                                                           int64_t n_rows) {
+template <typename KV>
+__global__ void __launch_bounds__(32 * kAppendBlockWarps) kv_append_blocks_kernel(const float* k, const float* v,
+                                                                                  PagedKvArgs kv, const int32_t* d_pos,
+                                                                                  int64_t n_rows) {
   kern::dependency_sync();
   const int pos0 = *d_pos;
   if (pos0 < 0) return;
   const int lane = threadIdx.x % 32, D = kv.head_dim, Hkv = kv.n_head_kv;
-  const int rb = kern::kv_row_bytes<kern::KvQ8>(D);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kAppendQ8Warps + threadIdx.x / 32; i < 2 * n_rows;
-       i += static_cast<int64_t>(gridDim.x) * kAppendQ8Warps) {
+  const int rb = kern::kv_row_bytes<KV>(D);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kAppendBlockWarps + threadIdx.x / 32; i < 2 * n_rows;
+       i += static_cast<int64_t>(gridDim.x) * kAppendBlockWarps) {
     const bool is_v = i >= n_rows;
     const int64_t th = is_v ? i - n_rows : i, t = th / Hkv, h = th - t * Hkv;
     const int64_t pos = pos0 + t, c = pos / kv.chunk_tokens, r = pos - c * kv.chunk_tokens;
     uint8_t* dst = const_cast<uint8_t*>(is_v ? kv.v_base[c] : kv.k_base[c]) + (is_v ? kv.v_offset : kv.k_offset) +
                    (r * Hkv + h) * rb;
-    kern::store_kv_row<kern::KvQ8>(dst, (is_v ? v : k) + th * D, D, lane);
+    kern::store_kv_row<KV>(dst, (is_v ? v : k) + th * D, D, lane);
   }
 }
 
@@ -117,11 +120,15 @@ cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& 
   } else if (kv.dtype == DType::F32) {
     launch_kernel(kv_append_kernel<float>, blocks, 256, 0, s, k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
                   kv.chunk_tokens, row, d_pos, total);
-  } else if (kv.dtype == DType::Q8_0 && kv.head_dim % kern::kKvQ8Block == 0) {
+  } else if ((kv.dtype == DType::Q8_0 || kv.dtype == DType::Q4_0) && kv.head_dim % kern::kKvBlock == 0) {
     const int64_t n_rows = n_tokens * kv.n_head_kv;
-    const unsigned q8_blocks =
-        static_cast<unsigned>(std::min<int64_t>((2 * n_rows + kAppendQ8Warps - 1) / kAppendQ8Warps, 4096));
-    launch_kernel(kv_append_q8_kernel, q8_blocks, 32 * kAppendQ8Warps, 0, s, k, v, kv, d_pos, n_rows);
+    const unsigned ctas =
+        static_cast<unsigned>(std::min<int64_t>((2 * n_rows + kAppendBlockWarps - 1) / kAppendBlockWarps, 4096));
+    if (kv.dtype == DType::Q8_0) {
+      launch_kernel(kv_append_blocks_kernel<kern::KvQ8>, ctas, 32 * kAppendBlockWarps, 0, s, k, v, kv, d_pos, n_rows);
+    } else {
+      launch_kernel(kv_append_blocks_kernel<kern::KvQ4>, ctas, 32 * kAppendBlockWarps, 0, s, k, v, kv, d_pos, n_rows);
+    }
   } else {
     return cudaErrorInvalidValue;
   }
@@ -140,8 +147,10 @@ cudaError_t attention_prep_launch(const AttnPrepArgs& a, int64_t n_tokens, cudaS
     launch_kernel(attention_prep_kernel<__half>, grid, 32 * kPrepWarps, 0, s, a);
   } else if (a.kv.dtype == DType::F32) {
     launch_kernel(attention_prep_kernel<float>, grid, 32 * kPrepWarps, 0, s, a);
-  } else if (a.kv.dtype == DType::Q8_0 && a.kv.head_dim % kern::kKvQ8Block == 0) {
+  } else if (a.kv.dtype == DType::Q8_0 && a.kv.head_dim % kern::kKvBlock == 0) {
     launch_kernel(attention_prep_kernel<kern::KvQ8>, grid, 32 * kPrepWarps, 0, s, a);
+  } else if (a.kv.dtype == DType::Q4_0 && a.kv.head_dim % kern::kKvBlock == 0) {
+    launch_kernel(attention_prep_kernel<kern::KvQ4>, grid, 32 * kPrepWarps, 0, s, a);
   } else {
     return cudaErrorInvalidValue;
   }

@@ -20,17 +20,28 @@ namespace ds::cuda::kern {
 __device__ __forceinline__ void store_kv(float* dst, float v) { *dst = v; }
 __device__ __forceinline__ void store_kv(__half* dst, float v) { *dst = __float2half_rn(v); }
 
-// The element type tag of a Q8_0 KV cache: a (position, head) row of D elements is D / 32 blocks of 34
-// bytes (an fp16 scale d, then 32 int8 codes), quant/blocks.h BlockQ8_0.
+// The element type tags of the block-quantized KV caches: a (position, head) row of D elements is D / 32
+// blocks (quant/blocks.h), each an fp16 scale d and then the codes: KvQ8 BlockQ8_0 (34 bytes, 32 int8
+// codes), KvQ4 BlockQ4_0 (18 bytes, element j in the low nibble of byte j, element j + 16 in its high
+// nibble, a code c meaning (c - 8) d).
 struct KvQ8 {};
-constexpr int kKvQ8Block = quant::kQK8_0;
+struct KvQ4 {};
+template <typename T>
+inline constexpr bool kKvBlocks = std::is_same_v<T, KvQ8> || std::is_same_v<T, KvQ4>;
+constexpr int kKvBlock = quant::kQK8_0;  // elements of a block, both types
+static_assert(quant::kQK4_0 == kKvBlock, "one block size");
 constexpr int kKvQ8BlockBytes = static_cast<int>(sizeof(quant::BlockQ8_0));
+constexpr int kKvQ4BlockBytes = static_cast<int>(sizeof(quant::BlockQ4_0));
+template <typename T>
+constexpr int kv_block_bytes() {
+  return std::is_same_v<T, KvQ8> ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+}
 
 // Bytes of one (position, head) row of D elements of the KV cache.
 template <typename T>
 __host__ __device__ constexpr int kv_row_bytes(int D) {
-  if constexpr (std::is_same_v<T, KvQ8>) {
-    return D / kKvQ8Block * kKvQ8BlockBytes;
+  if constexpr (kKvBlocks<T>) {
+    return D / kKvBlock * kv_block_bytes<T>();
   } else {
     return D * static_cast<int>(sizeof(T));
   }
@@ -38,51 +49,84 @@ __host__ __device__ constexpr int kv_row_bytes(int D) {
 
 // One Q8_0 block of a row quantized by a full warp, lane l holding element l: quant::quantize_row_q8_0's
 // bits (d = amax / 127, codes lrintf(x / d) by the reciprocal, d stored as fp16). NaN elements leave amax
-// as it is (std::max's order) and code 0.
-__device__ __forceinline__ void quantize_kv_q8_block(float x, int8_t& code, __half& d_out) {
+// as it is (std::max's order) and code 0. Lane l's code is byte l of the block's codes.
+__device__ __forceinline__ void quantize_kv_q8_block(float x, uint8_t& code, __half& d_out) {
   float amax = x == x ? fabsf(x) : 0.0f;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  code = static_cast<int8_t>(__float2int_rn(x * id));
+  code = static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(x * id)));
+  d_out = __float2half_rn(d);
+}
+
+// One Q4_0 block of a row quantized by a full warp, lane l holding element l: quant::quantize_row_q4_0's
+// bits. The scale comes from the signed value of the first element of largest |x| (NaN and zeros never
+// are: d = -0 for a block without a nonzero element), d = max / -8, codes min(15, trunc(x / d + 8.5)) by
+// the reciprocal, each operation rounded alone as the CPU's (no contraction into an FMA). A NaN element
+// gets code 0, what the CPU's conversion gives it on x86. Lanes 0..15 return byte l of the block's codes
+// (elements l and l + 16), the others garbage.
+__device__ __forceinline__ void quantize_kv_q4_block(float x, int lane, uint8_t& code, __half& d_out) {
+  float a = x == x ? fabsf(x) : 0.0f, mx = x;
+  int at = lane;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {  // the largest |x|, ties to the lower lane: every lane agrees
+    const float oa = __shfl_xor_sync(0xFFFFFFFFu, a, o), om = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
+    const int oat = __shfl_xor_sync(0xFFFFFFFFu, at, o);
+    if (oa > a || (oa == a && oat < at)) {
+      a = oa;
+      mx = om;
+      at = oat;
+    }
+  }
+  const float d = (a > 0.0f ? mx : 0.0f) / -8.0f;
+  const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+  const int q = min(15, static_cast<int>(static_cast<int8_t>(__float2int_rz(__fadd_rn(__fmul_rn(x, id), 8.5f)))));
+  const int q_hi = __shfl_down_sync(0xFFFFFFFFu, q, 16);
+  code = static_cast<uint8_t>(q | (q_hi << 4));
   d_out = __float2half_rn(d);
 }
 
 // One full warp quantizes the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into
-// Q8_0 blocks and stores them at dst and at dst2 (either may be null: only the other is written). The
-// elements of up to 8 blocks are loaded before the first block's reduction: y is often another kernel's
-// output, an L2 round trip each (and a store to dst may alias y for all the compiler knows, so it would
-// not move a later load ahead).
-__device__ __forceinline__ void store_kv_row_q8(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
-  constexpr int kBatch = 8;
-  const int nb = D / kKvQ8Block;
+// KV blocks (KvQ8 or KvQ4) and stores them at dst and at dst2 (either may be null: only the other is
+// written). The elements of up to 8 blocks are loaded before the first block's reduction: y is often
+// another kernel's output, an L2 round trip each (and a store to dst may alias y for all the compiler
+// knows, so it would not move a later load ahead).
+template <typename KV>
+__device__ __forceinline__ void store_kv_row_blocks(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
+  constexpr int kBatch = 8, BB = kv_block_bytes<KV>();
+  constexpr int kCodeLanes = std::is_same_v<KV, KvQ8> ? 32 : 16;  // lanes holding a code byte
+  const int nb = D / kKvBlock;
   for (int b0 = 0; b0 < nb; b0 += kBatch) {
     float x[kBatch];
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) x[k] = y[min(b0 + k, nb - 1) * kKvQ8Block + lane];  // past the row: unused
+    for (int k = 0; k < kBatch; ++k) x[k] = y[min(b0 + k, nb - 1) * kKvBlock + lane];  // past the row: unused
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       if (b0 + k >= nb) break;
-      int8_t code;
+      uint8_t code;
       __half d;
-      quantize_kv_q8_block(x[k], code, d);
+      if constexpr (std::is_same_v<KV, KvQ8>) {
+        quantize_kv_q8_block(x[k], code, d);
+      } else {
+        quantize_kv_q4_block(x[k], lane, code, d);
+      }
       for (uint8_t* out : {dst, dst2}) {
         if (out == nullptr) continue;
-        uint8_t* blk = out + (b0 + k) * kKvQ8BlockBytes;
-        blk[2 + lane] = static_cast<uint8_t>(code);
+        uint8_t* blk = out + (b0 + k) * BB;
+        if (lane < kCodeLanes) blk[2 + lane] = code;
         if (lane == 0) *reinterpret_cast<__half*>(blk) = d;
       }
     }
   }
 }
 
-// One full warp stores the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into a KV
-// row at dst: converted element by element (F32, F16) or as Q8_0 blocks.
+// One full warp stores the head row y[0, D) (D % 32 == 0 for the block types; y in any memory, read at
+// lane + 32 b) into a KV row at dst: converted element by element (F32, F16) or as blocks (Q8_0, Q4_0).
 template <typename T>
 __device__ __forceinline__ void store_kv_row(uint8_t* dst, const float* y, int D, int lane) {
-  if constexpr (std::is_same_v<T, KvQ8>) {
-    store_kv_row_q8(dst, nullptr, y, D, lane);
+  if constexpr (kKvBlocks<T>) {
+    store_kv_row_blocks<T>(dst, nullptr, y, D, lane);
   } else {
     for (int i = lane; i < D; i += 32) store_kv(reinterpret_cast<T*>(dst) + i, y[i]);
   }

@@ -57,13 +57,13 @@ Status check_cuda_ctx(const char* op, const OpContext& ctx) {
   return device_status(ctx.device.index);
 }
 
-// The alignment of a KV row's start: its element, or a Q8_0 block's fp16 scale.
+// The alignment of a KV row's start: its element, or a Q8_0 / Q4_0 block's fp16 scale.
 int64_t kv_elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
 Status check_table(const char* op, const KvTable& kv) {
   if (kv.slot_base == nullptr) return invalid_argument("{}: KV table has no slot array", op);
-  if (kv.dtype != DType::F32 && kv.dtype != DType::F16 && kv.dtype != DType::Q8_0) {
-    return unsupported("{}: KV dtype {} (f32, f16 or q8_0 only)", op, dtype_name(kv.dtype));
+  if (kv.dtype != DType::F32 && kv.dtype != DType::F16 && kv.dtype != DType::Q8_0 && kv.dtype != DType::Q4_0) {
+    return unsupported("{}: KV dtype {} (f32, f16, q8_0 or q4_0 only)", op, dtype_name(kv.dtype));
   }
   if (kv.head_dim % dtype_block_size(kv.dtype) != 0) {
     return unsupported("{}: a {} KV cache needs head_dim a multiple of {}, not {}", op, dtype_name(kv.dtype),

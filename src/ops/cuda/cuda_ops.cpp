@@ -440,7 +440,7 @@ Status mul_sigmoid(const OpContext& ctx, const TensorView& x, const TensorView& 
 }
 
 Status copy(const OpContext& ctx, const TensorView& src, const TensorView& dst) {
-  if (dst.dtype == DType::Q8_0) {  // the KV append quantizes on CUDA (kv_append), not copy
+  if (dst.dtype == DType::Q8_0 || dst.dtype == DType::Q4_0) {  // the KV append quantizes on CUDA (kv_append)
     return unsupported("copy: to {} {} on CUDA", dtype_name(dst.dtype), dst.shape_string());
   }
   DS_TRY(device_status(ctx.device.index));
