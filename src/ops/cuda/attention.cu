@@ -14,10 +14,10 @@
 //     prefill (64 rows, every warp all positions of a tile); 1 or 2 for decode (16 / 32 rows, the
 //     other warps take other positions of each tile and are merged at the end).
 //   attn_tc_kernel<D, RW, kern::KvQ8 / kern::KvQ4>: the same over a Q8_0 or Q4_0 cache (D in {64, 128,
-//     256}): each tile's blocks go raw into a ring of three stages by cp.async; a landed tile is
-//     converted into one half tile before its products, except Q8_0 with RW = 1 (decode, and
-//     attn_decode_kernel), where each warp converts its positions' codes straight into the mma
-//     fragments (tc_attend_q8frag);
+//     256}): each tile's blocks go raw into a ring of three stages by cp.async; with RW > 1 a landed
+//     tile is converted into one half tile before its products, with RW = 1 (decode, and
+//     attn_decode_kernel) each warp converts its positions' codes straight into the mma fragments
+//     (tc_attend_frag);
 //   attn_simt_kernel<T, E, RB>: F32, F16, Q8_0 or Q4_0 KV, any D <= 512 (the block types: a multiple of
 //     32; E = ceil(D / 32)
 //     values per lane); warps stride over positions, a lane holds E dims of RB query rows; F32 FMA
@@ -53,6 +53,7 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kOPad = 4;         // floats of padding per staged output row (bank spread)
 constexpr int kMaxSplit = 1024;
 constexpr int kCombineWarps = 8;
+constexpr int kFuseRows = 16;  // attn_decode_kernel: packed rows per KV head (RW = 1)
 
 // ---- tensor-core path (F16 KV) ----
 
@@ -97,13 +98,34 @@ struct BlockTile {
   static_assert(RB % 4 == 0, "cp.async pieces of at least 4 bytes");
 };
 
+// The fused decode's prep staging in the ring of the fragment form, before the attention fills it past
+// its first stage: the new positions' rotation angles from the second stage on, then (from the next
+// stage boundary) its warps' rows.
+template <typename KV>
+constexpr size_t prep_y_at(int D) {
+  const size_t sb = block_stage_bytes<KV>(D), cs = static_cast<size_t>(kFuseRows) * D / 2 * 16;  // double2s
+  return sb * (1 + (cs + sb - 1) / sb);
+}
+
+// The shared memory the fragment form's ring takes, or more where the partials (over it at the end) or
+// the fused decode's prep staging need more (Q4_0's ring is the smaller), with the 16 bytes past it that
+// a word's load may read.
+template <typename KV>
+constexpr size_t frag_ring_bytes(int D) {
+  const size_t part = (static_cast<size_t>(kWarps) * 16 * (D + kOPad) + 2 * kWarps * 16) * 4;
+  const size_t ring = static_cast<size_t>(kBlockStages) * block_stage_bytes<KV>(D);
+  const size_t prep = prep_y_at<KV>(D) + static_cast<size_t>(kWarps) * D * 4;
+  const size_t most = ring > part ? ring : part;
+  return (most > prep ? most : prep) + 16;
+}
+
 // Shared memory of attn_tc_kernel<D, RW, KV> (and of attn_decode_kernel<D, KV>, RW = 1): Q [BM][D + 8]
 // half, then
 //  - F16: K and V [2 stages][kBN][D + 8] half;
-//  - Q8_0 or Q4_0 on a half tile (Q4_0, and Q8_0 with RW > 1): K and V [kBN][D + 8] half (the converted
-//    tile), then the ring of BlockTile<D, KV> (and 16 bytes, as the conversion reads whole words past a
-//    row's last block);
-//  - Q8_0, RW = 1 (on fragments): the ring alone (and the same 16 bytes);
+//  - Q8_0 or Q4_0, RW > 1: K and V [kBN][D + 8] half (the converted tile), then the ring of
+//    BlockTile<D, KV> (and 16 bytes, as the conversion reads whole words past a row's last block);
+//  - Q8_0 or Q4_0, RW = 1 (on fragments): the ring alone, or the partials where they take more
+//    (frag_ring_bytes; and the same 16 bytes);
 // the half K/V area (on fragments the ring) is reused at the end for the per-warp partials.
 template <typename KV>
 constexpr size_t tc_smem_bytes(int D, int RW) {
@@ -111,8 +133,8 @@ constexpr size_t tc_smem_bytes(int D, int RW) {
   const size_t q = static_cast<size_t>(BM) * SK * 2;
   const size_t part = (static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4;
   if constexpr (kern::kKvBlocks<KV>) {
+    if (RW == 1) return q + frag_ring_bytes<KV>(D);
     const size_t raw = static_cast<size_t>(kBlockStages) * block_stage_bytes<KV>(D);
-    if (RW == 1 && std::is_same_v<KV, kern::KvQ8>) return q + raw + 16;
     const size_t kv = static_cast<size_t>(2) * kBN * SK * 2;
     return q + (kv > part ? kv : part) + raw + 16;
   } else {
@@ -512,18 +534,19 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
                              [](int i, int n) { return i * 8 + n; });
 }
 
-// ---- Q8_0 decode on fragments (RW = 1): no half tile ----
+// ---- Q8_0 and Q4_0 decode on fragments (RW = 1): no half tile ----
 // Each warp converts the codes of its own 16 positions straight into the mma's B fragments, so the CTA
-// needs no half K / V tile (its shared memory is Q and the ring, about 110 KB at head_dim 256: two CTAs
-// an SM) and a tile costs one CTA barrier instead of three. Both products run on a permutation of their
-// 16-element k or 8-column n groups that makes a lane's codes one word of a row:
+// needs no half K / V tile (its shared memory is Q and the ring, about 110 KB at head_dim 256 with Q8_0:
+// two CTAs an SM) and a tile costs one CTA barrier instead of three. Both products run on a permutation
+// of their 16-element k or 8-column n groups that makes a lane's codes one word of a row:
 //  - Q K^T: the k index 2t, 2t + 1, 2t + 8, 2t + 9 of a k16 step (lane t = lane % 4) is head dim 4t .. 4t + 3
 //    of its 16, so Q is staged with its columns permuted (frag_q_col) and a lane's B fragment is one
-//    word of codes of its position;
+//    word of codes of its position (Q4_0: one word of nibbles holds both k16 steps of a block, the low
+//    nibbles dims 4t .. 4t + 3, the high ones 16 + 4t .. 16 + 4t + 3);
 //  - P V: the output column n = lane / 4 of n-tile 4 b + j is head dim 32 b + 4 n + j, so a lane's B
-//    fragments of four n-tiles come from one word of each of its four positions, and the partials are
-//    stored back by frag_o_col.
-// The elements are half(code * d) as tc_convert_blocks makes them; only the products' summation order differs.
+//    fragments of four n-tiles come from one word of each of its four positions (Q4_0: word n % 4 of
+//    the block, the low nibbles for n < 4), and the partials are stored back by frag_o_col.
+// The elements are those tc_convert_blocks makes; only the products' summation order differs.
 __device__ __forceinline__ int frag_q_col(int d) {
   const int p = d & 15, t = p >> 2, j = p & 3;
   return (d & ~15) + 2 * t + (j & 1) + 8 * (j >> 1);
@@ -541,28 +564,29 @@ __device__ __forceinline__ uint32_t frag_word(const uint8_t* at) {
   }
 }
 
-// Two positions' words of codes a (scale da) and b (db) as the four half2 {a_j * da, b_j * db}, j = 0..3,
-// each rounded once, as q8_codes_to_half.
-__device__ __forceinline__ void q8_pair_to_half(uint32_t a, uint32_t b, __half2 dab, uint32_t (&out)[4]) {
-  const uint32_t ua = a ^ 0x80808080u, ub = b ^ 0x80808080u;
+// Two positions' words of biased bytes ua (scale da) and ub (db) as the four half2 {(ua_j - bias) * da,
+// (ub_j - bias) * db}, j = 0..3, each rounded once, as bytes_to_half.
+__device__ __forceinline__ void pair_to_half(uint32_t ua, uint32_t ub, unsigned short bias, __half2 dab,
+                                             uint32_t (&out)[4]) {
   const uint32_t x01 = __byte_perm(ua, ub, 0x5140), x23 = __byte_perm(ua, ub, 0x7362);
-  const __half2 bias = __half2half2(__ushort_as_half(static_cast<unsigned short>(0x6480u)));  // 1152
+  const __half2 b2 = __half2half2(__ushort_as_half(bias));
   uint32_t h[4] = {__byte_perm(x01, 0x64646464u, 0x4140), __byte_perm(x01, 0x64646464u, 0x4342),
                    __byte_perm(x23, 0x64646464u, 0x4140), __byte_perm(x23, 0x64646464u, 0x4342)};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const __half2 v = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&h[j]), bias), dab);
+    const __half2 v = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&h[j]), b2), dab);
     out[j] = *reinterpret_cast<const uint32_t*>(&v);
   }
 }
 
-// tc_attend for RW = 1 over a Q8_0 cache, on fragments: sQ holds the rows with frag_q_col's columns, raw
-// the ring (the first tile's group issued by the caller when kTile0Issued).
-template <int D, bool kTile0Issued>
-__device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half* sQ, uint8_t* raw, const CtaWork& w) {
-  using Q = BlockTile<D, kern::KvQ8>;
+// tc_attend for RW = 1 over a Q8_0 or Q4_0 cache, on fragments: sQ holds the rows with frag_q_col's
+// columns, raw the ring (the first tile's group issued by the caller when kTile0Issued).
+template <int D, typename KV, bool kTile0Issued>
+__device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* sQ, uint8_t* raw, const CtaWork& w) {
+  using Q = BlockTile<D, KV>;
+  constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
   constexpr int KW = kWarps, BM = 16, PW = kBN / KW, NT = PW / 8, DT = D / 8, SK = D + 8;
-  constexpr int BB = kern::kKvQ8BlockBytes;
+  constexpr int BB = kern::kv_block_bytes<KV>();
   static_assert(PW == 16 && NT == 2 && Q::RS % 4 == 0, "a warp's 16 positions are one k16 step of P V");
   const int g = w.g, pos0 = w.pos0, row0 = w.row0, kv_begin = w.kv_begin, kv_end = w.kv_end;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp, t = lane & 3, c = lane >> 2;
@@ -577,17 +601,17 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
   if constexpr (!kTile0Issued) {
-    tc_load_tile_blocks<D, kern::KvQ8>(p, raw, kv_begin, g, kv_end);
+    tc_load_tile_blocks<D, KV>(p, raw, kv_begin, g, kv_end);
     cp_async_commit();
   }
-  if (n_tiles > 1) tc_load_tile_blocks<D, kern::KvQ8>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
+  if (n_tiles > 1) tc_load_tile_blocks<D, KV>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
   cp_async_commit();
   for (int tile = 0; tile < n_tiles; ++tile) {
     cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
     __syncthreads();     // ... for every thread, and every warp is done with the stage refilled next
     if (tile + 2 < n_tiles) {
-      tc_load_tile_blocks<D, kern::KvQ8>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN,
-                                         g, kv_end);
+      tc_load_tile_blocks<D, KV>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN, g,
+                                 kv_end);
     }
     cp_async_commit();
     const uint8_t* kst = raw + tile % Q::kStages * Q::kStageBytes;
@@ -613,16 +637,26 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
         const __half d = *reinterpret_cast<const __half*>(krow[nt] + b * BB);
         d2[nt] = __half2half2(kvalid[nt] ? d : __ushort_as_half(0));
       }
+      uint32_t kword[NT];  // Q4_0: one word of nibbles a position, both k16 steps of the block
+#pragma unroll
+      for (int nt = 0; nt < NT && !kQ8; ++nt) {
+        const uint8_t* at = krow[nt] + b * BB + 2 + 4 * t;
+        kword[nt] = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint32_t a[4];
         ldsm_x4(a, q_addr + (2 * b + h) * 32);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint8_t* at = krow[nt] + b * BB + 2 + 16 * h + 4 * t;
-          const uint32_t word = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
           uint32_t b0, b1;
-          q8_codes_to_half(word, d2[nt], b0, b1);
+          if constexpr (kQ8) {
+            const uint8_t* at = krow[nt] + b * BB + 2 + 16 * h + 4 * t;
+            const uint32_t word = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+            q8_codes_to_half(word, d2[nt], b0, b1);
+          } else {
+            q4_codes_to_half((kword[nt] >> (4 * h)) & 0x0F0F0F0Fu, d2[nt], b0, b1);
+          }
           kern::mma_16816_f16_pure(S[nt], a, b0, b1);
         }
       }
@@ -647,14 +681,17 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
       __half dv[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const uint8_t* at = vrow[k] + b * BB + 2 + 4 * c;
-        wv[k] = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+        const uint8_t* at = vrow[k] + b * BB + 2 + 4 * (kQ8 ? c : c & 3);
+        const uint32_t word = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+        // as biased bytes: Q8_0 codes c ^ 0x80 (bias 128), Q4_0 this lane's nibbles (bias 8)
+        wv[k] = kQ8 ? word ^ 0x80808080u : (word >> (4 * (c >> 2))) & 0x0F0F0F0Fu;
         const __half d = *reinterpret_cast<const __half*>(vrow[k] + b * BB);
         dv[k] = vvalid[k] ? d : __ushort_as_half(0);
       }
+      constexpr unsigned short kBias = kQ8 ? 0x6480u : 0x6408u;  // the halves 1152 and 1032
       uint32_t b0[4], b1[4];
-      q8_pair_to_half(wv[0], wv[1], __halves2half2(dv[0], dv[1]), b0);
-      q8_pair_to_half(wv[2], wv[3], __halves2half2(dv[2], dv[3]), b1);
+      pair_to_half(wv[0], wv[1], kBias, __halves2half2(dv[0], dv[1]), b0);
+      pair_to_half(wv[2], wv[3], kBias, __halves2half2(dv[2], dv[3]), b1);
 #pragma unroll
       for (int j = 0; j < 4; ++j) kern::mma_16816_f16_pure(O[4 * b + j], a, b0[j], b1[j]);
     }
@@ -662,9 +699,8 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the ring before the partials go over it
 
-  static_assert((static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4 <=
-                    static_cast<size_t>(kBlockStages) * block_stage_bytes<kern::KvQ8>(D),
-                "the partials fit in the ring");
+  static_assert((static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4 < frag_ring_bytes<KV>(D),
+                "the partials fit in the ring's room");
   stage_and_write<D, KW, BM>(p, O, m_a, m_b, l_a, l_b, reinterpret_cast<float*>(raw), kw, ra, lane, w,
                              [](int i, int n) { return frag_o_col(i, n); });
 }
@@ -672,7 +708,7 @@ __device__ __forceinline__ void tc_attend_q8frag(const KParams& p, const __half*
 template <int D, int RW, typename KV>
 __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
   kern::dependency_sync();
-  constexpr bool kFrag = RW == 1 && std::is_same_v<KV, kern::KvQ8>;  // Q8_0 decode: on fragments
+  constexpr bool kFrag = RW == 1 && kern::kKvBlocks<KV>;  // Q8_0 / Q4_0 decode: on fragments
   constexpr int BM = 16 * RW, SK = D + 8;
   constexpr int kStages = kFrag ? 0 : kern::kKvBlocks<KV> ? 1 : 2;  // half tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
@@ -693,7 +729,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
     sQ[r * SK + (kFrag ? frag_q_col(d) : d)] = __float2half_rn(v);
   }
   if constexpr (kFrag) {
-    tc_attend_q8frag<D, false>(p, sQ, raw, w);  // its first barrier also covers sQ
+    tc_attend_frag<D, KV, false>(p, sQ, raw, w);  // its first barrier also covers sQ
   } else {
     tc_attend<D, RW, KV>(p, sQ, sK, sV, raw, w);
   }
@@ -785,7 +821,6 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attn_combine_kernel(const 
 // for reasons not found (unconditional loads and one fence per CTA changed nothing; a compact merge
 // through short loops, a quarter of the code, was still 7-10 us slower).
 
-constexpr int kFuseRows = 16;  // packed rows per KV head (RW = 1)
 
 // The prep of a CTA with work w (rows [w.row0, w.row_end) of its KV head); ends with a CTA barrier.
 // y: kWarps * D floats of shared memory (a warp's staging row); cs: the rotation angles of the new
@@ -852,7 +887,7 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
     kern::prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t, p.n_rot,
                         p.log2_base, y, lane, cs + t * half);
     for (int d = lane; d < D; d += 32) {
-      sQ[(rho - w.row0) * SK + (std::is_same_v<KV, kern::KvQ8> ? frag_q_col(d) : d)] = __float2half_rn(y[d]);
+      sQ[(rho - w.row0) * SK + (kern::kKvBlocks<KV> ? frag_q_col(d) : d)] = __float2half_rn(y[d]);
       if (q_out) p.q_out[(static_cast<int64_t>(t) * p.H + h) * D + d] = y[d];
     }
     __syncwarp();
@@ -866,9 +901,8 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
 template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
   constexpr int SK = D + 8;
-  constexpr bool kFrag = std::is_same_v<KV, kern::KvQ8>;  // Q8_0 runs on fragments
-  constexpr bool kBlocks = kern::kKvBlocks<KV>;
-  constexpr int kStages = kFrag ? 0 : kBlocks ? 1 : 2;  // half tiles (see tc_smem_bytes)
+  constexpr bool kFrag = kern::kKvBlocks<KV>;  // Q8_0 and Q4_0 run on fragments
+  constexpr int kStages = kFrag ? 0 : 2;         // F16 tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
   __half* sK = sQ + kFuseRows * SK;     // [kStages][kBN][SK]
@@ -876,19 +910,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   auto* raw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * SK);  // blocks: the ring of BlockTile<D, KV>
   // Before the dependency wait (the position is written by a copy ahead of the step's kernels, the KV
   // rows before it by earlier steps): the new positions' rotation angles and the copies of the first
-  // tile's old positions. Until the prep is done, the angles live in the second V stage (F16), the ring's
-  // second stage (Q8_0, which the attention fills after the prep) or the half K tile (Q4_0, which the
-  // first conversion fills after the prep); the prep's staging rows in the second K stage, the ring's
-  // third stage or the half V tile.
-  constexpr size_t kStageRoom = kFrag ? block_stage_bytes<KV>(D) : static_cast<size_t>(kBN) * SK * 2;
-  static_assert(kFuseRows * D / 2 * sizeof(double2) <= kStageRoom && kWarps * D * sizeof(float) <= kStageRoom,
-                "the prep's staging fits");
-  uint8_t* cs_at = kFrag ? raw + block_stage_bytes<KV>(D)
-                         : reinterpret_cast<uint8_t*>(kBlocks ? sK : sV + kBN * SK);
-  uint8_t* y_at = kFrag ? raw + 2 * block_stage_bytes<KV>(D)
-                        : reinterpret_cast<uint8_t*>(kBlocks ? sV : sK + kBN * SK);
-  double2* cs = reinterpret_cast<double2*>(cs_at);
-  float* y_all = reinterpret_cast<float*>(y_at);
+  // tile's old positions. Until the prep is done the angles live in the second V stage (F16) or from the
+  // ring's second stage on (blocks: the attention fills it after the prep), the prep's staging rows in
+  // the second K stage or after the angles' stages (prep_y_at; frag_ring_bytes leaves room).
+  static_assert(kFrag || (kFuseRows * D / 2 * sizeof(double2) <= kBN * SK * 2 &&
+                          kWarps * D * sizeof(float) <= kBN * SK * 2),
+                "the prep's staging fits an F16 stage");
+  double2* cs = reinterpret_cast<double2*>(kFrag ? raw + block_stage_bytes<KV>(D)
+                                                 : reinterpret_cast<uint8_t*>(sV + kBN * SK));
+  float* y_all = reinterpret_cast<float*>(kFrag ? raw + prep_y_at<KV>(D) : reinterpret_cast<uint8_t*>(sK + kBN * SK));
   const CtaWork w = cta_range(p, gridDim.y > 1 ? 1 : kFuseRows);  // rows: one per CTA; row blocks: [0, R)
   if (w.live) {
     const int half = p.n_rot / 2;
@@ -896,7 +926,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
       const int t = i / half;
       cs[i] = kern::rope_neox_cos_sin(static_cast<int64_t>(w.pos0) + t, i - t * half, p.n_rot, p.log2_base);
     }
-    if constexpr (kBlocks) {
+    if constexpr (kFrag) {
       tc_load_tile_blocks<D, KV>(p, raw, w.kv_begin, w.g, min(w.kv_end, w.pos0));
     } else {
       tc_load_tile<D>(p, sK, sV, w.kv_begin, w.kv_end, w.g, min(w.kv_end, w.pos0));
@@ -912,7 +942,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   decode_prep<D, KV>(p, sQ, sK, sV, raw, y_all, cs, w);
   kern::timeline_mark(0);  // q / k normalized and rotated, k / v appended
   if constexpr (kFrag) {
-    tc_attend_q8frag<D, true>(p, sQ, raw, w);
+    tc_attend_frag<D, KV, true>(p, sQ, raw, w);
   } else {
     tc_attend<D, 1, KV, true>(p, sQ, sK, sV, raw, w);
   }
@@ -1146,18 +1176,19 @@ KParams make_params(const AttnPagedArgs& a, const AttnPlan& plan) {
   return p;
 }
 
-// A Q8_0 plan fills one CTA an SM where its splits would hold fewer than kQ8MinSplitTiles tiles of the
-// bound each at full occupancy: the second CTA an SM of the fragment kernels (about 110 KB of shared
-// memory at head_dim 256) pays at 32K positions, and below that the splits' fixed work (prep, partials,
-// the combine's reads) costs more than it gives.
-constexpr int kQ8MinSplitTiles = 4;
+// A Q8_0 or Q4_0 plan fills one CTA an SM where its splits would hold fewer than kFragMinSplitTiles tiles
+// of the bound each at full occupancy: the second CTA an SM of the fragment kernels (about 110 KB of
+// shared memory at head_dim 256 with Q8_0, 75 KB with Q4_0) pays at 32K positions, and below that the
+// splits' fixed work (prep, partials, the combine's reads) costs more than it gives (measured with Q8_0).
+constexpr int kFragMinSplitTiles = 4;
 
 // The split count and scratch of a plan whose kernel fits `slots` CTAs on the device, per_sm an SM.
 void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_blocks, int slots, int per_sm,
                AttnPlan* plan) {
   const int64_t base = n_row_blocks * a.kv.n_head_kv;
   const int64_t tiles = (std::max<int64_t>(a.max_kv, 1) + kBN - 1) / kBN;
-  if (a.kv.dtype == DType::Q8_0 && per_sm > 1 && tiles * base < static_cast<int64_t>(kQ8MinSplitTiles) * slots) {
+  const bool blocks = a.kv.dtype == DType::Q8_0 || a.kv.dtype == DType::Q4_0;
+  if (blocks && per_sm > 1 && tiles * base < static_cast<int64_t>(kFragMinSplitTiles) * slots) {
     slots /= per_sm;
   }
   // Fill the device once: the split count is fixed here, each CTA's share of the real KV is computed
