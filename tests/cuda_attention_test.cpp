@@ -399,9 +399,10 @@ TEST_F(CudaAttentionTest, KvAppendMatchesCpuCopy) {
   for (DType dtype : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
     for (int64_t chunk : {16, 64}) {
       for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 1}, {60, 10}, {63, 1}, {64, 64}, {5, 200}}) {
+        // head_dim 96: the block types' blocks one after another; 64 and 256: spread over the lanes
+        const int64_t D = chunk == 16 ? 96 : pos0 % 2 ? 256 : 64, Hkv = 2, row = D * Hkv;
         SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " chunk=" << chunk << " pos0=" << pos0
-                                          << " n=" << n);
-        const int64_t D = 96, Hkv = 2, row = D * Hkv;
+                                          << " n=" << n << " D=" << D);
         auto p = make_paged(dtype, D, Hkv, chunk, pos0 + n);
         Host k({D, Hkv, n}), v({D, Hkv, n});
         k.random(rng_, -70000.0f, 70000.0f);  // F16 overflow to inf included
@@ -409,10 +410,12 @@ TEST_F(CudaAttentionTest, KvAppendMatchesCpuCopy) {
         if (dtype == DType::Q8_0) k.v[5] = NAN;  // a NaN element: code 0, its block's scale from the rest
         if (dtype == DType::Q4_0) {  // ties of |x| (the first sets the scale's sign) and a block of zeros
           for (int i = 0; i < 96; ++i) k.v[i] = static_cast<float>(i % 7) - 3.0f;
-          k.v[3] = 9.0f;
+          k.v[3] = 9.0f;  // ties in one lane's elements and across lanes
           k.v[7] = -9.0f;
+          k.v[12] = -9.0f;
           std::fill(k.v.begin() + 32, k.v.begin() + 64, 0.0f);
-          k.v[64 + 30] = -5.0f;
+          k.v[64 + 6] = -5.0f;
+          k.v[64 + 30] = 5.0f;
           k.v[64 + 31] = 5.0f;
         }
         for (int64_t t = 0; t < n; ++t) {  // the expected result, on the CPU chunks

@@ -837,61 +837,63 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
   float* y = y_all + warp * D;
   const int n_kv = pos0 + p.n_tokens;
   const bool k_out = w.row0 == 0;  // row plans: the CTA of the head's first row
+  const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per row writes q_out
+  // The work items, one a warp in turn: the new k row and the new v row of each position in the range,
+  // then the query rows (one token's k, v and first query row on three warps).
+  const int j0 = max(kv_begin, pos0), n_kv_items = 2 * max(0, kv_end - j0);
+  const int n_items = n_kv_items + (w.row_end - w.row0);
   bool fence = false;
-  for (int j = max(kv_begin, pos0) + warp; j < kv_end; j += kWarps) {
+  for (int item = warp; item < n_items; item += kWarps) {
+    if (item >= n_kv_items) {  // a query row
+      const int rho = w.row0 + item - n_kv_items;
+      const int t = rho / p.G, h = g * p.G + (rho - t * p.G);
+      kern::prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t,
+                          p.n_rot, p.log2_base, y, lane, cs + t * half);
+      for (int d = lane; d < D; d += 32) {
+        sQ[(rho - w.row0) * SK + (kern::kKvBlocks<KV> ? frag_q_col(d) : d)] = __float2half_rn(y[d]);
+        if (q_out) p.q_out[(static_cast<int64_t>(t) * p.H + h) * D + d] = y[d];
+      }
+      __syncwarp();  // y is rewritten by the next row
+      continue;
+    }
+    const int j = j0 + item / 2;
+    const bool is_v = item & 1;
     const int64_t in = (static_cast<int64_t>(j - pos0) * p.Hkv + g) * D;
-    kern::prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane, cs + (j - pos0) * half);
     const int c = j / p.C, r = j - c * p.C;
     const bool first_tile = j < kv_begin + kBN;  // its row goes straight into the first tile's stage
     // Into the cache: by the k_out CTA, and by any CTA that reads the row back from a later tile (row
     // plans: the same bytes).
     const bool append = k_out || !first_tile;
-    if constexpr (kern::kKvBlocks<KV>) {
-      using Q = BlockTile<D, KV>;
-      const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * Q::RB;
+    const float* src = p.v_in + in;  // v as it is; k normalized and rotated into y
+    if (!is_v) {
+      kern::prep_head_row(p.k_in + in, p.k_norm, D, p.eps, j, p.n_rot, p.log2_base, y, lane, cs + (j - pos0) * half);
       if (k_out) {
         for (int i = lane; i < D; i += 32) p.k_out[in + i] = y[i];
       }
-      // Each row quantized once, into the cache and / or the first tile's stage.
-      uint8_t* kc = append ? const_cast<uint8_t*>(p.k_base[c]) + p.k_off + off : nullptr;
-      uint8_t* vc = append ? const_cast<uint8_t*>(p.v_base[c]) + p.v_off + off : nullptr;
-      uint8_t* ks = first_tile ? raw + (j - kv_begin) * Q::RS : nullptr;
-      uint8_t* vs = first_tile ? raw + (kBN + j - kv_begin) * Q::RS : nullptr;
-      kern::store_kv_row_blocks<KV>(kc, ks, y, D, lane);
-      kern::store_kv_row_blocks<KV>(vc, vs, p.v_in + in, D, lane);
+      src = y;
+    }
+    if constexpr (kern::kKvBlocks<KV>) {
+      // Quantized once, into the cache and / or the first tile's stage.
+      using Q = BlockTile<D, KV>;
+      const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * Q::RB;
+      uint8_t* cache = const_cast<uint8_t*>(is_v ? p.v_base[c] : p.k_base[c]) + (is_v ? p.v_off : p.k_off) + off;
+      uint8_t* stage = raw + ((is_v ? kBN : 0) + j - kv_begin) * Q::RS;
+      kern::store_kv_row_blocks<KV>(append ? cache : nullptr, first_tile ? stage : nullptr, src, D, lane);
     } else {
       const int64_t off = (static_cast<int64_t>(r) * p.Hkv + g) * D;
-      __half* kd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.k_base[c]) + p.k_off) + off;
-      __half* vd = reinterpret_cast<__half*>(const_cast<uint8_t*>(p.v_base[c]) + p.v_off) + off;
+      __half* cache = reinterpret_cast<__half*>(const_cast<uint8_t*>(is_v ? p.v_base[c] : p.k_base[c]) +
+                                                (is_v ? p.v_off : p.k_off)) + off;
+      __half* stage = (is_v ? sV : sK) + (j - kv_begin) * SK;
       for (int i = lane; i < D; i += 32) {
-        const float vi = p.v_in[in + i];
-        if (k_out) p.k_out[in + i] = y[i];
-        if (append) {
-          kern::store_kv(kd + i, y[i]);
-          kern::store_kv(vd + i, vi);
-        }
-        if (first_tile) {
-          sK[(j - kv_begin) * SK + i] = __float2half_rn(y[i]);
-          sV[(j - kv_begin) * SK + i] = __float2half_rn(vi);
-        }
+        const float x = src[i];
+        if (append) kern::store_kv(cache + i, x);
+        if (first_tile) stage[i] = __float2half_rn(x);
       }
     }
     __syncwarp();  // y is rewritten by the next row
     fence = fence || !first_tile;
   }
   if (fence) __threadfence();  // the new rows of later tiles are in L2 before their copies (cp.async.cg) read them
-  const bool q_out = kv_begin <= n_kv - 1 && n_kv - 1 < kv_end;  // one CTA per row writes q_out
-  // The first query row on warp 1: warp 0 preps the new k row of one token.
-  for (int rho = w.row0 + (warp + kWarps - 1) % kWarps; rho < w.row_end; rho += kWarps) {
-    const int t = rho / p.G, h = g * p.G + (rho - t * p.G);
-    kern::prep_head_row(p.q_in + t * p.q_ts + h * p.q_hs, p.q_norm, D, p.eps, static_cast<int64_t>(pos0) + t, p.n_rot,
-                        p.log2_base, y, lane, cs + t * half);
-    for (int d = lane; d < D; d += 32) {
-      sQ[(rho - w.row0) * SK + (kern::kKvBlocks<KV> ? frag_q_col(d) : d)] = __float2half_rn(y[d]);
-      if (q_out) p.q_out[(static_cast<int64_t>(t) * p.H + h) * D + d] = y[d];
-    }
-    __syncwarp();
-  }
   for (int i = (w.row_end - w.row0) * D + static_cast<int>(threadIdx.x); i < kFuseRows * D; i += kThreads) {
     sQ[(i / D) * SK + i % D] = __float2half_rn(0.0f);
   }

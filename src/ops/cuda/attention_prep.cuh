@@ -88,12 +88,12 @@ __device__ __forceinline__ void quantize_kv_q4_block(float x, int lane, uint8_t&
 }
 
 // One full warp quantizes the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into
-// KV blocks (KvQ8 or KvQ4) and stores them at dst and at dst2 (either may be null: only the other is
-// written). The elements of up to 8 blocks are loaded before the first block's reduction: y is often
-// another kernel's output, an L2 round trip each (and a store to dst may alias y for all the compiler
-// knows, so it would not move a later load ahead).
+// KV blocks (KvQ8 or KvQ4) block after block, lane l holding element l of each, and stores them at dst and
+// at dst2 (either may be null: only the other is written). The elements of up to 8 blocks are loaded
+// before the first block's reduction: y is often another kernel's output, an L2 round trip each (and a
+// store to dst may alias y for all the compiler knows, so it would not move a later load ahead).
 template <typename KV>
-__device__ __forceinline__ void store_kv_row_blocks(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
+__device__ __forceinline__ void store_kv_row_by_block(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
   constexpr int kBatch = 8, BB = kv_block_bytes<KV>();
   constexpr int kCodeLanes = std::is_same_v<KV, KvQ8> ? 32 : 16;  // lanes holding a code byte
   const int nb = D / kKvBlock;
@@ -118,6 +118,103 @@ __device__ __forceinline__ void store_kv_row_blocks(uint8_t* dst, uint8_t* dst2,
         if (lane == 0) *reinterpret_cast<__half*>(blk) = d;
       }
     }
+  }
+}
+
+// The same bits with the blocks spread over the lanes (D = 32 E, E = 1, 2, 4 or 8): lane l holds the E
+// consecutive elements [l E, l E + E) of the row, so the 32 / E lanes of a block reduce its scale in
+// log2(32 / E) shuffle steps for every block at once, and a lane stores its E codes (Q4_0: lanes of the
+// block's first half pair their codes with the second half's, elements j and j + 16 in one byte).
+template <typename KV, int E>
+__device__ __forceinline__ void store_kv_row_spread(uint8_t* dst, uint8_t* dst2, const float* y, int lane) {
+  constexpr int LB = kKvBlock / E, BB = kv_block_bytes<KV>();  // lanes a block
+  static_assert(E == 1 || E == 2 || E == 4 || E == 8, "a block is a power-of-two group of lanes");
+  float x[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = y[lane * E + e];
+  const int b = lane / LB, q = lane % LB;  // the block, and this lane's E-element piece of it
+  uint32_t codes[(E + 3) / 4] = {};        // byte e % 4 of word e / 4: the code of element q E + e
+  __half d_half;
+  if constexpr (std::is_same_v<KV, KvQ8>) {  // quantize_kv_q8_block's arithmetic
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) amax = fmaxf(amax, x[e] == x[e] ? fabsf(x[e]) : 0.0f);
+#pragma unroll
+    for (int o = LB / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const uint32_t c = static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(x[e] * id)));
+      codes[e / 4] |= c << (8 * (e % 4));
+    }
+    d_half = __float2half_rn(d);
+  } else {  // quantize_kv_q4_block's arithmetic: the first element of largest |x| in the block
+    float a = 0.0f, mx = 0.0f;
+    int at = q * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float ae = x[e] == x[e] ? fabsf(x[e]) : 0.0f;
+      if (ae > a) {
+        a = ae;
+        mx = x[e];
+        at = q * E + e;
+      }
+    }
+#pragma unroll
+    for (int o = LB / 2; o > 0; o >>= 1) {
+      const float oa = __shfl_xor_sync(0xFFFFFFFFu, a, o), om = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
+      const int oat = __shfl_xor_sync(0xFFFFFFFFu, at, o);
+      if (oa > a || (oa == a && oat < at)) {
+        a = oa;
+        mx = om;
+        at = oat;
+      }
+    }
+    const float d = (a > 0.0f ? mx : 0.0f) / -8.0f;
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float t = __fadd_rn(__fmul_rn(x[e], id), 8.5f);
+      const int c = min(15, static_cast<int>(static_cast<int8_t>(__float2int_rz(t))));
+      codes[e / 4] |= static_cast<uint32_t>(c) << (8 * (e % 4));
+    }
+#pragma unroll
+    for (int k = 0; k < (E + 3) / 4; ++k) {  // elements + 16 live LB / 2 lanes on
+      codes[k] |= __shfl_xor_sync(0xFFFFFFFFu, codes[k], LB / 2) << 4;
+    }
+    d_half = __float2half_rn(d);
+  }
+  constexpr int kCodeLanes = std::is_same_v<KV, KvQ8> ? LB : LB / 2;  // lanes of a block storing codes
+  for (uint8_t* out : {dst, dst2}) {
+    if (out == nullptr) continue;
+    uint8_t* blk = out + b * BB;
+    if (q < kCodeLanes) {
+      uint8_t* at = blk + 2 + q * E;  // 2-byte aligned for E >= 2 (a block is)
+      if constexpr (E == 1) {
+        *at = static_cast<uint8_t>(codes[0]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+          reinterpret_cast<uint16_t*>(at)[e / 2] = static_cast<uint16_t>(codes[e / 4] >> (8 * (e % 4)));
+        }
+      }
+    }
+    if (q == 0) *reinterpret_cast<__half*>(blk) = d_half;
+  }
+}
+
+// One full warp quantizes the head row y[0, D) (D % 32 == 0; y in any memory) into KV blocks (KvQ8 or
+// KvQ4) and stores them at dst and at dst2 (either may be null: only the other is written): the blocks
+// spread over the lanes where D is 32, 64, 128 or 256, else block after block; the same bits.
+template <typename KV>
+__device__ __forceinline__ void store_kv_row_blocks(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
+  switch (D) {
+    case 32: return store_kv_row_spread<KV, 1>(dst, dst2, y, lane);
+    case 64: return store_kv_row_spread<KV, 2>(dst, dst2, y, lane);
+    case 128: return store_kv_row_spread<KV, 4>(dst, dst2, y, lane);
+    case 256: return store_kv_row_spread<KV, 8>(dst, dst2, y, lane);
+    default: return store_kv_row_by_block<KV>(dst, dst2, y, D, lane);
   }
 }
 
