@@ -47,30 +47,28 @@ __host__ __device__ constexpr int kv_row_bytes(int D) {
   }
 }
 
-// One Q8_0 block of a row quantized by a full warp, lane l holding element l: quant::quantize_row_q8_0's
-// bits (d = amax / 127, codes lrintf(x / d) by the reciprocal, d stored as fp16). NaN elements leave amax
-// as it is (std::max's order) and code 0. Lane l's code is byte l of the block's codes.
-__device__ __forceinline__ void quantize_kv_q8_block(float x, uint8_t& code, __half& d_out) {
-  float amax = x == x ? fabsf(x) : 0.0f;
+// The arithmetic of quant::quantize_row_q8_0 and quantize_row_q4_0 for a block held by LB lanes (a
+// power of two, aligned), each lane with some of its elements; every operation is rounded alone as the
+// CPU's (nvcc would otherwise contract x * id + 8.5 into an FMA).
+// Q8_0: d = amax / 127 from the lanes' largest |x| (NaN elements leave it as it is, std::max's order),
+// codes lrintf(x / d) by the reciprocal (a NaN element: 0).
+template <int LB>
+__device__ __forceinline__ float q8_block_scale(float amax) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  code = static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(x * id)));
-  d_out = __float2half_rn(d);
+  for (int o = LB / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  return amax / 127.0f;
 }
-
-// One Q4_0 block of a row quantized by a full warp, lane l holding element l: quant::quantize_row_q4_0's
-// bits. The scale comes from the signed value of the first element of largest |x| (NaN and zeros never
-// are: d = -0 for a block without a nonzero element), d = max / -8, codes min(15, trunc(x / d + 8.5)) by
-// the reciprocal, each operation rounded alone as the CPU's (no contraction into an FMA). A NaN element
-// gets code 0, what the CPU's conversion gives it on x86. Lanes 0..15 return byte l of the block's codes
-// (elements l and l + 16), the others garbage.
-__device__ __forceinline__ void quantize_kv_q4_block(float x, int lane, uint8_t& code, __half& d_out) {
-  float a = x == x ? fabsf(x) : 0.0f, mx = x;
-  int at = lane;
+__device__ __forceinline__ uint32_t q8_code(float x, float id) {
+  return static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(x * id)));
+}
+// Q4_0: the scale from the signed value mx of the first element of largest |x| (a, its index at: each
+// lane's own first largest; ties go to the lower index, so every lane agrees; NaN and zeros never are
+// the largest: d = -0 for a block without a nonzero element), d = max / -8, codes min(15, trunc(x / d +
+// 8.5)) by the reciprocal (a NaN element: 0, what the CPU's conversion gives it on x86).
+template <int LB>
+__device__ __forceinline__ float q4_block_scale(float a, float mx, int at) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {  // the largest |x|, ties to the lower lane: every lane agrees
+  for (int o = LB / 2; o > 0; o >>= 1) {
     const float oa = __shfl_xor_sync(0xFFFFFFFFu, a, o), om = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
     const int oat = __shfl_xor_sync(0xFFFFFFFFu, at, o);
     if (oa > a || (oa == a && oat < at)) {
@@ -79,9 +77,26 @@ __device__ __forceinline__ void quantize_kv_q4_block(float x, int lane, uint8_t&
       at = oat;
     }
   }
-  const float d = (a > 0.0f ? mx : 0.0f) / -8.0f;
+  return (a > 0.0f ? mx : 0.0f) / -8.0f;
+}
+__device__ __forceinline__ int q4_code(float x, float id) {
+  const float t = __fadd_rn(__fmul_rn(x, id), 8.5f);
+  return min(15, static_cast<int>(static_cast<int8_t>(__float2int_rz(t))));
+}
+__device__ __forceinline__ float abs_or_zero(float x) { return x == x ? fabsf(x) : 0.0f; }  // NaN: 0
+
+// One block of a row quantized by a full warp, lane l holding element l: Q8_0 lane l returns byte l of
+// the block's codes, Q4_0 lanes 0..15 byte l (elements l and l + 16), the others garbage.
+__device__ __forceinline__ void quantize_kv_q8_block(float x, uint8_t& code, __half& d_out) {
+  const float d = q8_block_scale<32>(abs_or_zero(x));
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  code = static_cast<uint8_t>(q8_code(x, id));
+  d_out = __float2half_rn(d);
+}
+__device__ __forceinline__ void quantize_kv_q4_block(float x, int lane, uint8_t& code, __half& d_out) {
+  const float d = q4_block_scale<32>(abs_or_zero(x), x, lane);
   const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-  const int q = min(15, static_cast<int>(static_cast<int8_t>(__float2int_rz(__fadd_rn(__fmul_rn(x, id), 8.5f)))));
+  const int q = q4_code(x, id);
   const int q_hi = __shfl_down_sync(0xFFFFFFFFu, q, 16);
   code = static_cast<uint8_t>(q | (q_hi << 4));
   d_out = __float2half_rn(d);
@@ -135,50 +150,31 @@ __device__ __forceinline__ void store_kv_row_spread(uint8_t* dst, uint8_t* dst2,
   const int b = lane / LB, q = lane % LB;  // the block, and this lane's E-element piece of it
   uint32_t codes[(E + 3) / 4] = {};        // byte e % 4 of word e / 4: the code of element q E + e
   __half d_half;
-  if constexpr (std::is_same_v<KV, KvQ8>) {  // quantize_kv_q8_block's arithmetic
+  if constexpr (std::is_same_v<KV, KvQ8>) {
     float amax = 0.0f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) amax = fmaxf(amax, x[e] == x[e] ? fabsf(x[e]) : 0.0f);
-#pragma unroll
-    for (int o = LB / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    const float d = amax / 127.0f;
+    for (int e = 0; e < E; ++e) amax = fmaxf(amax, abs_or_zero(x[e]));
+    const float d = q8_block_scale<LB>(amax);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const uint32_t c = static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(x[e] * id)));
-      codes[e / 4] |= c << (8 * (e % 4));
-    }
+    for (int e = 0; e < E; ++e) codes[e / 4] |= q8_code(x[e], id) << (8 * (e % 4));
     d_half = __float2half_rn(d);
-  } else {  // quantize_kv_q4_block's arithmetic: the first element of largest |x| in the block
-    float a = 0.0f, mx = 0.0f;
+  } else {
+    float a = 0.0f, mx = 0.0f;  // this lane's first largest |x|
     int at = q * E;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const float ae = x[e] == x[e] ? fabsf(x[e]) : 0.0f;
+      const float ae = abs_or_zero(x[e]);
       if (ae > a) {
         a = ae;
         mx = x[e];
         at = q * E + e;
       }
     }
-#pragma unroll
-    for (int o = LB / 2; o > 0; o >>= 1) {
-      const float oa = __shfl_xor_sync(0xFFFFFFFFu, a, o), om = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
-      const int oat = __shfl_xor_sync(0xFFFFFFFFu, at, o);
-      if (oa > a || (oa == a && oat < at)) {
-        a = oa;
-        mx = om;
-        at = oat;
-      }
-    }
-    const float d = (a > 0.0f ? mx : 0.0f) / -8.0f;
+    const float d = q4_block_scale<LB>(a, mx, at);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const float t = __fadd_rn(__fmul_rn(x[e], id), 8.5f);
-      const int c = min(15, static_cast<int>(static_cast<int8_t>(__float2int_rz(t))));
-      codes[e / 4] |= static_cast<uint32_t>(c) << (8 * (e % 4));
-    }
+    for (int e = 0; e < E; ++e) codes[e / 4] |= static_cast<uint32_t>(q4_code(x[e], id)) << (8 * (e % 4));
 #pragma unroll
     for (int k = 0; k < (E + 3) / 4; ++k) {  // elements + 16 live LB / 2 lanes on
       codes[k] |= __shfl_xor_sync(0xFFFFFFFFu, codes[k], LB / 2) << 4;
