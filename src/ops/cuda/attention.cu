@@ -1138,8 +1138,8 @@ cudaError_t configure(const KernelPick& k, int device, int* device_slots, int* p
 bool tc_allowed(const AttnPagedArgs& a) {
   const int D = a.kv.head_dim;
   const bool shape = a.kv.dtype == DType::F16   ? D == 32 || D == 64 || D == 128 || D == 256
-                     : a.kv.dtype == DType::Q8_0 || a.kv.dtype == DType::Q4_0 ? D == 64 || D == 128 || D == 256
-                                                                                  : false;
+                     : kern::kv_dtype_blocks(a.kv.dtype) ? D == 64 || D == 128 || D == 256
+                                                         : false;
   return shape && a.kv.k_offset % 16 == 0 && a.kv.v_offset % 16 == 0;
 }
 
@@ -1189,8 +1189,7 @@ void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_bl
                AttnPlan* plan) {
   const int64_t base = n_row_blocks * a.kv.n_head_kv;
   const int64_t tiles = (std::max<int64_t>(a.max_kv, 1) + kBN - 1) / kBN;
-  const bool blocks = a.kv.dtype == DType::Q8_0 || a.kv.dtype == DType::Q4_0;
-  if (blocks && per_sm > 1 && tiles * base < static_cast<int64_t>(kFragMinSplitTiles) * slots) {
+  if (kern::kv_dtype_blocks(a.kv.dtype) && per_sm > 1 && tiles * base < static_cast<int64_t>(kFragMinSplitTiles) * slots) {
     slots /= per_sm;
   }
   // Fill the device once: the split count is fixed here, each CTA's share of the real KV is computed
@@ -1311,7 +1310,7 @@ cudaError_t attention_paged_plan(
 const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
   const int D = a.kv.head_dim, Hkv = a.kv.n_head_kv;
   const bool dtype_ok = a.kv.dtype == DType::F16 || a.kv.dtype == DType::F32 ||
-                        ((a.kv.dtype == DType::Q8_0 || a.kv.dtype == DType::Q4_0) && D % kern::kKvBlock == 0);
+                        (kern::kv_dtype_blocks(a.kv.dtype) && D % kern::kKvBlock == 0);
   if (D <= 0 || D > kAttnMaxHeadDim || Hkv <= 0 || a.n_head % Hkv != 0 || a.n_tokens <= 0 ||
       a.kv.chunk_tokens <= 0 || !dtype_ok) {
     return cudaErrorInvalidValue;

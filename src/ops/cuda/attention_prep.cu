@@ -120,7 +120,7 @@ cudaError_t kv_append_launch(const float* k, const float* v, const PagedKvArgs& 
   } else if (kv.dtype == DType::F32) {
     launch_kernel(kv_append_kernel<float>, blocks, 256, 0, s, k, v, kv.k_base, kv.v_base, kv.k_offset, kv.v_offset,
                   kv.chunk_tokens, row, d_pos, total);
-  } else if ((kv.dtype == DType::Q8_0 || kv.dtype == DType::Q4_0) && kv.head_dim % kern::kKvBlock == 0) {
+  } else if (kern::kv_dtype_blocks(kv.dtype) && kv.head_dim % kern::kKvBlock == 0) {
     const int64_t n_rows = n_tokens * kv.n_head_kv;
     const unsigned ctas =
         static_cast<unsigned>(std::min<int64_t>((2 * n_rows + kAppendBlockWarps - 1) / kAppendBlockWarps, 4096));

@@ -36,6 +36,8 @@ template <typename T>
 constexpr int kv_block_bytes() {
   return std::is_same_v<T, KvQ8> ? kKvQ8BlockBytes : kKvQ4BlockBytes;
 }
+// Whether the KV cache dtype t is one of the block types (Q8_0: KvQ8, Q4_0: KvQ4).
+inline bool kv_dtype_blocks(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
 
 // Bytes of one (position, head) row of D elements of the KV cache.
 template <typename T>
@@ -85,68 +87,15 @@ __device__ __forceinline__ int q4_code(float x, float id) {
 }
 __device__ __forceinline__ float abs_or_zero(float x) { return x == x ? fabsf(x) : 0.0f; }  // NaN: 0
 
-// One block of a row quantized by a full warp, lane l holding element l: Q8_0 lane l returns byte l of
-// the block's codes, Q4_0 lanes 0..15 byte l (elements l and l + 16), the others garbage.
-__device__ __forceinline__ void quantize_kv_q8_block(float x, uint8_t& code, __half& d_out) {
-  const float d = q8_block_scale<32>(abs_or_zero(x));
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  code = static_cast<uint8_t>(q8_code(x, id));
-  d_out = __float2half_rn(d);
-}
-__device__ __forceinline__ void quantize_kv_q4_block(float x, int lane, uint8_t& code, __half& d_out) {
-  const float d = q4_block_scale<32>(abs_or_zero(x), x, lane);
-  const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-  const int q = q4_code(x, id);
-  const int q_hi = __shfl_down_sync(0xFFFFFFFFu, q, 16);
-  code = static_cast<uint8_t>(q | (q_hi << 4));
-  d_out = __float2half_rn(d);
-}
-
-// One full warp quantizes the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into
-// KV blocks (KvQ8 or KvQ4) block after block, lane l holding element l of each, and stores them at dst and
-// at dst2 (either may be null: only the other is written). The elements of up to 8 blocks are loaded
-// before the first block's reduction: y is often another kernel's output, an L2 round trip each (and a
-// store to dst may alias y for all the compiler knows, so it would not move a later load ahead).
-template <typename KV>
-__device__ __forceinline__ void store_kv_row_by_block(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
-  constexpr int kBatch = 8, BB = kv_block_bytes<KV>();
-  constexpr int kCodeLanes = std::is_same_v<KV, KvQ8> ? 32 : 16;  // lanes holding a code byte
-  const int nb = D / kKvBlock;
-  for (int b0 = 0; b0 < nb; b0 += kBatch) {
-    float x[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) x[k] = y[min(b0 + k, nb - 1) * kKvBlock + lane];  // past the row: unused
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      if (b0 + k >= nb) break;
-      uint8_t code;
-      __half d;
-      if constexpr (std::is_same_v<KV, KvQ8>) {
-        quantize_kv_q8_block(x[k], code, d);
-      } else {
-        quantize_kv_q4_block(x[k], lane, code, d);
-      }
-      for (uint8_t* out : {dst, dst2}) {
-        if (out == nullptr) continue;
-        uint8_t* blk = out + (b0 + k) * BB;
-        if (lane < kCodeLanes) blk[2 + lane] = code;
-        if (lane == 0) *reinterpret_cast<__half*>(blk) = d;
-      }
-    }
-  }
-}
-
-// The same bits with the blocks spread over the lanes (D = 32 E, E = 1, 2, 4 or 8): lane l holds the E
-// consecutive elements [l E, l E + E) of the row, so the 32 / E lanes of a block reduce its scale in
-// log2(32 / E) shuffle steps for every block at once, and a lane stores its E codes (Q4_0: lanes of the
-// block's first half pair their codes with the second half's, elements j and j + 16 in one byte).
+// One full warp quantizes 32 E elements (E = 1, 2, 4 or 8; lane l holds x[0, E), the elements [l E,
+// l E + E)) into E KV blocks (KvQ8 or KvQ4) and stores them at dst and at dst2 (either may be
+// null: only the other is written): the 32 / E lanes of a block reduce its scale in log2(32 / E) shuffle
+// steps for every block at once, and a lane stores its E codes (Q4_0: lanes of the block's first half pair
+// their codes with the second half's, elements j and j + 16 in one byte).
 template <typename KV, int E>
-__device__ __forceinline__ void store_kv_row_spread(uint8_t* dst, uint8_t* dst2, const float* y, int lane) {
+__device__ __forceinline__ void quantize_store_blocks(const float (&x)[E], uint8_t* dst, uint8_t* dst2, int lane) {
   constexpr int LB = kKvBlock / E, BB = kv_block_bytes<KV>();  // lanes a block
   static_assert(E == 1 || E == 2 || E == 4 || E == 8, "a block is a power-of-two group of lanes");
-  float x[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = y[lane * E + e];
   const int b = lane / LB, q = lane % LB;  // the block, and this lane's E-element piece of it
   uint32_t codes[(E + 3) / 4] = {};        // byte e % 4 of word e / 4: the code of element q E + e
   __half d_half;
@@ -198,6 +147,40 @@ __device__ __forceinline__ void store_kv_row_spread(uint8_t* dst, uint8_t* dst2,
     }
     if (q == 0) *reinterpret_cast<__half*>(blk) = d_half;
   }
+}
+
+// One full warp quantizes the head row y[0, D) (D % 32 == 0; y in any memory, read at lane + 32 b) into
+// KV blocks block after block, lane l holding element l of each (quantize_store_blocks with E = 1). The
+// elements of up to 8 blocks are loaded before the first block's reduction: y is often another kernel's
+// output, an L2 round trip each (and a store to dst may alias y for all the compiler knows, so it would
+// not move a later load ahead).
+template <typename KV>
+__device__ __forceinline__ void store_kv_row_by_block(uint8_t* dst, uint8_t* dst2, const float* y, int D, int lane) {
+  constexpr int kBatch = 8, BB = kv_block_bytes<KV>();
+  const int nb = D / kKvBlock;
+  for (int b0 = 0; b0 < nb; b0 += kBatch) {
+    float x[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) x[k] = y[min(b0 + k, nb - 1) * kKvBlock + lane];  // past the row: unused
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (b0 + k >= nb) break;
+      const float xk[1] = {x[k]};
+      const int off = (b0 + k) * BB;
+      quantize_store_blocks<KV, 1>(xk, dst != nullptr ? dst + off : nullptr, dst2 != nullptr ? dst2 + off : nullptr,
+                                   lane);
+    }
+  }
+}
+
+// The head row y[0, 32 E) with the blocks spread over the lanes: lane l loads the E consecutive elements
+// [l E, l E + E) (quantize_store_blocks).
+template <typename KV, int E>
+__device__ __forceinline__ void store_kv_row_spread(uint8_t* dst, uint8_t* dst2, const float* y, int lane) {
+  float x[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = y[lane * E + e];
+  quantize_store_blocks<KV, E>(x, dst, dst2, lane);
 }
 
 // One full warp quantizes the head row y[0, D) (D % 32 == 0; y in any memory) into KV blocks (KvQ8 or

@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "ops/attention.h"
 #include "ops/cuda/attention_launch.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_device.h"
@@ -62,7 +63,7 @@ int64_t kv_elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
 Status check_table(const char* op, const KvTable& kv) {
   if (kv.slot_base == nullptr) return invalid_argument("{}: KV table has no slot array", op);
-  if (kv.dtype != DType::F32 && kv.dtype != DType::F16 && kv.dtype != DType::Q8_0 && kv.dtype != DType::Q4_0) {
+  if (!attention_kv_dtype_supported(kv.dtype)) {
     return unsupported("{}: KV dtype {} (f32, f16, q8_0 or q4_0 only)", op, dtype_name(kv.dtype));
   }
   if (kv.head_dim % dtype_block_size(kv.dtype) != 0) {
