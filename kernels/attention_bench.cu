@@ -4,9 +4,9 @@
 // Build (after the CMake build in build-gpu, for the production kernels in libdeltaserve_cuda):
 //   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc kernels/attention_bench.cu \
 //     build-gpu/libdeltaserve_cuda.a -o build-gpu/attention_bench
-// Run: build-gpu/attention_bench [--kv q8_0|q4_0] [out.tsv]   (about 10-20 s; --kv q8_0 / q4_0: the Q8_0 or
-//      Q4_0 cache, timings only, no check against the reference but the layer decode's fused-against-chain
-//      bits, no v1)
+// Run: build-gpu/attention_bench [--kv q8_0|q4_0] [--layer N] [out.tsv]   (about 10-20 s; --kv q8_0 / q4_0:
+//      the Q8_0 or Q4_0 cache, timings only, no check against the reference but the layer decode's
+//      fused-against-chain bits, no v1; --layer N: only the layer decode at N positions, for a profiler)
 // Versions:
 //   v1 simple: the first production kernel: one CTA per (head, token), its 8 warps stride over the
 //              visible positions with their own online softmax, merged at the end; every query head
@@ -517,6 +517,15 @@ int main(int argc, char** argv) {
     g_kv = kv == "q8_0" ? DType::Q8_0 : kv == "q4_0" ? DType::Q4_0 : DType::F16;
     argi += 2;
   }
+  int64_t layer_only = 0;
+  if (argc > argi + 1 && std::string(argv[argi]) == "--layer") {
+    layer_only = std::atoll(argv[argi + 1]);
+    if (layer_only < 1 || layer_only > (1 << 20)) {
+      std::fprintf(stderr, "attention_bench: --layer %s: expected a position count of 1 to 1048576\n", argv[argi + 1]);
+      return 2;
+    }
+    argi += 2;
+  }
   if (argc > argi) g_tsv = std::fopen(argv[argi], "w");
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -524,6 +533,11 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::printf("KV cache %s\n", dtype_name(g_kv));
+  if (layer_only > 0) {
+    bench_decode_layer(layer_only, layer_only, s);
+    CK(cudaStreamDestroy(s));
+    return g_fail ? 1 : 0;
+  }
   Runner run;
   if (g_kv == DType::F16) check_versions(run, s);  // the reference reads F16
   const double read_gbs = measure_read_gbs();
