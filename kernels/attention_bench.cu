@@ -1,10 +1,12 @@
 // Workbench: causal GQA attention over the paged KV cache (ops/cuda/attention.cu), checked against a
 // CPU reference (double precision, plain softmax) and timed against the measured streaming-read
 // bandwidth (decode) or as TFLOP/s (prefill, counting 4 * n * n_kv * D * H / 2 FLOPs for the causal half).
-// Build (after the CMake build in build-gpu, for the production kernels in libdeltaserve_cuda):
-//   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc kernels/attention_bench.cu \
-//     build-gpu/libdeltaserve_cuda.a -o build-gpu/attention_bench
-// Run: build-gpu/attention_bench [--kv q8_0|q4_0] [--layer N] [out.tsv]   (about 10-20 s; --kv q8_0 / q4_0:
+// Build (after the CMake build in build-gpu, for the production kernels in libdeltaserve_cuda; as
+// scripts/gpu-check builds it):
+//   nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Isrc -I.deps/include -DFMT_HEADER_ONLY=1 \
+//     kernels/attention_bench.cu build-gpu/libdeltaserve_lib.a build-gpu/libdeltaserve_cuda.a -lcublas \
+//     -o build-gpu/attention_bench
+// Run: build-gpu/attention_bench [--kv f16|q8_0|q4_0] [--layer N] [out.tsv]   (about 10-20 s; --kv q8_0 / q4_0:
 //      the Q8_0 or Q4_0 cache, timings only, no check against the reference but the layer decode's
 //      fused-against-chain bits, no v1; --layer N: only the layer decode at N positions, for a profiler)
 // Versions:
@@ -535,22 +537,21 @@ int main(int argc, char** argv) {
   std::printf("KV cache %s\n", dtype_name(g_kv));
   if (layer_only > 0) {
     bench_decode_layer(layer_only, layer_only, s);
-    CK(cudaStreamDestroy(s));
-    return g_fail ? 1 : 0;
+  } else {
+    Runner run;
+    if (g_kv == DType::F16) check_versions(run, s);  // the reference reads F16
+    const double read_gbs = measure_read_gbs();
+    std::printf("streaming read: %.0f GB/s\n", read_gbs);
+    bench_decode(run, 4096, 4096, read_gbs, prop.l2CacheSize, s);
+    bench_decode(run, 4096, 32768, read_gbs, prop.l2CacheSize, s);
+    bench_decode(run, 32768, 32768, read_gbs, prop.l2CacheSize, s);
+    for (auto [n_kv, bound] : {std::pair<int64_t, int64_t>{64, 256}, {200, 256}, {64, 1024}, {1000, 1024},
+                               {4096, 5120}, {32768, 32768}}) {
+      bench_decode_layer(n_kv, bound, s);
+    }
+    bench_prefill(run, 4096, s);
+    if (run.scratch) CK(cudaFree(run.scratch));
   }
-  Runner run;
-  if (g_kv == DType::F16) check_versions(run, s);  // the reference reads F16
-  const double read_gbs = measure_read_gbs();
-  std::printf("streaming read: %.0f GB/s\n", read_gbs);
-  bench_decode(run, 4096, 4096, read_gbs, prop.l2CacheSize, s);
-  bench_decode(run, 4096, 32768, read_gbs, prop.l2CacheSize, s);
-  bench_decode(run, 32768, 32768, read_gbs, prop.l2CacheSize, s);
-  for (auto [n_kv, bound] : {std::pair<int64_t, int64_t>{64, 256}, {200, 256}, {64, 1024}, {1000, 1024}, {4096, 5120},
-                             {32768, 32768}}) {
-    bench_decode_layer(n_kv, bound, s);
-  }
-  bench_prefill(run, 4096, s);
-  if (run.scratch) CK(cudaFree(run.scratch));
   CK(cudaStreamDestroy(s));
   if (g_tsv) std::fclose(g_tsv);
   std::printf("== summary: %s\n", g_fail ? "FAIL" : "all checks ok");
