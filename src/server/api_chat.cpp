@@ -191,6 +191,22 @@ const char* finish_reason(const GenerationOutcome& o) {
   }
 }
 
+// The end of an OpenAI stream (chat and completions alike): the final chunk, the usage chunk when the
+// client asked for it (stream_options.include_usage: no choices, usage only), then [DONE].
+std::string openai_stream_end(const json& final_chunk, json usage_base, bool include_usage, const GenerationOutcome& o) {
+  std::string out = sse_event(final_chunk);
+  if (include_usage) {
+    usage_base["choices"] = json::array();
+    usage_base["usage"] = usage_json(o);
+    out += sse_event(usage_base);
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+std::string openai_stream_error(const Status& s) {
+  return sse_event(error_body(ApiStyle::kOpenAI, http_status_for(s), s.message())) + "data: [DONE]\n\n";
+}
+
 json tool_call_json(const ChatToolCall& c, int index, bool with_index) {
   json j{{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", json_text(c.arguments)}}}};
   if (with_index) j["index"] = index;
@@ -220,19 +236,10 @@ class ChatFormatter : public ApiFormatter {
   }
 
   std::string stream_end(const GenerationOutcome& o) override {
-    std::string out = sse_event(chunk(json::object(), finish_reason(o)));
-    if (include_usage_) {
-      json u = base();
-      u["choices"] = json::array();
-      u["usage"] = usage_json(o);
-      out += sse_event(u);
-    }
-    return out + "data: [DONE]\n\n";
+    return openai_stream_end(chunk(json::object(), finish_reason(o)), base(), include_usage_, o);
   }
 
-  std::string stream_error(const Status& s) override {
-    return sse_event(error_body(ApiStyle::kOpenAI, http_status_for(s), s.message())) + "data: [DONE]\n\n";
-  }
+  std::string stream_error(const Status& s) override { return openai_stream_error(s); }
 
   json response(const GenerationOutcome& o) override {
     json msg{{"role", "assistant"}, {"content", o.content.empty() && !o.tool_calls.empty() ? json(nullptr) : json(o.content)}};
@@ -281,18 +288,9 @@ class CompletionFormatter : public ApiFormatter {
     return out;
   }
   std::string stream_end(const GenerationOutcome& o) override {
-    std::string out = sse_event(choice("", finish_reason(o)));
-    if (include_usage_) {
-      json u = base();
-      u["choices"] = json::array();
-      u["usage"] = usage_json(o);
-      out += sse_event(u);
-    }
-    return out + "data: [DONE]\n\n";
+    return openai_stream_end(choice("", finish_reason(o)), base(), include_usage_, o);
   }
-  std::string stream_error(const Status& s) override {
-    return sse_event(error_body(ApiStyle::kOpenAI, http_status_for(s), s.message())) + "data: [DONE]\n\n";
-  }
+  std::string stream_error(const Status& s) override { return openai_stream_error(s); }
   json response(const GenerationOutcome& o) override {
     json r = choice(o.content, finish_reason(o));
     r["usage"] = usage_json(o);
