@@ -54,6 +54,8 @@ constexpr int kOPad = 4;         // floats of padding per staged output row (ban
 constexpr int kMaxSplit = 1024;
 constexpr int kCombineWarps = 8;
 constexpr int kFuseRows = 16;  // attn_decode_kernel: packed rows per KV head (RW = 1)
+constexpr int kRowsT = 8;      // the transposed fragment form (Q8_0 / Q4_0): rows per CTA
+constexpr int kMinCtasT = 3;  // ... and the CTAs an SM its registers are budgeted for (164 at head_dim 256)
 
 // ---- tensor-core path (F16 KV) ----
 
@@ -124,16 +126,16 @@ constexpr size_t frag_ring_bytes(int D) {
 //  - F16: K and V [2 stages][kBN][D + 8] half;
 //  - Q8_0 or Q4_0, RW > 1: K and V [kBN][D + 8] half (the converted tile), then the ring of
 //    BlockTile<D, KV> (and 16 bytes, as the conversion reads whole words past a row's last block);
-//  - Q8_0 or Q4_0, RW = 1 (on fragments): the ring alone, or the partials where they take more
+//  - Q8_0 or Q4_0, RW = 1 or 0 (on fragments; RW = 0: kRowsT rows, transposed): the ring alone, or the partials where they take more
 //    (frag_ring_bytes; and the same 16 bytes);
 // the half K/V area (on fragments the ring) is reused at the end for the per-warp partials.
 template <typename KV>
 constexpr size_t tc_smem_bytes(int D, int RW) {
-  const int BM = 16 * RW, KW = kWarps / RW, SK = D + 8;
+  const int BM = RW == 0 ? kRowsT : 16 * RW, KW = RW == 0 ? kWarps : kWarps / RW, SK = D + 8;
   const size_t q = static_cast<size_t>(BM) * SK * 2;
   const size_t part = (static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4;
   if constexpr (kern::kKvBlocks<KV>) {
-    if (RW == 1) return q + frag_ring_bytes<KV>(D);
+    if (RW <= 1) return q + frag_ring_bytes<KV>(D);
     const size_t raw = static_cast<size_t>(kBlockStages) * block_stage_bytes<KV>(D);
     const size_t kv = static_cast<size_t>(2) * kBN * SK * 2;
     return q + (kv > part ? kv : part) + raw + 16;
@@ -579,6 +581,36 @@ __device__ __forceinline__ void pair_to_half(uint32_t ua, uint32_t ub, unsigned 
   }
 }
 
+// P V on fragments, a lane's V codes: the staged V rows of positions kw * 16 + 2t + {0, 1, 8, 9} of the tile
+// (valid below n_rows), and of block b the word of lane group c (Q8_0: word c; Q4_0: the low nibbles of
+// word c for c < 4, the high ones of word c - 4) as biased bytes (Q8_0 codes c ^ 0x80, bias 128; Q4_0
+// nibbles, bias 8) with the positions' scales (0 past n_rows: P V then sees 0 * 0).
+template <int D, typename KV>
+__device__ __forceinline__ void frag_v_rows(const uint8_t* kst, int kw, int t, int n_rows, const uint8_t* (&vrow)[4],
+                                            bool (&vvalid)[4]) {
+  constexpr int PW = kBN / kWarps;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int r = kw * PW + 2 * t + (k & 1) + 8 * (k >> 1);
+    vrow[k] = kst + (kBN + r) * BlockTile<D, KV>::RS;
+    vvalid[k] = r < n_rows;
+  }
+}
+template <typename KV>
+__device__ __forceinline__ void frag_v_words(const uint8_t* const (&vrow)[4], const bool (&vvalid)[4], int b, int c,
+                                             uint32_t (&wv)[4], __half (&dv)[4]) {
+  constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
+  constexpr int BB = kern::kv_block_bytes<KV>();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint8_t* at = vrow[k] + b * BB + 2 + 4 * (kQ8 ? c : c & 3);
+    const uint32_t word = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+    wv[k] = kQ8 ? word ^ 0x80808080u : (word >> (4 * (c >> 2))) & 0x0F0F0F0Fu;
+    const __half d = *reinterpret_cast<const __half*>(vrow[k] + b * BB);
+    dv[k] = vvalid[k] ? d : __ushort_as_half(0);
+  }
+}
+
 // tc_attend for RW = 1 over a Q8_0 or Q4_0 cache, on fragments: sQ holds the rows with frag_q_col's
 // columns, raw the ring (the first tile's group issued by the caller when kTile0Issued).
 template <int D, typename KV, bool kTile0Issued>
@@ -669,25 +701,12 @@ __device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* s
                            pack_half2(S[1][2], S[1][3])};
     const uint8_t* vrow[4];
     bool vvalid[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int r = kw * PW + 2 * t + (k & 1) + 8 * (k >> 1);
-      vrow[k] = kst + (kBN + r) * Q::RS;
-      vvalid[k] = r < n_rows;
-    }
+    frag_v_rows<D, KV>(kst, kw, t, n_rows, vrow, vvalid);
 #pragma unroll
     for (int b = 0; b < D / 32; ++b) {
       uint32_t wv[4];
       __half dv[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint8_t* at = vrow[k] + b * BB + 2 + 4 * (kQ8 ? c : c & 3);
-        const uint32_t word = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
-        // as biased bytes: Q8_0 codes c ^ 0x80 (bias 128), Q4_0 this lane's nibbles (bias 8)
-        wv[k] = kQ8 ? word ^ 0x80808080u : (word >> (4 * (c >> 2))) & 0x0F0F0F0Fu;
-        const __half d = *reinterpret_cast<const __half*>(vrow[k] + b * BB);
-        dv[k] = vvalid[k] ? d : __ushort_as_half(0);
-      }
+      frag_v_words<KV>(vrow, vvalid, b, c, wv, dv);
       constexpr unsigned short kBias = kQ8 ? 0x6480u : 0x6408u;  // the halves 1152 and 1032
       uint32_t b0[4], b1[4];
       pair_to_half(wv[0], wv[1], kBias, __halves2half2(dv[0], dv[1]), b0);
@@ -705,11 +724,205 @@ __device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* s
                              [](int i, int n) { return frag_o_col(i, n); });
 }
 
+// tc_attend_frag for at most kRowsT rows (one token's query heads of a KV head: 6 on the 27B, 8 on the
+// 35B-A3B), transposed: S^T = K Q^T and O^T = V^T P^T, so the 16 positions of a warp and 16 head dims
+// are the products' M side and the rows their N side of 8, where the untransposed form spends an M side
+// of 16 rows on at most 8. Half the products and half the accumulators (O^T: D / 16 m-tiles of 4
+// floats a lane), so more CTAs fit an SM. The fragments:
+//  - Q K^T: A is a warp's 16 positions (rows gid, gid + 8) by a k16 step of head dims permuted as
+//    frag_q_col (a lane's k indices 2t, 2t + 1, 2t + 8, 2t + 9 are head dims 4t .. 4t + 3: one word of
+//    codes a position; Q4_0: one word of nibbles holds both k16 steps of a block); B is Q's rows as
+//    staged (frag_q_col columns), by ldmatrix;
+//  - the probabilities: lane (gid, t) holds P of positions gid, gid + 8 for rows 2t, 2t + 1, and P V's
+//    B operand wants positions 2t, 2t + 1, 2t + 8, 2t + 9 for row gid: four shuffles from the lanes of
+//    positions 2t and 2t + 1;
+//  - P V: A is V^T, 16 head dims by the warp's 16 positions; m-tiles 2b and 2b + 1 are block b's 32
+//    dims, lane gid taking the 4 dims of one word of codes (kv_lane_dim): rows gid and gid + 8 of m-tile
+//    2b are its dims 0 and 1, of m-tile 2b + 1 its dims 2 and 3.
+// The elements are those of tc_attend_frag; the sums' order differs.
+template <typename KV>
+__device__ __forceinline__ int kv_lane_dim(int gid) {  // the first of lane group gid's 4 dims of a block
+  return std::is_same_v<KV, kern::KvQ8> ? 4 * gid : 16 * (gid >> 2) + 4 * (gid & 3);
+}
+
+template <int D, typename KV, bool kTile0Issued>
+__device__ __forceinline__ void tc_attend_frag_t(const KParams& p, const __half* sQ, uint8_t* raw, const CtaWork& w) {
+  using Q = BlockTile<D, KV>;
+  constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
+  constexpr int KW = kWarps, BM = kRowsT, PW = kBN / KW, MT = D / 16, SK = D + 8;
+  constexpr int BB = kern::kv_block_bytes<KV>();
+  static_assert(PW == 16 && Q::RS % 4 == 0, "a warp's 16 positions are one m-tile of Q K^T, one k16 step of P V");
+  const int pos0 = w.pos0, row0 = w.row0, kv_begin = w.kv_begin, kv_end = w.kv_end;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp, t = lane & 3, gid = lane >> 2;
+  const int lim0 = pos0 + min(row0 + 2 * t, p.R - 1) / p.G;  // this lane's score columns: rows 2t, 2t + 1
+  const int lim1 = pos0 + min(row0 + 2 * t + 1, p.R - 1) / p.G;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  float O[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
+  const uint32_t q_addr = smem_addr(sQ + (lane & 7) * SK + (lane >> 3) * 8);
+  const int src_a = 8 * t + gid / 2;                      // the lanes of positions 2t and 2t + 1 ...
+  const bool odd_row = (gid & 1) != 0;                    // ... holding row gid as their odd or even column
+
+  const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
+  if constexpr (!kTile0Issued) {
+    tc_load_tile_blocks<D, KV>(p, raw, kv_begin, w.g, kv_end);
+    cp_async_commit();
+  }
+  if (n_tiles > 1) tc_load_tile_blocks<D, KV>(p, raw + Q::kStageBytes, kv_begin + kBN, w.g, kv_end);
+  cp_async_commit();
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+    __syncthreads();     // ... for every thread, and every warp is done with the stage refilled next
+    if (tile + 2 < n_tiles) {
+      tc_load_tile_blocks<D, KV>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN,
+                                 w.g, kv_end);
+    }
+    cp_async_commit();
+    const uint8_t* kst = raw + tile % Q::kStages * Q::kStageBytes;
+    const int n_rows = min(kBN, kv_end - kv_begin - tile * kBN);  // rows past it: stale bytes, zeroed here
+
+    // S^T = K Q^T: this lane's positions kw * 16 + gid (c0, c1) and + 8 (c2, c3); even and odd blocks
+    // in two accumulators, so the products' chain is half as long.
+    const uint8_t* krow0 = kst + (kw * PW + gid) * Q::RS;
+    const uint8_t* krow1 = krow0 + 8 * Q::RS;
+    const bool kvalid0 = kw * PW + gid < n_rows, kvalid1 = kw * PW + gid + 8 < n_rows;
+    float S2[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) S2[i][0] = S2[i][1] = S2[i][2] = S2[i][3] = 0.0f;
+#pragma unroll
+    for (int b = 0; b < D / 32; ++b) {
+      const __half d0 = *reinterpret_cast<const __half*>(krow0 + b * BB);
+      const __half d1 = *reinterpret_cast<const __half*>(krow1 + b * BB);
+      const __half2 d20 = __half2half2(kvalid0 ? d0 : __ushort_as_half(0));
+      const __half2 d21 = __half2half2(kvalid1 ? d1 : __ushort_as_half(0));
+      uint32_t qb[4];  // B of k16 steps 2b (qb[0], qb[1]) and 2b + 1 (qb[2], qb[3])
+      ldsm_x4(qb, q_addr + b * 64);
+      uint32_t kword0 = 0, kword1 = 0;  // Q4_0: one word of nibbles a position, both k16 steps
+      if constexpr (!kQ8) {
+        const uint8_t* at0 = krow0 + b * BB + 2 + 4 * t;
+        const uint8_t* at1 = krow1 + b * BB + 2 + 4 * t;
+        kword0 = (b * BB + 2) % 4 == 0 ? frag_word<true>(at0) : frag_word<false>(at0);
+        kword1 = (b * BB + 2) % 4 == 0 ? frag_word<true>(at1) : frag_word<false>(at1);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4];
+        if constexpr (kQ8) {
+          const uint8_t* at0 = krow0 + b * BB + 2 + 16 * h + 4 * t;
+          const uint8_t* at1 = krow1 + b * BB + 2 + 16 * h + 4 * t;
+          const uint32_t w0 = (b * BB + 2) % 4 == 0 ? frag_word<true>(at0) : frag_word<false>(at0);
+          const uint32_t w1 = (b * BB + 2) % 4 == 0 ? frag_word<true>(at1) : frag_word<false>(at1);
+          q8_codes_to_half(w0, d20, a[0], a[2]);
+          q8_codes_to_half(w1, d21, a[1], a[3]);
+        } else {
+          q4_codes_to_half((kword0 >> (4 * h)) & 0x0F0F0F0Fu, d20, a[0], a[2]);
+          q4_codes_to_half((kword1 >> (4 * h)) & 0x0F0F0F0Fu, d21, a[1], a[3]);
+        }
+        kern::mma_16816_f16_pure(S2[b & 1], a, qb[2 * h], qb[2 * h + 1]);
+      }
+    }
+
+    // The online softmax over this lane's columns (rows 2t, 2t + 1), reduced over the 8 lanes of a t.
+    const int j0 = kv_begin + tile * kBN + kw * PW + gid, j1 = j0 + 8;
+    float s00 = j0 <= lim0 ? (S2[0][0] + S2[1][0]) * p.scale_log2 : -INFINITY;  // position j0, row 2t
+    float s01 = j0 <= lim1 ? (S2[0][1] + S2[1][1]) * p.scale_log2 : -INFINITY;  // position j0, row 2t + 1
+    float s10 = j1 <= lim0 ? (S2[0][2] + S2[1][2]) * p.scale_log2 : -INFINITY;
+    float s11 = j1 <= lim1 ? (S2[0][3] + S2[1][3]) * p.scale_log2 : -INFINITY;
+    float mx0 = fmaxf(s00, s10), mx1 = fmaxf(s01, s11);
+#pragma unroll
+    for (int o = 4; o <= 16; o <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, o));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, o));
+    }
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float mu0 = mn0 == -INFINITY ? 0.0f : mn0;  // a row with nothing visible yet stays at zero
+    const float mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+    const float corr0 = exp2f(m0 - mu0), corr1 = exp2f(m1 - mu1);
+    m0 = mn0;
+    m1 = mn1;
+    s00 = exp2f(s00 - mu0);
+    s10 = exp2f(s10 - mu0);
+    s01 = exp2f(s01 - mu1);
+    s11 = exp2f(s11 - mu1);
+    l0 = l0 * corr0 + (s00 + s10);  // per-lane partial sums; the 8 lanes of a t are reduced at the end
+    l1 = l1 * corr1 + (s01 + s11);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      O[i][0] *= corr0;
+      O[i][1] *= corr1;
+      O[i][2] *= corr0;
+      O[i][3] *= corr1;
+    }
+    // P V's B: {P[2t][gid], P[2t + 1][gid]} and {P[2t + 8][gid], P[2t + 9][gid]} (positions of the warp).
+    const uint32_t pe = pack_half2(s00, s10), po = pack_half2(s01, s11);  // rows 2t, 2t + 1: positions gid, gid + 8
+    const uint32_t ea = __shfl_sync(0xFFFFFFFFu, pe, src_a), oa = __shfl_sync(0xFFFFFFFFu, po, src_a);
+    const uint32_t eb = __shfl_sync(0xFFFFFFFFu, pe, src_a + 4), ob = __shfl_sync(0xFFFFFFFFu, po, src_a + 4);
+    const uint32_t pa = odd_row ? oa : ea, pb = odd_row ? ob : eb;  // positions 2t, 2t + 8 / 2t + 1, 2t + 9
+    const uint32_t b0 = __byte_perm(pa, pb, 0x5410), b1 = __byte_perm(pa, pb, 0x7632);
+
+    // O^T += V^T P^T: this lane's k positions kw * 16 + 2t + {0, 1} and + {8, 9}.
+    const uint8_t* vrow[4];
+    bool vvalid[4];
+    frag_v_rows<D, KV>(kst, kw, t, n_rows, vrow, vvalid);
+#pragma unroll
+    for (int b = 0; b < D / 32; ++b) {
+      uint32_t wv[4];
+      __half dv[4];
+      frag_v_words<KV>(vrow, vvalid, b, gid, wv, dv);
+      constexpr unsigned short kBias = kQ8 ? 0x6480u : 0x6408u;  // the halves 1152 and 1032
+      uint32_t x[4], y[4];  // dim j of the lane's word: positions 2t, 2t + 1 (x) and 2t + 8, 2t + 9 (y)
+      pair_to_half(wv[0], wv[1], kBias, __halves2half2(dv[0], dv[1]), x);
+      pair_to_half(wv[2], wv[3], kBias, __halves2half2(dv[2], dv[3]), y);
+      const uint32_t a_lo[4] = {x[0], x[1], y[0], y[1]}, a_hi[4] = {x[2], x[3], y[2], y[3]};
+      kern::mma_16816_f16_pure(O[2 * b], a_lo, b0, b1);
+      kern::mma_16816_f16_pure(O[2 * b + 1], a_hi, b0, b1);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring before the partials go over it
+
+  // The warps' partials over the ring: O^T[m-tile 2b + j][row gid (+ 8)] of column 2t (+ 1) is row 2t (+ 1)
+  // of head dim 32 b + kv_lane_dim(gid) + 2 j (+ 1).
+  static_assert((static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4 < frag_ring_bytes<KV>(D),
+                "the partials fit in the ring's room");
+#pragma unroll
+  for (int o = 4; o <= 16; o <<= 1) {
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, o);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, o);
+  }
+  float* sO = reinterpret_cast<float*>(raw);
+  float* sM = sO + KW * BM * (D + kOPad);
+  float* sL = sM + KW * BM;
+  float* o0 = sO + (kw * BM + 2 * t) * (D + kOPad);
+  float* o1 = o0 + (D + kOPad);
+  const int dd = kv_lane_dim<KV>(gid);
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    const int d = 32 * (i >> 1) + dd + 2 * (i & 1);
+    o0[d] = O[i][0];
+    o1[d] = O[i][1];
+    o0[d + 1] = O[i][2];
+    o1[d + 1] = O[i][3];
+  }
+  if (gid == 0) {
+    sM[kw * BM + 2 * t] = m0;
+    sM[kw * BM + 2 * t + 1] = m1;
+    sL[kw * BM + 2 * t] = l0;
+    sL[kw * BM + 2 * t + 1] = l1;
+  }
+  __syncthreads();
+  write_rows(p, sO, sM, sL, KW, BM, D + kOPad, w.row0, w.row_end, w.g, w.s);
+}
+
+// RW = 0: at most kRowsT rows a CTA, transposed on fragments (tc_attend_frag_t; Q8_0 and Q4_0 only).
 template <int D, int RW, typename KV>
-__global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
+__global__ void __launch_bounds__(kThreads, RW == 0 ? kMinCtasT : 1) attn_tc_kernel(const KParams p) {
   kern::dependency_sync();
-  constexpr bool kFrag = RW == 1 && kern::kKvBlocks<KV>;  // Q8_0 / Q4_0 decode: on fragments
-  constexpr int BM = 16 * RW, SK = D + 8;
+  constexpr bool kFragT = RW == 0;
+  static_assert(!kFragT || kern::kKvBlocks<KV>, "the transposed form reads Q8_0 or Q4_0");
+  constexpr bool kFrag = kFragT || (RW == 1 && kern::kKvBlocks<KV>);  // Q8_0 / Q4_0 decode: on fragments
+  constexpr int BM = kFragT ? kRowsT : 16 * RW, SK = D + 8;
   constexpr int kStages = kFrag ? 0 : kern::kKvBlocks<KV> ? 1 : 2;  // half tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
@@ -728,7 +941,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_tc_kernel(const KParams p) {
     if (rho < p.R) v = p.q[out_row(p, rho, w.g) * D + d];
     sQ[r * SK + (kFrag ? frag_q_col(d) : d)] = __float2half_rn(v);
   }
-  if constexpr (kFrag) {
+  if constexpr (kFragT) {
+    tc_attend_frag_t<D, KV, false>(p, sQ, raw, w);  // its first barrier also covers sQ
+  } else if constexpr (kFrag) {
     tc_attend_frag<D, KV, false>(p, sQ, raw, w);  // its first barrier also covers sQ
   } else {
     tc_attend<D, RW, KV>(p, sQ, sK, sV, raw, w);
@@ -900,8 +1115,10 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
   __syncthreads();
 }
 
-template <int D, typename KV>
-__global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams p) {
+// kT: at most kRowsT rows a CTA, on tc_attend_frag_t (Q8_0 and Q4_0 only).
+template <int D, typename KV, bool kT = false>
+__global__ void __launch_bounds__(kThreads, kT ? kMinCtasT : 1) attn_decode_kernel(const KParams p) {
+  static_assert(!kT || kern::kKvBlocks<KV>, "the transposed form reads Q8_0 or Q4_0");
   constexpr int SK = D + 8;
   constexpr bool kFrag = kern::kKvBlocks<KV>;  // Q8_0 and Q4_0 run on fragments
   constexpr int kStages = kFrag ? 0 : 2;         // F16 tiles (see tc_smem_bytes)
@@ -943,7 +1160,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_decode_kernel(const KParams 
   }
   decode_prep<D, KV>(p, sQ, sK, sV, raw, y_all, cs, w);
   kern::timeline_mark(0);  // q / k normalized and rotated, k / v appended
-  if constexpr (kFrag) {
+  if constexpr (kT) {
+    tc_attend_frag_t<D, KV, true>(p, sQ, raw, w);
+  } else if constexpr (kFrag) {
     tc_attend_frag<D, KV, true>(p, sQ, raw, w);
   } else {
     tc_attend<D, 1, KV, true>(p, sQ, sK, sV, raw, w);
@@ -1056,9 +1275,13 @@ struct KernelPick {
   size_t smem = 0;
 };
 
+// rows: the rows a CTA takes (8: the transposed fragment form of Q8_0 / Q4_0; 16, 32 or 64).
 template <int D, typename KV>
-KernelPick pick_tc(int rw) {
-  switch (rw) {
+KernelPick pick_tc(int rows) {
+  if constexpr (kern::kKvBlocks<KV>) {
+    if (rows == kRowsT) return {reinterpret_cast<const void*>(attn_tc_kernel<D, 0, KV>), tc_smem_bytes<KV>(D, 0)};
+  }
+  switch (rows / 16) {
     case 1: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 1, KV>), tc_smem_bytes<KV>(D, 1)};
     case 2: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 2, KV>), tc_smem_bytes<KV>(D, 2)};
     default: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 4, KV>), tc_smem_bytes<KV>(D, 4)};
@@ -1081,25 +1304,24 @@ KernelPick pick_simt(int D) {
 
 // The tensor-core kernels of a block-quantized cache: head_dim 64, 128 or 256.
 template <typename KV>
-KernelPick pick_tc_blocks(int D, int rw) {
+KernelPick pick_tc_blocks(int D, int rows) {
   switch (D) {
-    case 64: return pick_tc<64, KV>(rw);
-    case 128: return pick_tc<128, KV>(rw);
-    case 256: return pick_tc<256, KV>(rw);
+    case 64: return pick_tc<64, KV>(rows);
+    case 128: return pick_tc<128, KV>(rows);
+    case 256: return pick_tc<256, KV>(rows);
     default: return {};
   }
 }
 
 KernelPick pick_kernel(AttnPath path, DType dtype, int D, int rows_per_cta) {
   if (path == AttnPath::kTensorCore) {
-    const int rw = rows_per_cta / 16;
-    if (dtype == DType::Q8_0) return pick_tc_blocks<kern::KvQ8>(D, rw);
-    if (dtype == DType::Q4_0) return pick_tc_blocks<kern::KvQ4>(D, rw);
+    if (dtype == DType::Q8_0) return pick_tc_blocks<kern::KvQ8>(D, rows_per_cta);
+    if (dtype == DType::Q4_0) return pick_tc_blocks<kern::KvQ4>(D, rows_per_cta);
     switch (D) {
-      case 32: return pick_tc<32, __half>(rw);
-      case 64: return pick_tc<64, __half>(rw);
-      case 128: return pick_tc<128, __half>(rw);
-      case 256: return pick_tc<256, __half>(rw);
+      case 32: return pick_tc<32, __half>(rows_per_cta);
+      case 64: return pick_tc<64, __half>(rows_per_cta);
+      case 128: return pick_tc<128, __half>(rows_per_cta);
+      case 256: return pick_tc<256, __half>(rows_per_cta);
       default: return {};
     }
   }
@@ -1206,24 +1428,26 @@ void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_bl
                                     : 0;
 }
 
-template <int D, typename KV>
+template <int D, typename KV, bool kT = false>
 KernelPick pick_decode() {
-  return {reinterpret_cast<const void*>(attn_decode_kernel<D, KV>), tc_smem_bytes<KV>(D, 1)};
+  return {reinterpret_cast<const void*>(attn_decode_kernel<D, KV, kT>), tc_smem_bytes<KV>(D, 1)};
 }
 
 template <typename KV>
-KernelPick pick_decode_blocks(int D) {
+KernelPick pick_decode_blocks(int D, bool rows_t) {
   switch (D) {
-    case 64: return pick_decode<64, KV>();
-    case 128: return pick_decode<128, KV>();
-    case 256: return pick_decode<256, KV>();
+    case 64: return rows_t ? pick_decode<64, KV, true>() : pick_decode<64, KV>();
+    case 128: return rows_t ? pick_decode<128, KV, true>() : pick_decode<128, KV>();
+    case 256: return rows_t ? pick_decode<256, KV, true>() : pick_decode<256, KV>();
     default: return {};
   }
 }
 
-KernelPick pick_decode_kernel(DType dtype, int D) {
-  if (dtype == DType::Q8_0) return pick_decode_blocks<kern::KvQ8>(D);
-  if (dtype == DType::Q4_0) return pick_decode_blocks<kern::KvQ4>(D);
+// R: the packed rows of a KV head (n_tokens * G); at most kRowsT take the transposed form where the
+// cache is Q8_0 or Q4_0.
+KernelPick pick_decode_kernel(DType dtype, int D, int64_t R) {
+  if (dtype == DType::Q8_0) return pick_decode_blocks<kern::KvQ8>(D, R <= kRowsT);
+  if (dtype == DType::Q4_0) return pick_decode_blocks<kern::KvQ4>(D, R <= kRowsT);
   if (dtype != DType::F16) return {};
   switch (D) {
     case 32: return pick_decode<32, __half>();
@@ -1241,7 +1465,7 @@ bool attention_decode_fits(DType kv_dtype, int head_dim, int n_head, int n_head_
       static_cast<int64_t>(n_tokens) * (n_head / n_head_kv) > kFuseRows) {
     return false;
   }
-  const KernelPick k = pick_decode_kernel(kv_dtype, head_dim);
+  const KernelPick k = pick_decode_kernel(kv_dtype, head_dim, static_cast<int64_t>(n_tokens) * (n_head / n_head_kv));
   const long long smem_limit = smem_optin_limit();
   return k.fn != nullptr && (smem_limit == 0 || k.smem <= static_cast<size_t>(smem_limit));
 }
@@ -1251,10 +1475,10 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
       a.kv.chunk_tokens <= 0 || a.kv.k_offset % 16 != 0 || a.kv.v_offset % 16 != 0) {
     return cudaErrorNotSupported;
   }
-  int slots = 0, per_sm = 1;
-  const cudaError_t e = configure(pick_decode_kernel(a.kv.dtype, a.kv.head_dim), device, &slots, &per_sm);
-  if (e != cudaSuccess) return e;
   const int R = a.n_tokens * (a.n_head / a.kv.n_head_kv);
+  int slots = 0, per_sm = 1;
+  const cudaError_t e = configure(pick_decode_kernel(a.kv.dtype, a.kv.head_dim, R), device, &slots, &per_sm);
+  if (e != cudaSuccess) return e;
   if (a.n_tokens == 1 && R > 1 && a.max_kv <= kAttnDecodeRowMaxKv) {  // one CTA per query row, one split
     fill_plan(a, AttnPath::kTensorCore, 1, R, slots, per_sm, plan);
     plan->n_split = 1;
@@ -1267,8 +1491,8 @@ cudaError_t attention_decode_plan(const AttnPagedArgs& a, int device, AttnPlan* 
 
 cudaError_t attention_decode_launch(const AttnDecodeArgs& a, const AttnPlan& plan, cudaStream_t s) {
   const AttnPagedArgs& at = a.attn;
-  const KernelPick k = pick_decode_kernel(at.kv.dtype, at.kv.head_dim);
   const int64_t R = static_cast<int64_t>(at.n_tokens) * (at.n_head / std::max(at.kv.n_head_kv, 1));
+  const KernelPick k = pick_decode_kernel(at.kv.dtype, at.kv.head_dim, R);
   const bool row_blocks = plan.rows_per_cta == kFuseRows && plan.n_row_blocks == 1;
   const bool rows = plan.rows_per_cta == 1 && plan.n_row_blocks == R && plan.n_split == 1 && at.n_tokens == 1;
   if (k.fn == nullptr || plan.path != AttnPath::kTensorCore || !(row_blocks || rows) ||
@@ -1319,7 +1543,7 @@ const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
   if (R > INT32_MAX / 2) return cudaErrorInvalidValue;
   // The tensor-core kernel where its staging fits the device (head_dim 256 needs ~140 KB: not on the
   // 99 KB of sm_86 / sm_89), else the SIMT kernel.
-  const int tc_rows = R <= 16 ? 16 : R <= 32 ? 32 : 64;
+  const int tc_rows = R <= kRowsT && kern::kv_dtype_blocks(a.kv.dtype) ? kRowsT : R <= 16 ? 16 : R <= 32 ? 32 : 64;
   const KernelPick tc_pick = tc_allowed(a) ? pick_kernel(AttnPath::kTensorCore, a.kv.dtype, D, tc_rows) : KernelPick{};
   const long long smem_limit = smem_optin_limit();
   const bool tc = tc_pick.fn != nullptr && (smem_limit == 0 || tc_pick.smem <= static_cast<size_t>(smem_limit));
