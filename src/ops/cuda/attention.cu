@@ -340,6 +340,17 @@ __device__ __forceinline__ void tc_convert_blocks(const uint8_t* raw, __half* sK
   }
 }
 
+// One row's step of the online softmax: the running maximum m (log2 domain) takes this tile's maximum mx;
+// returns the offset the tile's scores are exponentiated against (0 while the row sees nothing yet, so it
+// stays at zero) and sets corr, the factor of the sums and accumulators so far.
+__device__ __forceinline__ float online_max_step(float& m, float mx, float& corr) {
+  const float mn = fmaxf(m, mx);
+  const float mu = mn == -INFINITY ? 0.0f : mn;
+  corr = exp2f(m - mu);
+  m = mn;
+  return mu;
+}
+
 // One tile's scores S (NT n-tiles of a warp's mma layout: this lane's positions jb + 8 nt + {0, 1}, rows a
 // and b = a + 8) into the log2 domain, the causal future masked (positions past lim_a / lim_b), then the
 // online softmax: the running maxima m and per-lane partial sums l updated, the accumulators O rescaled,
@@ -581,6 +592,34 @@ __device__ __forceinline__ void pair_to_half(uint32_t ua, uint32_t ub, unsigned 
   }
 }
 
+// The fragment forms' ring of BlockTile<D, KV> stages over the CTA's positions [w.kv_begin, w.kv_end):
+// frag_ring_begin issues the groups of the first two tiles (the first one is the caller's when
+// kTile0Issued); frag_ring_next waits until tile `tile` has landed for every thread (and every warp is done
+// with the stage it refills), issues tile + 2's copies and returns tile's stage.
+template <int D, typename KV, bool kTile0Issued>
+__device__ __forceinline__ void frag_ring_begin(const KParams& p, uint8_t* raw, const CtaWork& w, int n_tiles) {
+  using Q = BlockTile<D, KV>;
+  if constexpr (!kTile0Issued) {
+    tc_load_tile_blocks<D, KV>(p, raw, w.kv_begin, w.g, w.kv_end);
+    cp_async_commit();
+  }
+  if (n_tiles > 1) tc_load_tile_blocks<D, KV>(p, raw + Q::kStageBytes, w.kv_begin + kBN, w.g, w.kv_end);
+  cp_async_commit();
+}
+template <int D, typename KV>
+__device__ __forceinline__ const uint8_t* frag_ring_next(const KParams& p, uint8_t* raw, const CtaWork& w, int tile,
+                                                         int n_tiles) {
+  using Q = BlockTile<D, KV>;
+  cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+  __syncthreads();     // ... for every thread, and every warp is done with the stage refilled next
+  if (tile + 2 < n_tiles) {
+    tc_load_tile_blocks<D, KV>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, w.kv_begin + (tile + 2) * kBN, w.g,
+                               w.kv_end);
+  }
+  cp_async_commit();
+  return raw + tile % Q::kStages * Q::kStageBytes;
+}
+
 // P V on fragments, a lane's V codes: the staged V rows of positions kw * 16 + 2t + {0, 1, 8, 9} of the tile
 // (valid below n_rows), and of block b the word of lane group c (Q8_0: word c; Q4_0: the low nibbles of
 // word c for c < 4, the high ones of word c - 4) as biased bytes (Q8_0 codes c ^ 0x80, bias 128; Q4_0
@@ -620,7 +659,7 @@ __device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* s
   constexpr int KW = kWarps, BM = 16, PW = kBN / KW, NT = PW / 8, DT = D / 8, SK = D + 8;
   constexpr int BB = kern::kv_block_bytes<KV>();
   static_assert(PW == 16 && NT == 2 && Q::RS % 4 == 0, "a warp's 16 positions are one k16 step of P V");
-  const int g = w.g, pos0 = w.pos0, row0 = w.row0, kv_begin = w.kv_begin, kv_end = w.kv_end;
+  const int pos0 = w.pos0, row0 = w.row0, kv_begin = w.kv_begin, kv_end = w.kv_end;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp, t = lane & 3, c = lane >> 2;
   const int ra = lane / 4;
   const int lim_a = pos0 + min(row0 + ra, p.R - 1) / p.G;
@@ -632,21 +671,9 @@ __device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* s
   const uint32_t q_addr = smem_addr(sQ + (lane & 15) * SK + (lane >> 4) * 8);
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
-  if constexpr (!kTile0Issued) {
-    tc_load_tile_blocks<D, KV>(p, raw, kv_begin, g, kv_end);
-    cp_async_commit();
-  }
-  if (n_tiles > 1) tc_load_tile_blocks<D, KV>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
-  cp_async_commit();
+  frag_ring_begin<D, KV, kTile0Issued>(p, raw, w, n_tiles);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
-    __syncthreads();     // ... for every thread, and every warp is done with the stage refilled next
-    if (tile + 2 < n_tiles) {
-      tc_load_tile_blocks<D, KV>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN, g,
-                                 kv_end);
-    }
-    cp_async_commit();
-    const uint8_t* kst = raw + tile % Q::kStages * Q::kStageBytes;
+    const uint8_t* kst = frag_ring_next<D, KV>(p, raw, w, tile, n_tiles);
     const int n_rows = min(kBN, kv_end - kv_begin - tile * kBN);  // rows past it: stale bytes, zeroed here
 
     // S = Q K^T over the warp's positions kw * 16 + nt * 8 + c (as this lane's B column).
@@ -765,21 +792,9 @@ __device__ __forceinline__ void tc_attend_frag_t(const KParams& p, const __half*
   const bool odd_row = (gid & 1) != 0;                    // ... holding row gid as their odd or even column
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
-  if constexpr (!kTile0Issued) {
-    tc_load_tile_blocks<D, KV>(p, raw, kv_begin, w.g, kv_end);
-    cp_async_commit();
-  }
-  if (n_tiles > 1) tc_load_tile_blocks<D, KV>(p, raw + Q::kStageBytes, kv_begin + kBN, w.g, kv_end);
-  cp_async_commit();
+  frag_ring_begin<D, KV, kTile0Issued>(p, raw, w, n_tiles);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
-    __syncthreads();     // ... for every thread, and every warp is done with the stage refilled next
-    if (tile + 2 < n_tiles) {
-      tc_load_tile_blocks<D, KV>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN,
-                                 w.g, kv_end);
-    }
-    cp_async_commit();
-    const uint8_t* kst = raw + tile % Q::kStages * Q::kStageBytes;
+    const uint8_t* kst = frag_ring_next<D, KV>(p, raw, w, tile, n_tiles);
     const int n_rows = min(kBN, kv_end - kv_begin - tile * kBN);  // rows past it: stale bytes, zeroed here
 
     // S^T = K Q^T: this lane's positions kw * 16 + gid (c0, c1) and + 8 (c2, c3); even and odd blocks
@@ -835,12 +850,8 @@ __device__ __forceinline__ void tc_attend_frag_t(const KParams& p, const __half*
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, o));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, o));
     }
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float mu0 = mn0 == -INFINITY ? 0.0f : mn0;  // a row with nothing visible yet stays at zero
-    const float mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-    const float corr0 = exp2f(m0 - mu0), corr1 = exp2f(m1 - mu1);
-    m0 = mn0;
-    m1 = mn1;
+    float corr0, corr1;
+    const float mu0 = online_max_step(m0, mx0, corr0), mu1 = online_max_step(m1, mx1, corr1);
     s00 = exp2f(s00 - mu0);
     s10 = exp2f(s10 - mu0);
     s01 = exp2f(s01 - mu1);
