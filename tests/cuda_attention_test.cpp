@@ -365,9 +365,9 @@ TEST_F(CudaAttentionTest, TensorCoreAndSimtAgree) {
       cuda::AttnPlan plan;
       ASSERT_EQ(cuda::attention_paged_plan(a, path, 0, &plan), cudaSuccess);
       EXPECT_EQ(plan.path, path);
-      if (path == cuda::AttnPath::kTensorCore) {  // one token's 6 rows: Q8_0 / Q4_0 on the transposed form
+      if (path == cuda::AttnPath::kTensorCore) {  // one token's 6 rows: the transposed form
         const int64_t R = n * G;
-        EXPECT_EQ(plan.rows_per_cta, kv_blocks(dtype) && R <= 8 ? 8 : R <= 16 ? 16 : R <= 32 ? 32 : 64);
+        EXPECT_EQ(plan.rows_per_cta, R <= 8 ? 8 : R <= 16 ? 16 : R <= 32 ? 32 : 64);
       }
       if (plan.scratch_bytes > 0) a.scratch = static_cast<float*>(dev(plan.scratch_bytes));
       ASSERT_EQ(cuda::attention_paged_launch(a, plan, static_cast<cudaStream_t>(stream_.handle())), cudaSuccess);

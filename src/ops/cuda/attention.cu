@@ -751,6 +751,90 @@ __device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* s
                              [](int i, int n) { return frag_o_col(i, n); });
 }
 
+// The transposed forms' online softmax of one tile: S2 holds this lane's scores S^T (two partial
+// accumulators summed here) of the warp's positions j0 (c0, c1) and j0 + 8 (c2, c3) for rows 2t (c0, c2)
+// and 2t + 1 (c1, c3), t = lane % 4. Masks the causal future (past lim0 / lim1), updates the running
+// maxima and per-lane sums (the 8 lanes of a t share a row), rescales O^T (columns 2t, 2t + 1) and returns
+// P^T as P V's B fragments: {P[2t][gid], P[2t + 1][gid]} (b0) and {P[2t + 8][gid], P[2t + 9][gid]} (b1),
+// positions of the warp, gid = lane / 4: four shuffles from the lanes of positions 2t and 2t + 1.
+template <int MT>
+__device__ __forceinline__ void online_softmax_t(const float (&S2)[2][4], int j0, int lim0, int lim1, float scale_log2,
+                                                 float& m0, float& m1, float& l0, float& l1, float (&O)[MT][4],
+                                                 uint32_t& b0, uint32_t& b1) {
+  const int lane = threadIdx.x % 32, t = lane & 3, gid = lane >> 2;
+  const int j1 = j0 + 8;
+  float s00 = j0 <= lim0 ? (S2[0][0] + S2[1][0]) * scale_log2 : -INFINITY;  // position j0, row 2t
+  float s01 = j0 <= lim1 ? (S2[0][1] + S2[1][1]) * scale_log2 : -INFINITY;  // position j0, row 2t + 1
+  float s10 = j1 <= lim0 ? (S2[0][2] + S2[1][2]) * scale_log2 : -INFINITY;
+  float s11 = j1 <= lim1 ? (S2[0][3] + S2[1][3]) * scale_log2 : -INFINITY;
+  float mx0 = fmaxf(s00, s10), mx1 = fmaxf(s01, s11);
+#pragma unroll
+  for (int o = 4; o <= 16; o <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, o));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, o));
+  }
+  float corr0, corr1;
+  const float mu0 = online_max_step(m0, mx0, corr0), mu1 = online_max_step(m1, mx1, corr1);
+  s00 = exp2f(s00 - mu0);
+  s10 = exp2f(s10 - mu0);
+  s01 = exp2f(s01 - mu1);
+  s11 = exp2f(s11 - mu1);
+  l0 = l0 * corr0 + (s00 + s10);  // per-lane partial sums; the 8 lanes of a t are reduced at the end
+  l1 = l1 * corr1 + (s01 + s11);
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    O[i][0] *= corr0;
+    O[i][1] *= corr1;
+    O[i][2] *= corr0;
+    O[i][3] *= corr1;
+  }
+  const int src_a = 8 * t + gid / 2;      // the lanes of positions 2t and 2t + 1 ...
+  const bool odd_row = (gid & 1) != 0;    // ... holding row gid as their odd or even column
+  const uint32_t pe = pack_half2(s00, s10), po = pack_half2(s01, s11);  // rows 2t, 2t + 1: positions gid, gid + 8
+  const uint32_t ea = __shfl_sync(0xFFFFFFFFu, pe, src_a), oa = __shfl_sync(0xFFFFFFFFu, po, src_a);
+  const uint32_t eb = __shfl_sync(0xFFFFFFFFu, pe, src_a + 4), ob = __shfl_sync(0xFFFFFFFFu, po, src_a + 4);
+  const uint32_t pa = odd_row ? oa : ea, pb = odd_row ? ob : eb;  // positions 2t, 2t + 8 / 2t + 1, 2t + 9
+  b0 = __byte_perm(pa, pb, 0x5410);
+  b1 = __byte_perm(pa, pb, 0x7632);
+}
+
+// The end of a transposed attention: the warps' partials O^T (m-tile i, rows gid and gid + 8 of it are
+// head dims dim(i) and dim(i) + ddim; columns 2t, 2t + 1 the CTA's rows), their sums (reduced over the 8
+// lanes of a t here) and maxima staged at sO ([kWarps][kRowsT][D + kOPad] floats, then m and l), merged
+// and written by write_rows.
+template <int D, typename Dim>
+__device__ __forceinline__ void stage_and_write_t(const KParams& p, const float (&O)[D / 16][4], float m0, float m1,
+                                                  float l0, float l1, float* sO, int kw, int lane, const CtaWork& w,
+                                                  Dim dim, int ddim = 1) {
+  constexpr int KW = kWarps, BM = kRowsT;
+  const int t = lane & 3, gid = lane >> 2;
+#pragma unroll
+  for (int o = 4; o <= 16; o <<= 1) {
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, o);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, o);
+  }
+  float* sM = sO + KW * BM * (D + kOPad);
+  float* sL = sM + KW * BM;
+  float* o0 = sO + (kw * BM + 2 * t) * (D + kOPad);
+  float* o1 = o0 + (D + kOPad);
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) {
+    const int d = dim(i);
+    o0[d] = O[i][0];
+    o1[d] = O[i][1];
+    o0[d + ddim] = O[i][2];
+    o1[d + ddim] = O[i][3];
+  }
+  if (gid == 0) {
+    sM[kw * BM + 2 * t] = m0;
+    sM[kw * BM + 2 * t + 1] = m1;
+    sL[kw * BM + 2 * t] = l0;
+    sL[kw * BM + 2 * t + 1] = l1;
+  }
+  __syncthreads();
+  write_rows(p, sO, sM, sL, KW, BM, D + kOPad, w.row0, w.row_end, w.g, w.s);
+}
+
 // tc_attend_frag for at most kRowsT rows (one token's query heads of a KV head: 6 on the 27B, 8 on the
 // 35B-A3B), transposed: S^T = K Q^T and O^T = V^T P^T, so the 16 positions of a warp and 16 head dims
 // are the products' M side and the rows their N side of 8, where the untransposed form spends an M side
@@ -788,8 +872,6 @@ __device__ __forceinline__ void tc_attend_frag_t(const KParams& p, const __half*
 #pragma unroll
   for (int i = 0; i < MT; ++i) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
   const uint32_t q_addr = smem_addr(sQ + (lane & 7) * SK + (lane >> 3) * 8);
-  const int src_a = 8 * t + gid / 2;                      // the lanes of positions 2t and 2t + 1 ...
-  const bool odd_row = (gid & 1) != 0;                    // ... holding row gid as their odd or even column
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
   frag_ring_begin<D, KV, kTile0Issued>(p, raw, w, n_tiles);
@@ -838,39 +920,8 @@ __device__ __forceinline__ void tc_attend_frag_t(const KParams& p, const __half*
       }
     }
 
-    // The online softmax over this lane's columns (rows 2t, 2t + 1), reduced over the 8 lanes of a t.
-    const int j0 = kv_begin + tile * kBN + kw * PW + gid, j1 = j0 + 8;
-    float s00 = j0 <= lim0 ? (S2[0][0] + S2[1][0]) * p.scale_log2 : -INFINITY;  // position j0, row 2t
-    float s01 = j0 <= lim1 ? (S2[0][1] + S2[1][1]) * p.scale_log2 : -INFINITY;  // position j0, row 2t + 1
-    float s10 = j1 <= lim0 ? (S2[0][2] + S2[1][2]) * p.scale_log2 : -INFINITY;
-    float s11 = j1 <= lim1 ? (S2[0][3] + S2[1][3]) * p.scale_log2 : -INFINITY;
-    float mx0 = fmaxf(s00, s10), mx1 = fmaxf(s01, s11);
-#pragma unroll
-    for (int o = 4; o <= 16; o <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, o));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, o));
-    }
-    float corr0, corr1;
-    const float mu0 = online_max_step(m0, mx0, corr0), mu1 = online_max_step(m1, mx1, corr1);
-    s00 = exp2f(s00 - mu0);
-    s10 = exp2f(s10 - mu0);
-    s01 = exp2f(s01 - mu1);
-    s11 = exp2f(s11 - mu1);
-    l0 = l0 * corr0 + (s00 + s10);  // per-lane partial sums; the 8 lanes of a t are reduced at the end
-    l1 = l1 * corr1 + (s01 + s11);
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      O[i][0] *= corr0;
-      O[i][1] *= corr1;
-      O[i][2] *= corr0;
-      O[i][3] *= corr1;
-    }
-    // P V's B: {P[2t][gid], P[2t + 1][gid]} and {P[2t + 8][gid], P[2t + 9][gid]} (positions of the warp).
-    const uint32_t pe = pack_half2(s00, s10), po = pack_half2(s01, s11);  // rows 2t, 2t + 1: positions gid, gid + 8
-    const uint32_t ea = __shfl_sync(0xFFFFFFFFu, pe, src_a), oa = __shfl_sync(0xFFFFFFFFu, po, src_a);
-    const uint32_t eb = __shfl_sync(0xFFFFFFFFu, pe, src_a + 4), ob = __shfl_sync(0xFFFFFFFFu, po, src_a + 4);
-    const uint32_t pa = odd_row ? oa : ea, pb = odd_row ? ob : eb;  // positions 2t, 2t + 8 / 2t + 1, 2t + 9
-    const uint32_t b0 = __byte_perm(pa, pb, 0x5410), b1 = __byte_perm(pa, pb, 0x7632);
+    uint32_t b0, b1;
+    online_softmax_t(S2, kv_begin + tile * kBN + kw * PW + gid, lim0, lim1, p.scale_log2, m0, m1, l0, l1, O, b0, b1);
 
     // O^T += V^T P^T: this lane's k positions kw * 16 + 2t + {0, 1} and + {8, 9}.
     const uint8_t* vrow[4];
@@ -897,43 +948,98 @@ __device__ __forceinline__ void tc_attend_frag_t(const KParams& p, const __half*
   // of head dim 32 b + kv_lane_dim(gid) + 2 j (+ 1).
   static_assert((static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4 < frag_ring_bytes<KV>(D),
                 "the partials fit in the ring's room");
-#pragma unroll
-  for (int o = 4; o <= 16; o <<= 1) {
-    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, o);
-    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, o);
-  }
-  float* sO = reinterpret_cast<float*>(raw);
-  float* sM = sO + KW * BM * (D + kOPad);
-  float* sL = sM + KW * BM;
-  float* o0 = sO + (kw * BM + 2 * t) * (D + kOPad);
-  float* o1 = o0 + (D + kOPad);
   const int dd = kv_lane_dim<KV>(gid);
-#pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    const int d = 32 * (i >> 1) + dd + 2 * (i & 1);
-    o0[d] = O[i][0];
-    o1[d] = O[i][1];
-    o0[d + 1] = O[i][2];
-    o1[d + 1] = O[i][3];
-  }
-  if (gid == 0) {
-    sM[kw * BM + 2 * t] = m0;
-    sM[kw * BM + 2 * t + 1] = m1;
-    sL[kw * BM + 2 * t] = l0;
-    sL[kw * BM + 2 * t + 1] = l1;
-  }
-  __syncthreads();
-  write_rows(p, sO, sM, sL, KW, BM, D + kOPad, w.row0, w.row_end, w.g, w.s);
+  stage_and_write_t<D>(p, O, m0, m1, l0, l1, reinterpret_cast<float*>(raw), kw, lane, w,
+                       [dd](int i) { return 32 * (i >> 1) + dd + 2 * (i & 1); });
 }
 
-// RW = 0: at most kRowsT rows a CTA, transposed on fragments (tc_attend_frag_t; Q8_0 and Q4_0 only).
+// tc_attend for at most kRowsT rows over an F16 cache, transposed as tc_attend_frag_t: S^T = K Q^T and
+// O^T = V^T P^T, the warp's 16 positions and 16 head dims on the M side, the rows on N (8). The F16 tiles
+// and their double-buffered copies are tc_attend's; the fragments come by ldmatrix:
+//  - Q K^T: A is the warp's 16 K rows by a k16 step (ldmatrix, as tc_attend's Q), B is Q's rows as
+//    staged (plain columns);
+//  - P V: A is V^T, 16 head dims by the warp's 16 positions (ldmatrix.trans of the V rows, as tc_attend's
+//    V), B is P^T from online_softmax_t.
+// O^T's m-tile i holds head dims 16 i + gid (c0, c1) and 16 i + gid + 8 (c2, c3).
+template <int D, bool kTile0Issued>
+__device__ __forceinline__ void tc_attend_t(const KParams& p, const __half* sQ, __half* sK, __half* sV,
+                                            const CtaWork& w) {
+  constexpr int KW = kWarps, BM = kRowsT, PW = kBN / KW, MT = D / 16, SK = D + 8;
+  static_assert(PW == 16 && D % 32 == 0, "a warp's 16 positions are one m-tile of Q K^T, one k16 step of P V");
+  static_assert((static_cast<size_t>(KW) * BM * (D + kOPad) + 2 * KW * BM) * 4 <= static_cast<size_t>(4) * kBN * SK * 2,
+                "the partials fit in the K / V stages");
+  const int pos0 = w.pos0, row0 = w.row0, kv_begin = w.kv_begin, kv_end = w.kv_end;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp, t = lane & 3, gid = lane >> 2;
+  const int lim0 = pos0 + min(row0 + 2 * t, p.R - 1) / p.G;  // this lane's score columns: rows 2t, 2t + 1
+  const int lim1 = pos0 + min(row0 + 2 * t + 1, p.R - 1) / p.G;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  float O[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
+  const uint32_t q_addr = smem_addr(sQ + (lane & 7) * SK + (lane >> 3) * 8);
+  const int k_row = kw * PW + (lane & 15), k_col = (lane >> 4) * 8;
+  const int v_row = kw * PW + (lane & 7) + ((lane >> 4) << 3), v_col = ((lane >> 3) & 1) * 8;
+
+  const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
+  if constexpr (!kTile0Issued) {  // else the caller's group of copies holds the first tile
+    tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, w.g, kv_end);
+    cp_async_commit();
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int stage = tile & 1;
+    if (tile + 1 < n_tiles) {
+      const int nx = (tile + 1) & 1;
+      tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, w.g, kv_end);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+    __syncthreads();
+
+    // S^T = K Q^T: this lane's positions kw * 16 + gid (c0, c1) and + 8 (c2, c3); the two k16 steps of
+    // each 32 head dims in two accumulators, so the products' chain is half as long.
+    const uint32_t k_addr = smem_addr(sK + stage * kBN * SK + k_row * SK + k_col);
+    const uint32_t v_addr = smem_addr(sV + stage * kBN * SK + v_row * SK + v_col);
+    float S2[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) S2[i][0] = S2[i][1] = S2[i][2] = S2[i][3] = 0.0f;
+#pragma unroll
+    for (int b = 0; b < D / 32; ++b) {
+      uint32_t qb[4];  // B of k16 steps 2b (qb[0], qb[1]) and 2b + 1 (qb[2], qb[3])
+      ldsm_x4(qb, q_addr + b * 64);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4];
+        ldsm_x4(a, k_addr + (32 * b + 16 * h) * 2);
+        kern::mma_16816_f16_pure(S2[h], a, qb[2 * h], qb[2 * h + 1]);
+      }
+    }
+    uint32_t b0, b1;
+    online_softmax_t(S2, kv_begin + tile * kBN + kw * PW + gid, lim0, lim1, p.scale_log2, m0, m1, l0, l1, O, b0, b1);
+
+    // O^T += V^T P^T: m-tile i is head dims 16 i .. 16 i + 15 of the warp's 16 positions.
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      uint32_t a[4];
+      ldsm_x4_trans(a, v_addr + 16 * i * 2);
+      kern::mma_16816_f16_pure(O[i], a, b0, b1);
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+
+  stage_and_write_t<D>(p, O, m0, m1, l0, l1, reinterpret_cast<float*>(sK), kw, lane, w,
+                       [gid](int i) { return 16 * i + gid; }, 8);
+}
+
+// RW = 0: at most kRowsT rows a CTA, transposed (tc_attend_frag_t on Q8_0 / Q4_0 fragments, tc_attend_t on
+// F16 tiles).
 template <int D, int RW, typename KV>
-__global__ void __launch_bounds__(kThreads, RW == 0 ? kMinCtasT : 1) attn_tc_kernel(const KParams p) {
+__global__ void __launch_bounds__(kThreads, RW == 0 && kern::kKvBlocks<KV> ? kMinCtasT : 1)
+    attn_tc_kernel(const KParams p) {
   kern::dependency_sync();
-  constexpr bool kFragT = RW == 0;
-  static_assert(!kFragT || kern::kKvBlocks<KV>, "the transposed form reads Q8_0 or Q4_0");
-  constexpr bool kFrag = kFragT || (RW == 1 && kern::kKvBlocks<KV>);  // Q8_0 / Q4_0 decode: on fragments
-  constexpr int BM = kFragT ? kRowsT : 16 * RW, SK = D + 8;
+  constexpr bool kT = RW == 0;
+  constexpr bool kFrag = (RW <= 1 && kern::kKvBlocks<KV>);  // Q8_0 / Q4_0 decode: on fragments
+  constexpr int BM = kT ? kRowsT : 16 * RW, SK = D + 8;
   constexpr int kStages = kFrag ? 0 : kern::kKvBlocks<KV> ? 1 : 2;  // half tiles (see tc_smem_bytes)
   extern __shared__ float4 smem_f4[];
   __half* sQ = reinterpret_cast<__half*>(smem_f4);
@@ -952,8 +1058,10 @@ __global__ void __launch_bounds__(kThreads, RW == 0 ? kMinCtasT : 1) attn_tc_ker
     if (rho < p.R) v = p.q[out_row(p, rho, w.g) * D + d];
     sQ[r * SK + (kFrag ? frag_q_col(d) : d)] = __float2half_rn(v);
   }
-  if constexpr (kFragT) {
+  if constexpr (kT && kFrag) {
     tc_attend_frag_t<D, KV, false>(p, sQ, raw, w);  // its first barrier also covers sQ
+  } else if constexpr (kT) {
+    tc_attend_t<D, false>(p, sQ, sK, sV, w);  // its first barrier also covers sQ
   } else if constexpr (kFrag) {
     tc_attend_frag<D, KV, false>(p, sQ, raw, w);  // its first barrier also covers sQ
   } else {
@@ -1126,10 +1234,9 @@ __device__ void decode_prep(const KParams& p, __half* sQ, __half* sK, __half* sV
   __syncthreads();
 }
 
-// kT: at most kRowsT rows a CTA, on tc_attend_frag_t (Q8_0 and Q4_0 only).
+// kT: at most kRowsT rows a CTA, transposed (tc_attend_frag_t on Q8_0 / Q4_0, tc_attend_t on F16).
 template <int D, typename KV, bool kT = false>
-__global__ void __launch_bounds__(kThreads, kT ? kMinCtasT : 1) attn_decode_kernel(const KParams p) {
-  static_assert(!kT || kern::kKvBlocks<KV>, "the transposed form reads Q8_0 or Q4_0");
+__global__ void __launch_bounds__(kThreads, kT && kern::kKvBlocks<KV> ? kMinCtasT : 1) attn_decode_kernel(const KParams p) {
   constexpr int SK = D + 8;
   constexpr bool kFrag = kern::kKvBlocks<KV>;  // Q8_0 and Q4_0 run on fragments
   constexpr int kStages = kFrag ? 0 : 2;         // F16 tiles (see tc_smem_bytes)
@@ -1171,8 +1278,10 @@ __global__ void __launch_bounds__(kThreads, kT ? kMinCtasT : 1) attn_decode_kern
   }
   decode_prep<D, KV>(p, sQ, sK, sV, raw, y_all, cs, w);
   kern::timeline_mark(0);  // q / k normalized and rotated, k / v appended
-  if constexpr (kT) {
+  if constexpr (kT && kFrag) {
     tc_attend_frag_t<D, KV, true>(p, sQ, raw, w);
+  } else if constexpr (kT) {
+    tc_attend_t<D, true>(p, sQ, sK, sV, w);
   } else if constexpr (kFrag) {
     tc_attend_frag<D, KV, true>(p, sQ, raw, w);
   } else {
@@ -1289,7 +1398,7 @@ struct KernelPick {
 // rows: the rows a CTA takes (8: the transposed fragment form of Q8_0 / Q4_0; 16, 32 or 64).
 template <int D, typename KV>
 KernelPick pick_tc(int rows) {
-  if constexpr (kern::kKvBlocks<KV>) {
+  if constexpr (D % 32 == 0) {
     if (rows == kRowsT) return {reinterpret_cast<const void*>(attn_tc_kernel<D, 0, KV>), tc_smem_bytes<KV>(D, 0)};
   }
   switch (rows / 16) {
@@ -1445,7 +1554,7 @@ KernelPick pick_decode() {
 }
 
 template <typename KV>
-KernelPick pick_decode_blocks(int D, bool rows_t) {
+KernelPick pick_decode_d(int D, bool rows_t) {  // head_dim 64, 128 or 256
   switch (D) {
     case 64: return rows_t ? pick_decode<64, KV, true>() : pick_decode<64, KV>();
     case 128: return rows_t ? pick_decode<128, KV, true>() : pick_decode<128, KV>();
@@ -1454,19 +1563,14 @@ KernelPick pick_decode_blocks(int D, bool rows_t) {
   }
 }
 
-// R: the packed rows of a KV head (n_tokens * G); at most kRowsT take the transposed form where the
-// cache is Q8_0 or Q4_0.
+// R: the packed rows of a KV head (n_tokens * G); at most kRowsT take the transposed form.
 KernelPick pick_decode_kernel(DType dtype, int D, int64_t R) {
-  if (dtype == DType::Q8_0) return pick_decode_blocks<kern::KvQ8>(D, R <= kRowsT);
-  if (dtype == DType::Q4_0) return pick_decode_blocks<kern::KvQ4>(D, R <= kRowsT);
+  const bool rows_t = R <= kRowsT;
+  if (dtype == DType::Q8_0) return pick_decode_d<kern::KvQ8>(D, rows_t);
+  if (dtype == DType::Q4_0) return pick_decode_d<kern::KvQ4>(D, rows_t);
   if (dtype != DType::F16) return {};
-  switch (D) {
-    case 32: return pick_decode<32, __half>();
-    case 64: return pick_decode<64, __half>();
-    case 128: return pick_decode<128, __half>();
-    case 256: return pick_decode<256, __half>();
-    default: return {};
-  }
+  if (D == 32) return rows_t ? pick_decode<32, __half, true>() : pick_decode<32, __half>();
+  return pick_decode_d<__half>(D, rows_t);
 }
 
 }  // namespace
@@ -1553,8 +1657,8 @@ const AttnPagedArgs& a, AttnPath force, int device, AttnPlan* plan) {
   const int64_t R = static_cast<int64_t>(a.n_tokens) * (a.n_head / Hkv);
   if (R > INT32_MAX / 2) return cudaErrorInvalidValue;
   // The tensor-core kernel where its staging fits the device (head_dim 256 needs ~140 KB: not on the
-  // 99 KB of sm_86 / sm_89), else the SIMT kernel.
-  const int tc_rows = R <= kRowsT && kern::kv_dtype_blocks(a.kv.dtype) ? kRowsT : R <= 16 ? 16 : R <= 32 ? 32 : 64;
+  // 99 KB of sm_86 / sm_89), else the SIMT kernel; at most kRowsT rows a KV head take the transposed form.
+  const int tc_rows = R <= kRowsT ? kRowsT : R <= 16 ? 16 : R <= 32 ? 32 : 64;
   const KernelPick tc_pick = tc_allowed(a) ? pick_kernel(AttnPath::kTensorCore, a.kv.dtype, D, tc_rows) : KernelPick{};
   const long long smem_limit = smem_optin_limit();
   const bool tc = tc_pick.fn != nullptr && (smem_limit == 0 || tc_pick.smem <= static_cast<size_t>(smem_limit));
