@@ -435,6 +435,31 @@ __device__ __forceinline__ void stage_and_write(const KParams& p, const float (&
   write_rows(p, sO, sM, sL, KW, BM, D + kOPad, w.row0, w.row_end, w.g, w.s);
 }
 
+// The F16 tiles' double buffer over the CTA's positions [w.kv_begin, w.kv_end): f16_ring_begin issues the
+// first tile's group (the caller's group holds it when kTile0Issued); f16_ring_next issues tile + 1's
+// copies into the other stage, waits until tile `tile` has landed for this thread and returns its stage
+// (the caller's barrier then makes it every thread's).
+template <int D, bool kTile0Issued>
+__device__ __forceinline__ void f16_ring_begin(const KParams& p, __half* sK, __half* sV, const CtaWork& w) {
+  if constexpr (!kTile0Issued) {
+    tc_load_tile<D>(p, sK, sV, w.kv_begin, w.kv_end, w.g, w.kv_end);
+    cp_async_commit();
+  }
+}
+template <int D>
+__device__ __forceinline__ int f16_ring_next(const KParams& p, __half* sK, __half* sV, const CtaWork& w, int tile,
+                                             int n_tiles) {
+  constexpr int SK = D + 8;
+  if (tile + 1 < n_tiles) {
+    const int nx = (tile + 1) & 1;
+    tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, w.kv_begin + (tile + 1) * kBN, w.kv_end, w.g,
+                    w.kv_end);
+  }
+  cp_async_commit();
+  cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+  return tile & 1;
+}
+
 // The tensor-core attention of packed rows [row0, row_end) of KV head g over the positions [kv_begin,
 // kv_end) of split s, with the CTA's query rows in sQ as half (zeros past row_end): writes the final rows
 // or the split's partial (write_rows). sK / sV: the two K/V stages; reused for the partials at the end.
@@ -467,21 +492,20 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
   const int v_row = kw * PW + (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
-  if constexpr (!kTile0Issued) {  // else the caller's group of copies holds the first tile
-    if constexpr (kBlocks) {
-      tc_load_tile_blocks<D, KV>(p, raw, kv_begin, g, kv_end);
-    } else {
-      tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, g, kv_end);
-    }
-    cp_async_commit();
-  }
   using Q = BlockTile<D, KV>;
-  if constexpr (kBlocks) {  // the second tile's group (empty where there is none)
+  if constexpr (kBlocks) {
+    if constexpr (!kTile0Issued) {  // else the caller's group of copies holds the first tile
+      tc_load_tile_blocks<D, KV>(p, raw, kv_begin, g, kv_end);
+      cp_async_commit();
+    }
+    // the second tile's group (empty where there is none)
     if (n_tiles > 1) tc_load_tile_blocks<D, KV>(p, raw + Q::kStageBytes, kv_begin + kBN, g, kv_end);
     cp_async_commit();
+  } else {
+    f16_ring_begin<D, kTile0Issued>(p, sK, sV, w);
   }
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int stage = kBlocks ? 0 : tile & 1;  // blocks: one half tile, converted from raw stage tile % 3
+    int stage = 0;  // blocks: one half tile, converted from raw stage tile % 3
     if constexpr (kBlocks) {
       if (tile + 2 < n_tiles) {
         tc_load_tile_blocks<D, KV>(p, raw + (tile + 2) % Q::kStages * Q::kStageBytes, kv_begin + (tile + 2) * kBN,
@@ -490,12 +514,7 @@ __device__ __forceinline__ void tc_attend(const KParams& p, const __half* sQ, __
       cp_async_commit();
       cp_async_wait<2>();  // this tile's group has landed (the next two may be in flight)
     } else {
-      if (tile + 1 < n_tiles) {
-        const int nx = (tile + 1) & 1;
-        tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, g, kv_end);
-      }
-      cp_async_commit();
-      cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+      stage = f16_ring_next<D>(p, sK, sV, w, tile, n_tiles);
     }
     __syncthreads();
     if constexpr (kBlocks) {
@@ -981,18 +1000,9 @@ __device__ __forceinline__ void tc_attend_t(const KParams& p, const __half* sQ, 
   const int v_row = kw * PW + (lane & 7) + ((lane >> 4) << 3), v_col = ((lane >> 3) & 1) * 8;
 
   const int n_tiles = (kv_end - kv_begin + kBN - 1) / kBN;
-  if constexpr (!kTile0Issued) {  // else the caller's group of copies holds the first tile
-    tc_load_tile<D>(p, sK, sV, kv_begin, kv_end, w.g, kv_end);
-    cp_async_commit();
-  }
+  f16_ring_begin<D, kTile0Issued>(p, sK, sV, w);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int stage = tile & 1;
-    if (tile + 1 < n_tiles) {
-      const int nx = (tile + 1) & 1;
-      tc_load_tile<D>(p, sK + nx * kBN * SK, sV + nx * kBN * SK, kv_begin + (tile + 1) * kBN, kv_end, w.g, kv_end);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+    const int stage = f16_ring_next<D>(p, sK, sV, w, tile, n_tiles);
     __syncthreads();
 
     // S^T = K Q^T: this lane's positions kw * 16 + gid (c0, c1) and + 8 (c2, c3); the two k16 steps of
@@ -1398,9 +1408,7 @@ struct KernelPick {
 // rows: the rows a CTA takes (8: the transposed fragment form of Q8_0 / Q4_0; 16, 32 or 64).
 template <int D, typename KV>
 KernelPick pick_tc(int rows) {
-  if constexpr (D % 32 == 0) {
-    if (rows == kRowsT) return {reinterpret_cast<const void*>(attn_tc_kernel<D, 0, KV>), tc_smem_bytes<KV>(D, 0)};
-  }
+  if (rows == kRowsT) return {reinterpret_cast<const void*>(attn_tc_kernel<D, 0, KV>), tc_smem_bytes<KV>(D, 0)};
   switch (rows / 16) {
     case 1: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 1, KV>), tc_smem_bytes<KV>(D, 1)};
     case 2: return {reinterpret_cast<const void*>(attn_tc_kernel<D, 2, KV>), tc_smem_bytes<KV>(D, 2)};
