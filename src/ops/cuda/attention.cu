@@ -54,8 +54,8 @@ constexpr int kOPad = 4;         // floats of padding per staged output row (ban
 constexpr int kMaxSplit = 1024;
 constexpr int kCombineWarps = 8;
 constexpr int kFuseRows = 16;  // attn_decode_kernel: packed rows per KV head (RW = 1)
-constexpr int kRowsT = 8;      // the transposed fragment form (Q8_0 / Q4_0): rows per CTA
-constexpr int kMinCtasT = 3;  // ... and the CTAs an SM its registers are budgeted for (164 at head_dim 256)
+constexpr int kRowsT = 8;      // the transposed forms (one token's rows of a KV head): rows per CTA
+constexpr int kMinCtasT = 3;   // ... and the CTAs an SM the Q8_0 / Q4_0 one is budgeted for (164 registers at head_dim 256)
 
 // ---- tensor-core path (F16 KV) ----
 
@@ -375,12 +375,8 @@ __device__ __forceinline__ void online_softmax_tile(float (&S)[NT][4], float (&O
     mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, o));
     mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, o));
   }
-  const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-  const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a;  // a row with nothing visible yet stays at zero
-  const float mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
-  const float corr_a = exp2f(m_a - mu_a), corr_b = exp2f(m_b - mu_b);
-  m_a = mn_a;
-  m_b = mn_b;
+  float corr_a, corr_b;
+  const float mu_a = online_max_step(m_a, mx_a, corr_a), mu_b = online_max_step(m_b, mx_b, corr_b);
   float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -596,6 +592,15 @@ __device__ __forceinline__ uint32_t frag_word(const uint8_t* at) {
   }
 }
 
+// The word of codes at byte off (a multiple of 4) past block b's scale in a staged row of blocks: one
+// aligned load where the block's codes start on a word (b * block bytes + 2 a multiple of 4), else two.
+template <typename KV>
+__device__ __forceinline__ uint32_t block_code_word(const uint8_t* row, int b, int off) {
+  constexpr int BB = kern::kv_block_bytes<KV>();
+  const uint8_t* at = row + b * BB + 2 + off;
+  return (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+}
+
 // Two positions' words of biased bytes ua (scale da) and ub (db) as the four half2 {(ua_j - bias) * da,
 // (ub_j - bias) * db}, j = 0..3, each rounded once, as bytes_to_half.
 __device__ __forceinline__ void pair_to_half(uint32_t ua, uint32_t ub, unsigned short bias, __half2 dab,
@@ -661,8 +666,7 @@ __device__ __forceinline__ void frag_v_words(const uint8_t* const (&vrow)[4], co
   constexpr int BB = kern::kv_block_bytes<KV>();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint8_t* at = vrow[k] + b * BB + 2 + 4 * (kQ8 ? c : c & 3);
-    const uint32_t word = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+    const uint32_t word = block_code_word<KV>(vrow[k], b, 4 * (kQ8 ? c : c & 3));
     wv[k] = kQ8 ? word ^ 0x80808080u : (word >> (4 * (c >> 2))) & 0x0F0F0F0Fu;
     const __half d = *reinterpret_cast<const __half*>(vrow[k] + b * BB);
     dv[k] = vvalid[k] ? d : __ushort_as_half(0);
@@ -718,8 +722,7 @@ __device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* s
       uint32_t kword[NT];  // Q4_0: one word of nibbles a position, both k16 steps of the block
 #pragma unroll
       for (int nt = 0; nt < NT && !kQ8; ++nt) {
-        const uint8_t* at = krow[nt] + b * BB + 2 + 4 * t;
-        kword[nt] = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
+        kword[nt] = block_code_word<KV>(krow[nt], b, 4 * t);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -729,9 +732,7 @@ __device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* s
         for (int nt = 0; nt < NT; ++nt) {
           uint32_t b0, b1;
           if constexpr (kQ8) {
-            const uint8_t* at = krow[nt] + b * BB + 2 + 16 * h + 4 * t;
-            const uint32_t word = (b * BB + 2) % 4 == 0 ? frag_word<true>(at) : frag_word<false>(at);
-            q8_codes_to_half(word, d2[nt], b0, b1);
+            q8_codes_to_half(block_code_word<KV>(krow[nt], b, 16 * h + 4 * t), d2[nt], b0, b1);
           } else {
             q4_codes_to_half((kword[nt] >> (4 * h)) & 0x0F0F0F0Fu, d2[nt], b0, b1);
           }
@@ -916,21 +917,15 @@ __device__ __forceinline__ void tc_attend_frag_t(const KParams& p, const __half*
       ldsm_x4(qb, q_addr + b * 64);
       uint32_t kword0 = 0, kword1 = 0;  // Q4_0: one word of nibbles a position, both k16 steps
       if constexpr (!kQ8) {
-        const uint8_t* at0 = krow0 + b * BB + 2 + 4 * t;
-        const uint8_t* at1 = krow1 + b * BB + 2 + 4 * t;
-        kword0 = (b * BB + 2) % 4 == 0 ? frag_word<true>(at0) : frag_word<false>(at0);
-        kword1 = (b * BB + 2) % 4 == 0 ? frag_word<true>(at1) : frag_word<false>(at1);
+        kword0 = block_code_word<KV>(krow0, b, 4 * t);
+        kword1 = block_code_word<KV>(krow1, b, 4 * t);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint32_t a[4];
         if constexpr (kQ8) {
-          const uint8_t* at0 = krow0 + b * BB + 2 + 16 * h + 4 * t;
-          const uint8_t* at1 = krow1 + b * BB + 2 + 16 * h + 4 * t;
-          const uint32_t w0 = (b * BB + 2) % 4 == 0 ? frag_word<true>(at0) : frag_word<false>(at0);
-          const uint32_t w1 = (b * BB + 2) % 4 == 0 ? frag_word<true>(at1) : frag_word<false>(at1);
-          q8_codes_to_half(w0, d20, a[0], a[2]);
-          q8_codes_to_half(w1, d21, a[1], a[3]);
+          q8_codes_to_half(block_code_word<KV>(krow0, b, 16 * h + 4 * t), d20, a[0], a[2]);
+          q8_codes_to_half(block_code_word<KV>(krow1, b, 16 * h + 4 * t), d21, a[1], a[3]);
         } else {
           q4_codes_to_half((kword0 >> (4 * h)) & 0x0F0F0F0Fu, d20, a[0], a[2]);
           q4_codes_to_half((kword1 >> (4 * h)) & 0x0F0F0F0Fu, d21, a[1], a[3]);
@@ -1405,7 +1400,7 @@ struct KernelPick {
   size_t smem = 0;
 };
 
-// rows: the rows a CTA takes (8: the transposed fragment form of Q8_0 / Q4_0; 16, 32 or 64).
+// rows: the rows a CTA takes (8: the transposed form; 16, 32 or 64).
 template <int D, typename KV>
 KernelPick pick_tc(int rows) {
   if (rows == kRowsT) return {reinterpret_cast<const void*>(attn_tc_kernel<D, 0, KV>), tc_smem_bytes<KV>(D, 0)};
@@ -1556,17 +1551,20 @@ void fill_plan(const AttnPagedArgs& a, AttnPath path, int rows, int64_t n_row_bl
                                     : 0;
 }
 
-template <int D, typename KV, bool kT = false>
-KernelPick pick_decode() {
-  return {reinterpret_cast<const void*>(attn_decode_kernel<D, KV, kT>), tc_smem_bytes<KV>(D, 1)};
+// rows_t: the transposed form (at most kRowsT rows a KV head); both forms stage sQ for kFuseRows rows.
+template <int D, typename KV>
+KernelPick pick_decode(bool rows_t) {
+  const void* fn = rows_t ? reinterpret_cast<const void*>(attn_decode_kernel<D, KV, true>)
+                          : reinterpret_cast<const void*>(attn_decode_kernel<D, KV, false>);
+  return {fn, tc_smem_bytes<KV>(D, 1)};
 }
 
 template <typename KV>
 KernelPick pick_decode_d(int D, bool rows_t) {  // head_dim 64, 128 or 256
   switch (D) {
-    case 64: return rows_t ? pick_decode<64, KV, true>() : pick_decode<64, KV>();
-    case 128: return rows_t ? pick_decode<128, KV, true>() : pick_decode<128, KV>();
-    case 256: return rows_t ? pick_decode<256, KV, true>() : pick_decode<256, KV>();
+    case 64: return pick_decode<64, KV>(rows_t);
+    case 128: return pick_decode<128, KV>(rows_t);
+    case 256: return pick_decode<256, KV>(rows_t);
     default: return {};
   }
 }
@@ -1577,7 +1575,7 @@ KernelPick pick_decode_kernel(DType dtype, int D, int64_t R) {
   if (dtype == DType::Q8_0) return pick_decode_d<kern::KvQ8>(D, rows_t);
   if (dtype == DType::Q4_0) return pick_decode_d<kern::KvQ4>(D, rows_t);
   if (dtype != DType::F16) return {};
-  if (D == 32) return rows_t ? pick_decode<32, __half, true>() : pick_decode<32, __half>();
+  if (D == 32) return pick_decode<32, __half>(rows_t);
   return pick_decode_d<__half>(D, rows_t);
 }
 
