@@ -88,20 +88,15 @@ Status parse_messages(const json& body, std::vector<ChatMessage>* out) {
 
 // tools: function tools kept in OpenAI form; other tool types are ignored.
 Status parse_tools(const json& body, json* tools) {
-  *tools = json::array();
-  auto it = body.find("tools");
-  if (it == body.end() || it->is_null()) return Status::ok();
-  if (!it->is_array()) return invalid_argument("'tools': expected an array");
-  for (const auto& t : *it) {
-    if (!t.is_object()) return invalid_argument("'tools': each tool must be an object");
-    if (t.value("type", std::string("function")) != "function") continue;
+  return parse_tools_with(body, tools, [](const json& t, json* out) -> Status {
+    if (t.value("type", std::string("function")) != "function") return Status::ok();
     if (!t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
         !t["function"]["name"].is_string()) {
       return invalid_argument("'tools': a function tool needs 'function.name'");
     }
-    tools->push_back(t);
-  }
-  return Status::ok();
+    out->push_back(t);
+    return Status::ok();
+  });
 }
 
 Status parse_tool_choice(const json& body, ChatPromptPlan* plan) {

@@ -145,6 +145,19 @@ Status field_stop(const json& obj, const char* key, std::vector<std::string>* ou
   return Status::ok();
 }
 
+Status parse_tools_with(const json& body, json* tools,
+                        const std::function<Status(const json& tool, json* tools)>& each) {
+  *tools = json::array();
+  auto it = body.find("tools");
+  if (it == body.end() || it->is_null()) return Status::ok();
+  if (!it->is_array()) return invalid_argument("'tools': expected an array");
+  for (const auto& t : *it) {
+    if (!t.is_object()) return invalid_argument("'tools': each tool must be an object");
+    DS_TRY(each(t, tools));
+  }
+  return Status::ok();
+}
+
 Status check_model(const ApiContext& ctx, const std::optional<std::string>& model) {
   if (!model || model->empty()) return Status::ok();
   for (const auto& n : ctx.model_names) {

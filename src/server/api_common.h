@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,10 @@ Status field_int(const json& obj, const char* key, std::optional<int64_t>* out);
 Status field_bool(const json& obj, const char* key, std::optional<bool>* out);
 // `stop` as a string or an array of strings.
 Status field_stop(const json& obj, const char* key, std::vector<std::string>* out);
+// The body's `tools` array, each entry checked to be an object and handed to `each` (absent or null:
+// none); the chat form `each` builds is appended to `tools`, which starts empty.
+Status parse_tools_with(const json& body, json* tools,
+                        const std::function<Status(const json& tool, json* tools)>& each);
 
 // What every endpoint needs to know about the served model.
 struct ApiContext {

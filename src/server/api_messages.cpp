@@ -98,20 +98,15 @@ Status parse_message(const json& m, const std::string& where, std::vector<ChatMe
 }
 
 Status parse_tools(const json& body, json* tools) {
-  *tools = json::array();
-  auto it = body.find("tools");
-  if (it == body.end() || it->is_null()) return Status::ok();
-  if (!it->is_array()) return invalid_argument("'tools': expected an array");
-  for (const auto& t : *it) {
-    if (!t.is_object()) return invalid_argument("'tools': each tool must be an object");
+  return parse_tools_with(body, tools, [](const json& t, json* out) -> Status {
     std::string type = t.value("type", std::string("custom"));
-    if (type != "custom" || !t.contains("input_schema")) continue;  // server tools are ignored
+    if (type != "custom" || !t.contains("input_schema")) return Status::ok();  // server tools are ignored
     if (!t.contains("name") || !t["name"].is_string()) return invalid_argument("'tools': a tool needs 'name'");
     json fn{{"name", t["name"]}, {"parameters", t["input_schema"]}};
     if (t.contains("description")) fn["description"] = t["description"];
-    tools->push_back(json{{"type", "function"}, {"function", fn}});
-  }
-  return Status::ok();
+    out->push_back(json{{"type", "function"}, {"function", fn}});
+    return Status::ok();
+  });
 }
 
 Status parse_tool_choice(const json& body, ChatPromptPlan* plan) {

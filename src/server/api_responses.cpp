@@ -142,20 +142,15 @@ Status parse_input(const json& body, std::vector<ChatMessage>* msgs) {
 
 // Responses tools are flat ({type, name, description, parameters}); the template wants the chat form.
 Status parse_tools(const json& body, json* tools) {
-  *tools = json::array();
-  auto it = body.find("tools");
-  if (it == body.end() || it->is_null()) return Status::ok();
-  if (!it->is_array()) return invalid_argument("'tools': expected an array");
-  for (const auto& t : *it) {
-    if (!t.is_object()) return invalid_argument("'tools': each tool must be an object");
-    if (t.value("type", std::string()) != "function") continue;
+  return parse_tools_with(body, tools, [](const json& t, json* out) -> Status {
+    if (t.value("type", std::string()) != "function") return Status::ok();
     if (!t.contains("name") || !t["name"].is_string()) return invalid_argument("'tools': a function tool needs 'name'");
     json fn{{"name", t["name"]}};
     if (t.contains("description")) fn["description"] = t["description"];
     fn["parameters"] = t.contains("parameters") && t["parameters"].is_object() ? t["parameters"] : json::object();
-    tools->push_back(json{{"type", "function"}, {"function", fn}});
-  }
-  return Status::ok();
+    out->push_back(json{{"type", "function"}, {"function", fn}});
+    return Status::ok();
+  });
 }
 
 Status parse_tool_choice(const json& body, ChatPromptPlan* plan) {
