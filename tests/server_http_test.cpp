@@ -352,6 +352,37 @@ TEST(ServerHttp, BadRequestsGetJsonErrors) {
   EXPECT_EQ(s.engine.overlap_.load(), false);
 }
 
+// Malformed tool lists are 400s whose message names 'tools', in each API's own tool form.
+TEST(ServerHttp, MalformedToolsAre400) {
+  TestServer s;
+  auto c = s.client();
+  const json not_array = "f";
+  const json not_object = json::array({1});
+  const json chat_nameless = json::array({{{"type", "function"}, {"function", {{"parameters", json::object()}}}}});
+  const json flat_nameless = json::array({{{"type", "function"}, {"parameters", json::object()}}});
+  const json anth_nameless = json::array({{{"input_schema", json::object()}}});
+  auto expect_tools_400 = [&](const char* path, json body) {
+    json j = post_json(c, path, body, 400);
+    ASSERT_TRUE(j.contains("error")) << path << " " << j.dump();
+    EXPECT_NE(j["error"].value("message", "").find("'tools'"), std::string::npos) << path << " " << j.dump();
+  };
+  for (const json& tools : {not_array, not_object, chat_nameless}) {
+    expect_tools_400("/v1/chat/completions", chat_body("x", {{"tools", tools}}));
+  }
+  for (const json& tools : {not_array, not_object, flat_nameless}) {
+    expect_tools_400("/v1/responses", {{"model", "test-model"}, {"input", "x"}, {"tools", tools}});
+  }
+  for (const json& tools : {not_array, not_object, anth_nameless}) {
+    expect_tools_400("/v1/messages", {{"model", "test-model"},
+                                      {"max_tokens", 4},
+                                      {"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+                                      {"tools", tools}});
+  }
+  // Tools of other types are ignored, not refused.
+  post_json(c, "/v1/responses", {{"model", "test-model"}, {"input", "x"}, {"max_output_tokens", 2},
+                                  {"tools", json::array({{{"type", "web_search"}}})}}, 200);
+}
+
 TEST(ServerHttp, PromptLongerThanContextIs400) {
   TestServer s;
   auto c = s.client();
