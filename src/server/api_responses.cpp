@@ -48,6 +48,16 @@ Status parse_input(const json& body, std::vector<ChatMessage>* msgs) {
     turns.push_back(std::move(m));
   } else if (it->is_array()) {
     std::string pending_reasoning;
+    // Calls made in one assistant turn attach to that turn's message.
+    auto attach_call = [&](ChatToolCall call) {
+      if (turns.empty() || turns.back().role != "assistant") {
+        ChatMessage m;
+        m.role = "assistant";
+        m.reasoning = std::exchange(pending_reasoning, std::string());
+        turns.push_back(std::move(m));
+      }
+      turns.back().tool_calls.push_back(std::move(call));
+    };
     for (size_t i = 0; i < it->size(); i++) {
       const json& item = (*it)[i];
       std::string where = fmt::format("input[{}]", i);
@@ -85,14 +95,7 @@ Status parse_input(const json& body, std::vector<ChatMessage>* msgs) {
           }
           call.arguments = std::move(parsed);
         }
-        // Calls made in one assistant turn attach to that turn's message.
-        if (turns.empty() || turns.back().role != "assistant") {
-          ChatMessage m;
-          m.role = "assistant";
-          m.reasoning = std::exchange(pending_reasoning, std::string());
-          turns.push_back(std::move(m));
-        }
-        turns.back().tool_calls.push_back(std::move(call));
+        attach_call(std::move(call));
       } else if (type == "custom_tool_call") {
         // A freeform tool call (Codex apply_patch): its text input becomes the one argument "input".
         std::optional<std::string> name, input, call_id;
@@ -104,13 +107,7 @@ Status parse_input(const json& body, std::vector<ChatMessage>* msgs) {
         call.id = call_id.value_or("");
         call.name = *name;
         call.arguments = json{{"input", input.value_or("")}};
-        if (turns.empty() || turns.back().role != "assistant") {
-          ChatMessage m;
-          m.role = "assistant";
-          m.reasoning = std::exchange(pending_reasoning, std::string());
-          turns.push_back(std::move(m));
-        }
-        turns.back().tool_calls.push_back(std::move(call));
+        attach_call(std::move(call));
       } else if (type == "function_call_output" || type == "custom_tool_call_output") {
         ChatMessage m;
         m.role = "tool";
