@@ -535,6 +535,16 @@ TEST(ServerHttp, MetricsCountRequestsAndTokens) {
   EXPECT_NE(t.find("deltaserve_queue_depth 0"), std::string::npos);
   EXPECT_NE(t.find("deltaserve_requests_in_flight 0"), std::string::npos);
   EXPECT_NE(t.find("# TYPE deltaserve_prefill_seconds_total counter"), std::string::npos);
+  EXPECT_NE(t.find("# HELP deltaserve_generations_total Generations run by the engine.\n"
+                   "# TYPE deltaserve_generations_total counter\ndeltaserve_generations_total "),
+            std::string::npos)
+      << t;
+  // Seconds carry six decimals.
+  const size_t dec = t.find("\ndeltaserve_decode_seconds_total ");
+  ASSERT_NE(dec, std::string::npos) << t;
+  const std::string dec_value = t.substr(dec + 33, t.find('\n', dec + 1) - dec - 33);
+  ASSERT_NE(dec_value.find('.'), std::string::npos) << dec_value;
+  EXPECT_EQ(dec_value.size() - dec_value.find('.') - 1, 6u) << dec_value;
   EXPECT_NE(t.find("deltaserve_cache_hits_total{tier=\"ram\"} 3\n"), std::string::npos) << t;
   EXPECT_NE(t.find("deltaserve_cache_bytes{tier=\"disk\"} 7\n"), std::string::npos) << t;
   EXPECT_NE(t.find("deltaserve_graph_steps_total{run=\"captured\"} 2\n"), std::string::npos) << t;

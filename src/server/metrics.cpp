@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <type_traits>
+
 namespace ds {
 namespace {
 
@@ -40,39 +42,35 @@ std::string ServerMetrics::render(int32_t queue_depth, int32_t in_flight, const 
   auto header = [&](const char* name, const char* type, const char* help) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
   };
+  // A metric of one unlabelled value: its header and its line (seconds with microsecond digits).
+  auto scalar = [&](const char* name, const char* type, const char* help, auto value) {
+    header(name, type, help);
+    if constexpr (std::is_floating_point_v<decltype(value)>) {
+      out += fmt::format("{} {:.6f}\n", name, value);
+    } else {
+      out += fmt::format("{} {}\n", name, value);
+    }
+  };
   header("deltaserve_requests_total", "counter", "HTTP requests by endpoint and status code.");
   for (const auto& [key, n] : requests_) {
     out += fmt::format("deltaserve_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, n);
   }
-  header("deltaserve_generations_total", "counter", "Generations run by the engine.");
-  out += fmt::format("deltaserve_generations_total {}\n", generations_);
-  header("deltaserve_generations_cancelled_total", "counter", "Generations cancelled because the client left.");
-  out += fmt::format("deltaserve_generations_cancelled_total {}\n", cancelled_);
-  header("deltaserve_prompt_tokens_total", "counter", "Prompt tokens of finished generations.");
-  out += fmt::format("deltaserve_prompt_tokens_total {}\n", prompt_tokens_);
-  header("deltaserve_cached_prompt_tokens_total", "counter", "Prompt tokens restored from snapshots, not prefilled.");
-  out += fmt::format("deltaserve_cached_prompt_tokens_total {}\n", cached_tokens_);
-  header("deltaserve_completion_tokens_total", "counter", "Generated tokens.");
-  out += fmt::format("deltaserve_completion_tokens_total {}\n", completion_tokens_);
-  header("deltaserve_prefill_seconds_total", "counter", "Time spent in prefill.");
-  out += fmt::format("deltaserve_prefill_seconds_total {:.6f}\n", prefill_seconds_);
-  header("deltaserve_decode_seconds_total", "counter", "Time spent decoding.");
-  out += fmt::format("deltaserve_decode_seconds_total {:.6f}\n", decode_seconds_);
-  header("deltaserve_queue_depth", "gauge", "Requests waiting for the engine.");
-  out += fmt::format("deltaserve_queue_depth {}\n", queue_depth);
-  header("deltaserve_requests_in_flight", "gauge", "Generations running now (0 or 1).");
-  out += fmt::format("deltaserve_requests_in_flight {}\n", in_flight);
+  scalar("deltaserve_generations_total", "counter", "Generations run by the engine.", generations_);
+  scalar("deltaserve_generations_cancelled_total", "counter", "Generations cancelled because the client left.", cancelled_);
+  scalar("deltaserve_prompt_tokens_total", "counter", "Prompt tokens of finished generations.", prompt_tokens_);
+  scalar("deltaserve_cached_prompt_tokens_total", "counter", "Prompt tokens restored from snapshots, not prefilled.", cached_tokens_);
+  scalar("deltaserve_completion_tokens_total", "counter", "Generated tokens.", completion_tokens_);
+  scalar("deltaserve_prefill_seconds_total", "counter", "Time spent in prefill.", prefill_seconds_);
+  scalar("deltaserve_decode_seconds_total", "counter", "Time spent decoding.", decode_seconds_);
+  scalar("deltaserve_queue_depth", "gauge", "Requests waiting for the engine.", queue_depth);
+  scalar("deltaserve_requests_in_flight", "gauge", "Generations running now (0 or 1).", in_flight);
   header("deltaserve_cache_hits_total", "counter", "Prompts that restored a prefix snapshot, by tier.");
   out += fmt::format("deltaserve_cache_hits_total{{tier=\"ram\"}} {}\n", engine.cache_ram_hits);
   out += fmt::format("deltaserve_cache_hits_total{{tier=\"disk\"}} {}\n", engine.cache_disk_hits);
-  header("deltaserve_cache_misses_total", "counter", "Prompts with no usable prefix snapshot.");
-  out += fmt::format("deltaserve_cache_misses_total {}\n", engine.cache_misses);
-  header("deltaserve_snapshots_saved_total", "counter", "Prefix snapshots saved.");
-  out += fmt::format("deltaserve_snapshots_saved_total {}\n", engine.snapshots_saved);
-  header("deltaserve_draft_tokens_total", "counter", "Speculative draft tokens verified.");
-  out += fmt::format("deltaserve_draft_tokens_total {}\n", engine.draft_tokens);
-  header("deltaserve_draft_accepted_tokens_total", "counter", "Speculative draft tokens accepted (decode steps saved).");
-  out += fmt::format("deltaserve_draft_accepted_tokens_total {}\n", engine.accepted_tokens);
+  scalar("deltaserve_cache_misses_total", "counter", "Prompts with no usable prefix snapshot.", engine.cache_misses);
+  scalar("deltaserve_snapshots_saved_total", "counter", "Prefix snapshots saved.", engine.snapshots_saved);
+  scalar("deltaserve_draft_tokens_total", "counter", "Speculative draft tokens verified.", engine.draft_tokens);
+  scalar("deltaserve_draft_accepted_tokens_total", "counter", "Speculative draft tokens accepted (decode steps saved).", engine.accepted_tokens);
   header("deltaserve_graph_steps_total", "counter",
          "CUDA decode and verify steps: replayed from a captured graph, captured, or run op by op.");
   out += fmt::format("deltaserve_graph_steps_total{{run=\"replayed\"}} {}\n", engine.graph_replayed_steps);
