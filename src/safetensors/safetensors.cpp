@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "core/half.h"
+#include "quant/quant.h"
 
 namespace ds {
 namespace {
@@ -227,32 +227,9 @@ void SafetensorsFile::to_f32(const SafetensorsTensor& t, float* dst) { to_f32(t,
 void SafetensorsFile::to_f32(const SafetensorsTensor& t, int64_t begin, int64_t n, float* dst) {
   DS_CHECK(begin >= 0 && n >= 0 && begin + n <= t.n_elements(), "range [{}, {}) outside tensor {} of {} elements",
            begin, begin + n, t.name, t.n_elements());
-  switch (t.dtype) {
-    case DType::F32:
-      std::memcpy(dst, t.data + 4 * begin, static_cast<size_t>(n) * 4);
-      break;
-    case DType::F16: {
-      const uint8_t* src = t.data + 2 * begin;
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = fp16_to_f32(h);
-      }
-      break;
-    }
-    case DType::BF16: {
-      const uint8_t* src = t.data + 2 * begin;
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = bf16_to_f32(h);
-      }
-      break;
-    }
-    default:
-      DS_CHECK(false, "safetensors tensor {} has dtype {} that parse() should have refused", t.name,
-               dtype_name(t.dtype));
-  }
+  DS_CHECK(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16,
+           "safetensors tensor {} has dtype {} that parse() should have refused", t.name, dtype_name(t.dtype));
+  quant::dequantize_row(t.dtype, t.data + dtype_block_bytes(t.dtype) * begin, dst, n);
 }
 
 Status safetensors_write(const std::string& path, const std::vector<SafetensorsWriteTensor>& tensors,
