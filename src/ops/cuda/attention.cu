@@ -644,10 +644,11 @@ __device__ __forceinline__ const uint8_t* frag_ring_next(const KParams& p, uint8
   return raw + tile % Q::kStages * Q::kStageBytes;
 }
 
-// P V on fragments, a lane's V codes: the staged V rows of positions kw * 16 + 2t + {0, 1, 8, 9} of the tile
+// P V on fragments, a lane's V values: the staged V rows of positions kw * 16 + 2t + {0, 1, 8, 9} of the tile
 // (valid below n_rows), and of block b the word of lane group c (Q8_0: word c; Q4_0: the low nibbles of
 // word c for c < 4, the high ones of word c - 4) as biased bytes (Q8_0 codes c ^ 0x80, bias 128; Q4_0
-// nibbles, bias 8) with the positions' scales (0 past n_rows: P V then sees 0 * 0).
+// nibbles, bias 8) times the positions' scales (0 past n_rows: P V then sees 0 * 0), as half2:
+// lo[j] = {position 2t, 2t + 1} and hi[j] = {2t + 8, 2t + 9} of the word's dim j (pair_to_half).
 template <int D, typename KV>
 __device__ __forceinline__ void frag_v_rows(const uint8_t* kst, int kw, int t, int n_rows, const uint8_t* (&vrow)[4],
                                             bool (&vvalid)[4]) {
@@ -660,10 +661,13 @@ __device__ __forceinline__ void frag_v_rows(const uint8_t* kst, int kw, int t, i
   }
 }
 template <typename KV>
-__device__ __forceinline__ void frag_v_words(const uint8_t* const (&vrow)[4], const bool (&vvalid)[4], int b, int c,
-                                             uint32_t (&wv)[4], __half (&dv)[4]) {
+__device__ __forceinline__ void frag_v_halves(const uint8_t* const (&vrow)[4], const bool (&vvalid)[4], int b, int c,
+                                              uint32_t (&lo)[4], uint32_t (&hi)[4]) {
   constexpr bool kQ8 = std::is_same_v<KV, kern::KvQ8>;
   constexpr int BB = kern::kv_block_bytes<KV>();
+  constexpr unsigned short kBias = kQ8 ? 0x6480u : 0x6408u;  // the halves 1152 and 1032
+  uint32_t wv[4];
+  __half dv[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const uint32_t word = block_code_word<KV>(vrow[k], b, 4 * (kQ8 ? c : c & 3));
@@ -671,6 +675,8 @@ __device__ __forceinline__ void frag_v_words(const uint8_t* const (&vrow)[4], co
     const __half d = *reinterpret_cast<const __half*>(vrow[k] + b * BB);
     dv[k] = vvalid[k] ? d : __ushort_as_half(0);
   }
+  pair_to_half(wv[0], wv[1], kBias, __halves2half2(dv[0], dv[1]), lo);
+  pair_to_half(wv[2], wv[3], kBias, __halves2half2(dv[2], dv[3]), hi);
 }
 
 // tc_attend for RW = 1 over a Q8_0 or Q4_0 cache, on fragments: sQ holds the rows with frag_q_col's
@@ -751,13 +757,8 @@ __device__ __forceinline__ void tc_attend_frag(const KParams& p, const __half* s
     frag_v_rows<D, KV>(kst, kw, t, n_rows, vrow, vvalid);
 #pragma unroll
     for (int b = 0; b < D / 32; ++b) {
-      uint32_t wv[4];
-      __half dv[4];
-      frag_v_words<KV>(vrow, vvalid, b, c, wv, dv);
-      constexpr unsigned short kBias = kQ8 ? 0x6480u : 0x6408u;  // the halves 1152 and 1032
       uint32_t b0[4], b1[4];
-      pair_to_half(wv[0], wv[1], kBias, __halves2half2(dv[0], dv[1]), b0);
-      pair_to_half(wv[2], wv[3], kBias, __halves2half2(dv[2], dv[3]), b1);
+      frag_v_halves<KV>(vrow, vvalid, b, c, b0, b1);
 #pragma unroll
       for (int j = 0; j < 4; ++j) kern::mma_16816_f16_pure(O[4 * b + j], a, b0[j], b1[j]);
     }
@@ -943,13 +944,8 @@ __device__ __forceinline__ void tc_attend_frag_t(const KParams& p, const __half*
     frag_v_rows<D, KV>(kst, kw, t, n_rows, vrow, vvalid);
 #pragma unroll
     for (int b = 0; b < D / 32; ++b) {
-      uint32_t wv[4];
-      __half dv[4];
-      frag_v_words<KV>(vrow, vvalid, b, gid, wv, dv);
-      constexpr unsigned short kBias = kQ8 ? 0x6480u : 0x6408u;  // the halves 1152 and 1032
       uint32_t x[4], y[4];  // dim j of the lane's word: positions 2t, 2t + 1 (x) and 2t + 8, 2t + 9 (y)
-      pair_to_half(wv[0], wv[1], kBias, __halves2half2(dv[0], dv[1]), x);
-      pair_to_half(wv[2], wv[3], kBias, __halves2half2(dv[2], dv[3]), y);
+      frag_v_halves<KV>(vrow, vvalid, b, gid, x, y);
       const uint32_t a_lo[4] = {x[0], x[1], y[0], y[1]}, a_hi[4] = {x[2], x[3], y[2], y[3]};
       kern::mma_16816_f16_pure(O[2 * b], a_lo, b0, b1);
       kern::mma_16816_f16_pure(O[2 * b + 1], a_hi, b0, b1);
