@@ -540,9 +540,11 @@ TEST(ServerHttp, MetricsCountRequestsAndTokens) {
             std::string::npos)
       << t;
   // Seconds carry six decimals.
-  const size_t dec = t.find("\ndeltaserve_decode_seconds_total ");
+  const std::string dec_key = "\ndeltaserve_decode_seconds_total ";
+  const size_t dec = t.find(dec_key);
   ASSERT_NE(dec, std::string::npos) << t;
-  const std::string dec_value = t.substr(dec + 33, t.find('\n', dec + 1) - dec - 33);
+  const size_t dec_begin = dec + dec_key.size();
+  const std::string dec_value = t.substr(dec_begin, t.find('\n', dec_begin) - dec_begin);
   ASSERT_NE(dec_value.find('.'), std::string::npos) << dec_value;
   EXPECT_EQ(dec_value.size() - dec_value.find('.') - 1, 6u) << dec_value;
   EXPECT_NE(t.find("deltaserve_cache_hits_total{tier=\"ram\"} 3\n"), std::string::npos) << t;
